@@ -1,0 +1,321 @@
+"""Avro codecs for the records of DESIGN §3.1: one module maps `schemas/` to `mvsink.messages`.
+
+Wire format of every value we produce::
+
+    byte 0      MAGIC (0x6D, 'm')
+    byte 1      record kind (see `KINDS`: which schema family)
+    byte 2      schema version of the writer (the `vN` in `schemas/<Kind>/vN.avsc`)
+    bytes 3..   Avro binary of the record, written with that schema
+
+Readers always decode with the *latest* version of the kind's schema as reader schema and the
+writer's version (from the header) as writer schema, so records written by any version kept in
+`schemas/` stay readable (Avro schema resolution). Versions are never edited once released: a
+change adds `v(N+1).avsc` with defaults for new fields.
+
+Decoding never raises anything but `DecodeError`; `decode_message` adds topic, partition and
+offset so the record can be quarantined and found again.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any, Protocol, TypeVar, cast
+
+import fastavro
+
+from mvsink.errors import DecodeError, MvsinkError
+from mvsink.frontier import Frontier
+from mvsink.messages import (
+    BatchDescription,
+    BatchId,
+    DesiredProgress,
+    Part,
+    Progress,
+    Record,
+    ShardUpper,
+    SinkControl,
+    StagedBatch,
+    Update,
+    Updates,
+)
+
+MAGIC = 0x6D
+HEADER_LEN = 3
+#: Kafka header naming the schema of a value, for humans and generic tools (kcat).
+SCHEMA_HEADER = "mvsink-schema"
+
+#: Record kind id -> schema family (folder under `schemas/`). Ids are part of the contract.
+KINDS: Mapping[int, str] = {
+    1: "DesiredRecord",
+    2: "DesiredProgress",
+    3: "ShardUpper",
+    4: "BatchDescription",
+    5: "StagedBatch",
+    6: "SinkControl",
+}
+_KIND_IDS = {name: kind for kind, name in KINDS.items()}
+
+SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SchemaVersion:
+    """One released version of a record kind's schema."""
+
+    kind: str
+    version: int
+    path: Path
+    parsed: Any
+
+
+@cache
+def schema_versions(kind: str) -> tuple[SchemaVersion, ...]:
+    """All released versions of `kind`, oldest first."""
+    folder = SCHEMAS_DIR / kind
+    found: list[SchemaVersion] = []
+    for path in folder.glob("v*.avsc"):
+        version = int(path.stem[1:])
+        parsed = fastavro.parse_schema(json.loads(path.read_text()), named_schemas={})
+        found.append(SchemaVersion(kind, version, path, parsed))
+    if not found:
+        raise MvsinkError(f"no schema versions for {kind} under {folder}")
+    return tuple(sorted(found, key=lambda v: v.version))
+
+
+def latest(kind: str) -> SchemaVersion:
+    """The current (reader and writer) version of `kind`."""
+    return schema_versions(kind)[-1]
+
+
+def _writer_version(kind: str, version: int) -> SchemaVersion:
+    for candidate in schema_versions(kind):
+        if candidate.version == version:
+            return candidate
+    raise DecodeError(f"{kind} schema version {version} is unknown to this reader")
+
+
+# -- record <-> Avro datum ----------------------------------------------------------------------
+
+
+def _frontier(elements: list[int]) -> Frontier:
+    return Frontier.from_elements(elements)
+
+
+def _batch_id(datum: Mapping[str, Any]) -> BatchId:
+    return BatchId(epoch=datum["epoch"], seq=datum["seq"])
+
+
+def _id_datum(batch_id: BatchId) -> dict[str, int]:
+    return {"epoch": batch_id.epoch, "seq": batch_id.seq}
+
+
+def _part_datum(part: Part) -> dict[str, Any]:
+    return {
+        "key": part.key,
+        "partition": part.partition,
+        "partitions_total": part.partitions_total,
+        "updates": part.updates,
+        "bytes": part.bytes,
+    }
+
+
+def to_datum(record: Record) -> tuple[str, Any]:
+    """The record's kind and its Avro datum (for the latest schema)."""
+    match record:
+        case Updates(updates=updates):
+            rows = [{"row": u.row, "err": u.err, "time": u.time, "diff": u.diff} for u in updates]
+            return "DesiredRecord", ("mvsink.Updates", {"updates": rows})
+        case Progress(frontier=frontier):
+            return "DesiredRecord", ("mvsink.Progress", {"frontier": frontier.elements()})
+        case DesiredProgress():
+            datum = {
+                "sink_id": record.sink_id,
+                "partition": record.partition,
+                "frontier": record.frontier.elements(),
+            }
+            return "DesiredProgress", datum
+        case ShardUpper():
+            datum = {
+                "shard_id": record.shard_id,
+                "upper": record.upper.elements(),
+                "seqno": record.seqno,
+            }
+            return "ShardUpper", datum
+        case BatchDescription():
+            datum = {
+                "sink_id": record.sink_id,
+                "id": _id_datum(record.id),
+                "lower": record.lower.elements(),
+                "upper": record.upper.elements(),
+                "append_worker": record.append_worker,
+            }
+            return "BatchDescription", datum
+        case StagedBatch():
+            datum = {
+                "desc_id": _id_datum(record.desc_id),
+                "lower": record.lower.elements(),
+                "upper": record.upper.elements(),
+                "covers": list(record.covers),
+                "parts": [_part_datum(p) for p in record.parts],
+                "writer_id": record.writer_id,
+            }
+            return "StagedBatch", datum
+        case SinkControl(read_only=read_only):
+            return "SinkControl", {"read_only": read_only}
+    raise TypeError(f"not an mvsink record: {record!r}")
+
+
+def from_datum(kind: str, datum: Any) -> Record:
+    """Build and validate the record of `kind` from an Avro datum of its latest schema."""
+    match kind:
+        case "DesiredRecord":
+            name, body = datum
+            if name == "mvsink.Progress":
+                return Progress(_frontier(body["frontier"]))
+            return Updates(tuple(Update(**u) for u in body["updates"]))
+        case "DesiredProgress":
+            return DesiredProgress(
+                datum["sink_id"], datum["partition"], _frontier(datum["frontier"])
+            )
+        case "ShardUpper":
+            return ShardUpper(datum["shard_id"], _frontier(datum["upper"]), datum["seqno"])
+        case "BatchDescription":
+            return BatchDescription(
+                sink_id=datum["sink_id"],
+                id=_batch_id(datum["id"]),
+                lower=_frontier(datum["lower"]),
+                upper=_frontier(datum["upper"]),
+                append_worker=datum["append_worker"],
+            )
+        case "StagedBatch":
+            return StagedBatch(
+                desc_id=_batch_id(datum["desc_id"]),
+                lower=_frontier(datum["lower"]),
+                upper=_frontier(datum["upper"]),
+                covers=tuple(datum["covers"]),
+                parts=tuple(Part(**p) for p in datum["parts"]),
+                writer_id=datum["writer_id"],
+            )
+        case "SinkControl":
+            return SinkControl(read_only=datum["read_only"])
+    raise DecodeError(f"unknown record kind {kind!r}")
+
+
+# -- bytes ----------------------------------------------------------------------------------------
+
+
+def encode_with(record: Record, version: SchemaVersion) -> bytes:
+    """Encode `record` with a specific schema version (tests of old versions use this)."""
+    kind, datum = to_datum(record)
+    if kind != version.kind:
+        raise TypeError(f"{type(record).__name__} is a {kind}, not a {version.kind}")
+    return encode_datum(kind, datum, version)
+
+
+def encode_datum(kind: str, datum: Any, version: SchemaVersion) -> bytes:
+    """Frame and encode a raw Avro datum of `kind` under `version`."""
+    buf = io.BytesIO()
+    buf.write(bytes((MAGIC, _KIND_IDS[kind], version.version)))
+    fastavro.schemaless_writer(buf, version.parsed, datum)
+    return buf.getvalue()
+
+
+def encode(record: Record) -> bytes:
+    """Encode `record` with the latest version of its schema, framed (see module docs)."""
+    kind, _ = to_datum(record)
+    return encode_with(record, latest(kind))
+
+
+def schema_header(record: Record) -> str:
+    """Value of the `SCHEMA_HEADER` Kafka header for `record`, e.g. `ShardUpper/v1`."""
+    kind, _ = to_datum(record)
+    return f"{kind}/v{latest(kind).version}"
+
+
+def decode_datum(data: bytes) -> tuple[str, Any]:
+    """Decode framed bytes to `(kind, datum)` resolved to the latest schema.
+
+    Raises:
+        DecodeError: bad frame, unknown kind or version, or bytes that are not valid Avro.
+    """
+    if len(data) < HEADER_LEN or data[0] != MAGIC:
+        raise DecodeError(f"not an mvsink record (first bytes {data[:HEADER_LEN]!r})")
+    kind = KINDS.get(data[1])
+    if kind is None:
+        raise DecodeError(f"unknown record kind id {data[1]}")
+    writer = _writer_version(kind, data[2])
+    reader = latest(kind)
+    buf = io.BytesIO(data)
+    buf.seek(HEADER_LEN)
+    try:
+        datum = fastavro.schemaless_reader(
+            buf,
+            writer.parsed,
+            None if writer is reader else reader.parsed,
+            return_record_name=True,
+        )
+    except Exception as error:  # fastavro raises many types for corrupt input
+        raise DecodeError(f"{kind}/v{writer.version}: invalid Avro: {error!r}") from error
+    if buf.tell() != len(data):
+        raise DecodeError(f"{kind}/v{writer.version}: {len(data) - buf.tell()} trailing bytes")
+    return kind, datum
+
+
+def decode(data: bytes, expect: type[T] | tuple[type, ...] | None = None) -> Record:
+    """Decode framed bytes into a validated record.
+
+    Args:
+        data: a value produced by `encode`.
+        expect: if given, the record type(s) acceptable here; any other is a `DecodeError`.
+
+    Raises:
+        DecodeError: undecodable bytes, a record violating its contract, or an unexpected type.
+    """
+    kind, datum = decode_datum(data)
+    try:
+        record = from_datum(kind, datum)
+    except MvsinkError as error:
+        if isinstance(error, DecodeError):
+            raise
+        raise DecodeError(f"{kind}: {error}") from error
+    except (KeyError, TypeError, ValueError) as error:
+        raise DecodeError(f"{kind}: malformed datum: {error!r}") from error
+    if expect is not None and not isinstance(record, expect):
+        raise DecodeError(f"expected {_names(expect)}, got {type(record).__name__}")
+    return record
+
+
+class KafkaMessage(Protocol):
+    """The parts of `confluent_kafka.Message` the codec needs."""
+
+    def value(self) -> bytes | None: ...
+    def topic(self) -> str | None: ...
+    def partition(self) -> int | None: ...
+    def offset(self) -> int | None: ...
+
+
+def decode_message(
+    message: KafkaMessage, expect: type[T] | tuple[type, ...] | None = None
+) -> Record:
+    """`decode` a Kafka message's value; errors carry its topic, partition and offset."""
+    try:
+        value = message.value()
+        if value is None:
+            raise DecodeError("null value (tombstone)")
+        return decode(value, expect)
+    except DecodeError as error:
+        raise error.located(
+            cast(str, message.topic()), cast(int, message.partition()), cast(int, message.offset())
+        ) from error
+
+
+def _names(expect: type | tuple[type, ...]) -> str:
+    types = expect if isinstance(expect, tuple) else (expect,)
+    return " | ".join(t.__name__ for t in types)

@@ -1,0 +1,292 @@
+"""One validated configuration for every mvsink process.
+
+Sources, later ones winning:
+
+1. built-in defaults;
+2. the endpoints and credentials of the embedded stack, if `mvsink stack up` is running one
+   under the state directory (so `mvsink ...` just works after `mvsink stack up`);
+3. a TOML file (`--config PATH` or `MVSINK_CONFIG`) with tables `[sink]`, `[kafka]`, `[s3]`,
+   `[spark]`;
+4. environment variables `MVSINK_*` (see `FIELDS`).
+
+Credentials come only from the environment or from secret files (`MVSINK_S3_ACCESS_KEY_FILE`,
+`MVSINK_S3_SECRET_KEY_FILE`): a config file that holds them is refused, and they never appear in
+`repr`, `str` or logs (`Secret`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mvsink.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
+
+
+def state_dir(env: Mapping[str, str] | None = None) -> Path:
+    """The project's ignored state directory (`MVSINK_STATE_DIR`, default `<repo>/.mvsink`)."""
+    env = os.environ if env is None else env
+    return Path(env.get("MVSINK_STATE_DIR") or REPO_ROOT / ".mvsink").resolve()
+
+
+def cache_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where downloads and builds are cached (`MVSINK_CACHE_DIR`, default `<state dir>/cache`).
+
+    Point several checkouts at one cache to build MinIO and fetch Kafka only once.
+    """
+    env = os.environ if env is None else env
+    return Path(env.get("MVSINK_CACHE_DIR") or state_dir(env) / "cache").resolve()
+
+
+@dataclass(frozen=True)
+class Secret:
+    """A credential: compares and hashes by value, never prints it."""
+
+    value: str = field(repr=False)
+
+    def __repr__(self) -> str:
+        return "Secret(****)"
+
+    __str__ = __repr__
+
+    def reveal(self) -> str:
+        """The secret itself, for the one call that needs it."""
+        return self.value
+
+
+@dataclass(frozen=True)
+class Topics:
+    """Topic names of one sink replica (DESIGN §3.1)."""
+
+    desired: str
+    descs: str
+    batches: str
+    control: str
+    frontiers: str
+    dead_letter: str
+
+    @classmethod
+    def for_sink(cls, sink_id: str, frontiers: str = "frontiers") -> Topics:
+        """The default names `<sink>.desired`, `<sink>.descs`, ...; `frontiers` is shared."""
+        return cls(
+            desired=f"{sink_id}.desired",
+            descs=f"{sink_id}.descs",
+            batches=f"{sink_id}.batches",
+            control=f"{sink_id}.control",
+            frontiers=frontiers,
+            dead_letter=f"{sink_id}.dead-letter",
+        )
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """Where the shard lives: any S3 endpoint that honours conditional writes."""
+
+    endpoint: str
+    bucket: str
+    region: str
+    access_key: Secret
+    secret_key: Secret
+    secure: bool
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything a mint, write or append process (or a tool) needs.
+
+    Invariants: ids are non-empty `[A-Za-z0-9_.-]`; `partitions` (P) and `append_workers` (A)
+    are >= 1; `as_of >= 0`.
+    """
+
+    sink_id: str
+    shard_id: str
+    partitions: int
+    append_workers: int
+    as_of: int
+    read_only: bool
+    topics: Topics
+    kafka_bootstrap: str
+    s3: S3Settings
+    spark_master: str
+
+    def __post_init__(self) -> None:
+        for name in ("sink_id", "shard_id"):
+            value = getattr(self, name)
+            if not _ID.match(value):
+                raise ConfigError(f"{name}={value!r}: use 1-200 of [A-Za-z0-9_.-]")
+        if self.partitions < 1:
+            raise ConfigError(f"partitions (P) must be >= 1, got {self.partitions}")
+        if self.append_workers < 1:
+            raise ConfigError(f"append_workers (A) must be >= 1, got {self.append_workers}")
+        if self.as_of < 0:
+            raise ConfigError(f"as_of must be >= 0, got {self.as_of}")
+        if not self.kafka_bootstrap:
+            raise ConfigError("kafka bootstrap servers not set (MVSINK_KAFKA_BOOTSTRAP)")
+        if not self.s3.endpoint:
+            raise ConfigError("S3 endpoint not set (MVSINK_S3_ENDPOINT)")
+
+
+# -- loading ---------------------------------------------------------------------------------------
+
+
+def _bool(text: str) -> bool:
+    lowered = str(text).strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def _int(text: str) -> int:
+    if isinstance(text, bool):
+        raise ValueError(f"not an integer: {text!r}")
+    return int(text)
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """Where one setting comes from: `[section] key` in the file, `env` in the environment."""
+
+    name: str
+    section: str
+    key: str
+    env: str
+    parse: Callable[[str], Any]
+    secret: bool = False
+
+
+FIELDS: tuple[FieldSpec, ...] = (
+    FieldSpec("sink_id", "sink", "id", "MVSINK_SINK_ID", str),
+    FieldSpec("shard_id", "sink", "shard_id", "MVSINK_SHARD_ID", str),
+    FieldSpec("partitions", "sink", "partitions", "MVSINK_PARTITIONS", _int),
+    FieldSpec("append_workers", "sink", "append_workers", "MVSINK_APPEND_WORKERS", _int),
+    FieldSpec("as_of", "sink", "as_of", "MVSINK_AS_OF", _int),
+    FieldSpec("read_only", "sink", "read_only", "MVSINK_READ_ONLY", _bool),
+    FieldSpec("frontiers_topic", "kafka", "frontiers_topic", "MVSINK_FRONTIERS_TOPIC", str),
+    FieldSpec("kafka_bootstrap", "kafka", "bootstrap_servers", "MVSINK_KAFKA_BOOTSTRAP", str),
+    FieldSpec("s3_endpoint", "s3", "endpoint", "MVSINK_S3_ENDPOINT", str),
+    FieldSpec("s3_bucket", "s3", "bucket", "MVSINK_S3_BUCKET", str),
+    FieldSpec("s3_region", "s3", "region", "MVSINK_S3_REGION", str),
+    FieldSpec("s3_secure", "s3", "secure", "MVSINK_S3_SECURE", _bool),
+    FieldSpec("s3_access_key", "s3", "access_key", "MVSINK_S3_ACCESS_KEY", str, secret=True),
+    FieldSpec("s3_secret_key", "s3", "secret_key", "MVSINK_S3_SECRET_KEY", str, secret=True),
+    FieldSpec("spark_master", "spark", "master", "MVSINK_SPARK_MASTER", str),
+)
+
+DEFAULTS: Mapping[str, Any] = {
+    "sink_id": "demo",
+    "shard_id": "demo",
+    "partitions": 4,
+    "append_workers": 2,
+    "as_of": 0,
+    "read_only": False,
+    "frontiers_topic": "frontiers",
+    "kafka_bootstrap": "",
+    "s3_endpoint": "",
+    "s3_bucket": "mvsink",
+    "s3_region": "us-east-1",
+    "s3_secure": False,
+    "s3_access_key": "",
+    "s3_secret_key": "",
+    "spark_master": "local[*]",
+}
+
+
+def _from_file(path: Path) -> dict[str, Any]:
+    try:
+        document = tomllib.loads(path.read_text())
+    except FileNotFoundError as error:
+        raise ConfigError(f"config file {path} does not exist") from error
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"config file {path} is not valid TOML: {error}") from error
+    known = {(f.section, f.key): f for f in FIELDS}
+    values: dict[str, Any] = {}
+    for section, table in document.items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: top-level key {section!r} must be a table")
+        for key, raw in table.items():
+            spec = known.get((section, key))
+            if spec is None:
+                raise ConfigError(f"{path}: unknown setting [{section}] {key}")
+            if spec.secret:
+                raise ConfigError(
+                    f"{path}: [{section}] {key} is a credential; set {spec.env} or "
+                    f"{spec.env}_FILE instead of writing it into a config file"
+                )
+            values[spec.name] = _parse(spec, raw, f"{path} [{section}] {key}")
+    return values
+
+
+def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for spec in FIELDS:
+        if spec.secret and env.get(f"{spec.env}_FILE"):
+            secret_path = Path(env[f"{spec.env}_FILE"])
+            try:
+                values[spec.name] = secret_path.read_text().strip()
+            except OSError as error:
+                raise ConfigError(f"{spec.env}_FILE={secret_path}: {error.strerror}") from error
+        elif env.get(spec.env) is not None and env.get(spec.env) != "":
+            values[spec.name] = _parse(spec, env[spec.env], spec.env)
+    return values
+
+
+def _parse(spec: FieldSpec, raw: Any, where: str) -> Any:
+    try:
+        return spec.parse(raw)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"{where}: {error}") from error
+
+
+def _from_stack(env: Mapping[str, str]) -> dict[str, Any]:
+    # Imported here: the stack module is only needed when no endpoints are configured.
+    from mvsink.stack.state import running_endpoints
+
+    return dict(running_endpoints(state_dir(env)))
+
+
+def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """Load and validate the configuration (see module docs for the sources and their order).
+
+    Raises:
+        ConfigError: naming the offending setting and where it came from.
+    """
+    env = os.environ if env is None else env
+    values: dict[str, Any] = dict(DEFAULTS)
+    values.update(_from_stack(env))
+    file_path = path or env.get("MVSINK_CONFIG")
+    if file_path:
+        values.update(_from_file(Path(file_path)))
+    values.update(_from_env(env))
+    return _build(values)
+
+
+def _build(values: Mapping[str, Any]) -> Config:
+    sink_id = values["sink_id"]
+    return Config(
+        sink_id=sink_id,
+        shard_id=values["shard_id"],
+        partitions=values["partitions"],
+        append_workers=values["append_workers"],
+        as_of=values["as_of"],
+        read_only=values["read_only"],
+        topics=Topics.for_sink(sink_id, values["frontiers_topic"]),
+        kafka_bootstrap=values["kafka_bootstrap"],
+        s3=S3Settings(
+            endpoint=values["s3_endpoint"],
+            bucket=values["s3_bucket"],
+            region=values["s3_region"],
+            access_key=Secret(values["s3_access_key"]),
+            secret_key=Secret(values["s3_secret_key"]),
+            secure=values["s3_secure"],
+        ),
+        spark_master=values["spark_master"],
+    )

@@ -1,0 +1,57 @@
+"""The project's own exceptions.
+
+Expected outcomes (a lost compare-and-append race, an outdated description) are values, not
+exceptions. These are for broken contracts: bad input, bad configuration, a component that
+cannot start. Messages name what is wrong and where.
+"""
+
+from __future__ import annotations
+
+
+class MvsinkError(Exception):
+    """Base of every mvsink error."""
+
+
+class FrontierError(MvsinkError, ValueError):
+    """A frontier that is not an antichain of non-negative `u64` times."""
+
+
+class ContractError(MvsinkError, ValueError):
+    """A message that violates its contract (e.g. `lower >= upper`)."""
+
+
+class DecodeError(MvsinkError):
+    """Bytes on a topic that cannot be decoded into one of our records.
+
+    Carries where the bytes came from so they can be quarantined and found again.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        topic: str | None = None,
+        partition: int | None = None,
+        offset: int | None = None,
+    ) -> None:
+        self.reason = reason
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        super().__init__(self._message())
+
+    def located(self, topic: str, partition: int, offset: int) -> DecodeError:
+        """The same error, with its Kafka position filled in."""
+        return DecodeError(self.reason, topic=topic, partition=partition, offset=offset)
+
+    def _message(self) -> str:
+        where = f"topic={self.topic} partition={self.partition} offset={self.offset}"
+        return f"cannot decode record at {where}: {self.reason}"
+
+
+class ConfigError(MvsinkError, ValueError):
+    """Invalid or incomplete configuration."""
+
+
+class StackError(MvsinkError, RuntimeError):
+    """An embedded-stack component could not be built, started or reached."""

@@ -1,0 +1,200 @@
+"""Kafka helpers shared by the services and tools: client configs, topic provisioning,
+producing framed records, and reading a compacted topic to its end.
+
+Transactionally produced topics (`descs`, `desired`, and `frontiers`, which carries desired
+progress written in the producer's transactions) are read with `isolation.level=read_committed`,
+so a fenced or aborted producer's records are never acted on.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from mvsink import codec
+from mvsink.config import Config
+from mvsink.errors import MvsinkError
+from mvsink.messages import Record
+
+COMPACTED = {"cleanup.policy": "compact"}
+
+
+class ProvisionError(MvsinkError):
+    """A topic exists with a shape that breaks the contract (e.g. `descs` with 2 partitions)."""
+
+
+def client_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
+    """Base librdkafka config for any client."""
+    return {"bootstrap.servers": bootstrap, **extra}
+
+
+def consumer_config(
+    bootstrap: str, group_id: str | None = None, extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """A read_committed consumer that commits only when told to (a private group if none)."""
+    return client_config(
+        bootstrap,
+        **{
+            "group.id": group_id or f"mvsink-reader-{uuid.uuid4().hex[:12]}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            **(extra or {}),
+        },
+    )
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """A topic the contracts require: its name, partition count, and topic configs."""
+
+    name: str
+    partitions: int
+    config: Mapping[str, str] = field(default_factory=dict)
+    #: Whether an existing topic must have exactly `partitions` (else: at least).
+    exact: bool = True
+
+
+def sink_topics(
+    config: Config, frontiers_config: Mapping[str, str] | None = None
+) -> list[TopicSpec]:
+    """The topics of DESIGN §3.1 for one sink replica."""
+    topics = config.topics
+    return [
+        TopicSpec(topics.desired, config.partitions),
+        TopicSpec(topics.descs, 1),
+        TopicSpec(topics.batches, config.append_workers),
+        TopicSpec(topics.control, 1, COMPACTED),
+        TopicSpec(topics.frontiers, 1, {**COMPACTED, **(frontiers_config or {})}, exact=False),
+        TopicSpec(topics.dead_letter, 1),
+    ]
+
+
+def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], timeout: float = 30.0) -> list[str]:
+    """Create the missing topics and check the existing ones; the names created. Idempotent.
+
+    Raises:
+        ProvisionError: an existing topic has a partition count the contract forbids.
+    """
+    admin = AdminClient(client_config(bootstrap))
+    wanted = list(specs)
+    existing = admin.list_topics(timeout=timeout).topics
+    _check_existing(wanted, existing)
+    missing = [s for s in wanted if s.name not in existing]
+    if not missing:
+        return []
+    futures = admin.create_topics(
+        [NewTopic(s.name, num_partitions=s.partitions, replication_factor=-1, config=dict(s.config))
+         for s in missing],
+        operation_timeout=timeout,
+    )  # fmt: skip
+    created = []
+    for name, future in futures.items():
+        try:
+            future.result(timeout=timeout)
+            created.append(name)
+        except KafkaException as error:
+            if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+    _wait_visible(admin, [s.name for s in missing], timeout)
+    return created
+
+
+def _check_existing(wanted: list[TopicSpec], existing: Mapping[str, Any]) -> None:
+    for spec in wanted:
+        if spec.name not in existing:
+            continue
+        count = len(existing[spec.name].partitions)
+        if count != spec.partitions and (spec.exact or count < spec.partitions):
+            raise ProvisionError(
+                f"topic {spec.name} has {count} partitions; the contract needs "
+                f"{'exactly' if spec.exact else 'at least'} {spec.partitions}"
+            )
+
+
+def _wait_visible(admin: AdminClient, names: list[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        topics = admin.list_topics(timeout=timeout).topics
+        if all(n in topics and topics[n].error is None for n in names):
+            return
+        time.sleep(0.1)
+    raise ProvisionError(f"topics {names} not visible after {timeout}s")
+
+
+def produce(
+    producer: Producer,
+    topic: str,
+    key: str,
+    record: Record,
+    partition: int | None = None,
+) -> None:
+    """Produce `record` framed by `codec.encode`, with the schema header for generic tools."""
+    kwargs: dict[str, Any] = {}
+    if partition is not None:
+        kwargs["partition"] = partition
+    producer.produce(
+        topic,
+        key=key.encode(),
+        value=codec.encode(record),
+        headers=[(codec.SCHEMA_HEADER, codec.schema_header(record).encode())],
+        **kwargs,
+    )
+
+
+def poll_message(
+    consumer: Consumer, timeout: float, on_eof: Callable[[int], None] | None = None
+) -> Message | None:
+    """The next data message, or None (nothing within `timeout`, or a partition EOF event,
+    reported to `on_eof(partition)`). Any other consumer error raises `KafkaException`."""
+    message = consumer.poll(timeout)
+    if message is None:
+        return None
+    error = message.error()
+    if error is None:
+        return message
+    if error.code() == KafkaError._PARTITION_EOF:
+        if on_eof is not None:
+            on_eof(int(message.partition() or 0))
+        return None
+    raise KafkaException(error)
+
+
+def read_compacted(bootstrap: str, topic: str, timeout: float = 30.0) -> dict[str, Record]:
+    """The latest record per key of `topic`, reading every partition up to its end now.
+
+    Undecodable values raise `DecodeError` naming topic, partition and offset.
+    """
+    consumer = Consumer(consumer_config(bootstrap, extra={"enable.partition.eof": True}))
+    try:
+        metadata = consumer.list_topics(topic, timeout=timeout).topics[topic]
+        partitions = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in metadata.partitions]
+        consumer.assign(partitions)
+        pending = {p.partition for p in partitions}
+        latest: dict[str, Record] = {}
+        deadline = time.monotonic() + timeout
+        while pending:
+            if time.monotonic() > deadline:
+                raise MvsinkError(f"reading {topic} to its end took over {timeout}s")
+            message = poll_message(consumer, 0.5, on_eof=pending.discard)
+            if message is None:
+                continue
+            key = (message.key() or b"").decode()
+            latest[key] = codec.decode_message(message)
+        return latest
+    finally:
+        consumer.close()

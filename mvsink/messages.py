@@ -1,0 +1,221 @@
+"""The records of DESIGN §3.1 as frozen dataclasses that validate on construction.
+
+A message that exists is a valid message: constructors raise `ContractError` naming the record
+and the offending field, so a bad record is rejected at the edge (decode) and never travels
+further. `mvsink.codec` maps these to and from the Avro schemas in `schemas/`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mvsink.errors import ContractError
+from mvsink.frontier import MAX_TIME, Frontier
+
+INT32_MAX = 2**31 - 1
+
+
+def _require(condition: bool, record: object, reason: str) -> None:
+    if not condition:
+        raise ContractError(f"invalid {type(record).__name__}: {reason}: {record!r}")
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """One desired update `(data, time, diff)`: `data` is `Ok(row)` or `Err(err)`.
+
+    `row` is the row encoded as Avro binary under the sink's row schema.
+    """
+
+    row: bytes | None
+    err: str | None
+    time: int
+    diff: int
+
+    def __post_init__(self) -> None:
+        _require((self.row is None) != (self.err is None), self, "exactly one of row/err")
+        _require(_is_int(self.time) and 0 <= self.time <= MAX_TIME, self, "time outside u64")
+        _require(_is_int(self.diff) and self.diff != 0, self, "diff must be a non-zero int")
+
+    @classmethod
+    def ok(cls, row: bytes, time: int, diff: int) -> Update:
+        """A row update."""
+        return cls(row=row, err=None, time=time, diff=diff)
+
+    @classmethod
+    def error(cls, err: str, time: int, diff: int) -> Update:
+        """An error update (the seed's `DataflowError` stream)."""
+        return cls(row=None, err=err, time=time, diff=diff)
+
+
+@dataclass(frozen=True, slots=True)
+class Updates:
+    """A chunk of updates for one desired partition."""
+
+    updates: tuple[Update, ...]
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.updates, tuple), self, "updates must be a tuple")
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """In-band progress: no update with `time < frontier` follows on this partition."""
+
+    frontier: Frontier
+
+
+#: A record of `<sink>.desired`.
+DesiredRecord = Updates | Progress
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredProgress:
+    """Progress of desired partition `partition` of sink `sink_id` (`frontiers` topic)."""
+
+    sink_id: str
+    partition: int
+    frontier: Frontier
+
+    def __post_init__(self) -> None:
+        _require(bool(self.sink_id), self, "empty sink_id")
+        _require(_is_int(self.partition) and 0 <= self.partition <= INT32_MAX, self, "partition")
+
+    @property
+    def key(self) -> str:
+        """The compacted `frontiers` key."""
+        return desired_progress_key(self.sink_id, self.partition)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardUpper:
+    """The upper of shard `shard_id` at state version `seqno` (`frontiers` topic)."""
+
+    shard_id: str
+    upper: Frontier
+    seqno: int
+
+    def __post_init__(self) -> None:
+        _require(bool(self.shard_id), self, "empty shard_id")
+        _require(_is_int(self.seqno) and 0 <= self.seqno <= MAX_TIME, self, "seqno")
+
+    @property
+    def key(self) -> str:
+        """The compacted `frontiers` key."""
+        return shard_upper_key(self.shard_id)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class BatchId:
+    """Identity of a batch description: minting epoch, then sequence within the epoch."""
+
+    epoch: int
+    seq: int
+
+    def __post_init__(self) -> None:
+        _require(_is_int(self.epoch) and 0 <= self.epoch <= MAX_TIME, self, "epoch")
+        _require(_is_int(self.seq) and 0 <= self.seq <= MAX_TIME, self, "seq")
+
+    def __str__(self) -> str:
+        return f"{self.epoch}.{self.seq}"
+
+
+def _require_bounds(record: object, lower: Frontier, upper: Frontier) -> None:
+    _require(not lower.is_empty, record, "lower is the empty frontier")
+    _require(lower.less_than(upper), record, f"lower {lower} is not less than upper {upper}")
+
+
+@dataclass(frozen=True, slots=True)
+class BatchDescription:
+    """A batch to write for times in `[lower, upper)`, appended by worker `append_worker`."""
+
+    sink_id: str
+    id: BatchId
+    lower: Frontier
+    upper: Frontier
+    append_worker: int
+
+    def __post_init__(self) -> None:
+        _require(bool(self.sink_id), self, "empty sink_id")
+        _require_bounds(self, self.lower, self.upper)
+        _require(
+            _is_int(self.append_worker) and 0 <= self.append_worker <= INT32_MAX,
+            self,
+            "append_worker",
+        )
+
+    def __str__(self) -> str:
+        return f"desc {self.id} [{self.lower}, {self.upper}) -> append {self.append_worker}"
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """One staged Parquet part. `partition` is `None` for a foreign writer's part."""
+
+    key: str
+    partition: int | None
+    partitions_total: int | None
+    updates: int
+    bytes: int
+
+    def __post_init__(self) -> None:
+        _require(bool(self.key), self, "empty key")
+        _require((self.partition is None) == (self.partitions_total is None), self, "partition")
+        if self.partition is not None and self.partitions_total is not None:
+            _require(0 <= self.partition < self.partitions_total, self, "partition out of range")
+        _require(_is_int(self.updates) and self.updates >= 0, self, "updates")
+        _require(_is_int(self.bytes) and self.bytes >= 0, self, "bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class StagedBatch:
+    """Parts staged by writer `writer_id` for description `desc_id`, complete for `covers`."""
+
+    desc_id: BatchId
+    lower: Frontier
+    upper: Frontier
+    covers: tuple[int, ...]
+    parts: tuple[Part, ...]
+    writer_id: str
+
+    def __post_init__(self) -> None:
+        _require_bounds(self, self.lower, self.upper)
+        _require(bool(self.writer_id), self, "empty writer_id")
+        _require(all(_is_int(p) and p >= 0 for p in self.covers), self, "covers")
+        _require(len(set(self.covers)) == len(self.covers), self, "covers has duplicates")
+        covered = set(self.covers)
+        _require(
+            all(part.partition is None or part.partition in covered for part in self.parts),
+            self,
+            "a part's partition is not in covers",
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SinkControl:
+    """Operator control of a sink replica (`<sink>.control`, key = sink id)."""
+
+    read_only: bool = field(default=False)
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.read_only, bool), self, "read_only must be a bool")
+
+
+#: Every record type that travels on our topics.
+Record = (
+    Updates | Progress | DesiredProgress | ShardUpper | BatchDescription | StagedBatch | SinkControl
+)
+
+
+def desired_progress_key(sink_id: str, partition: int) -> str:
+    """`frontiers` key of a desired partition's progress."""
+    return f"desired:{sink_id}:{partition}"
+
+
+def shard_upper_key(shard_id: str) -> str:
+    """`frontiers` key of a shard's upper."""
+    return f"persist:{shard_id}"

@@ -1,0 +1,154 @@
+"""Object storage access: a MinIO-SDK client for plain S3 calls, and the one conditional write.
+
+`conditional_put` is the only place that writes with `If-None-Match: *` / `If-Match: <etag>`.
+minio-py 7.2's `put_object` cannot send those headers (it turns unknown headers into
+`x-amz-meta-*` user metadata), so the request is a presigned PUT (SigV4 from the SDK's public
+`presigned_put_object`) sent by urllib3 with the precondition header added. The SDK signs only
+`host` in a presigned URL, which S3 and MinIO accept alongside unsigned standard headers.
+
+Retries: urllib3 is told never to retry, because a retried create whose first attempt landed
+answers 412 and would look like a lost race. Instead the outcome is settled by content:
+
+* 200 -> `Written(etag)`;
+* 412 -> read the current object: if its bytes equal ours, an earlier attempt of ours (or an
+  identical write) is what is there -> `Written`; otherwise `PreconditionFailed(current_etag)`;
+* timeout / connection error -> `IndefiniteWrite`: the write may or may not land later. Callers
+  embed a unique nonce in what they write and settle it by calling `conditional_put` again with
+  the same bytes (idempotent by the rule above) or by re-reading state.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from datetime import timedelta
+
+import urllib3
+from minio import Minio
+from minio.error import S3Error
+
+from mvsink.config import S3Settings
+from mvsink.errors import MvsinkError
+
+_TIMEOUT = urllib3.Timeout(connect=5.0, read=30.0)
+_http = urllib3.PoolManager(retries=False, timeout=_TIMEOUT, maxsize=16)
+
+
+@dataclass(frozen=True)
+class Written:
+    """The object now holds exactly our bytes; `etag` is its entity tag (quoted)."""
+
+    etag: str
+
+
+@dataclass(frozen=True)
+class PreconditionFailed:
+    """The precondition did not hold and the object holds other bytes (`etag`; None if gone)."""
+
+    etag: str | None
+
+
+ConditionalResult = Written | PreconditionFailed
+
+
+class IndefiniteWrite(MvsinkError):
+    """A conditional write whose outcome is unknown (timeout or broken connection)."""
+
+
+class S3RequestError(MvsinkError):
+    """An S3 request failed with an unexpected status."""
+
+
+def s3_client(settings: S3Settings) -> Minio:
+    """A MinIO-SDK client for `settings` (region fixed, so presigning needs no round trip)."""
+    endpoint = settings.endpoint.removeprefix("http://").removeprefix("https://")
+    return Minio(
+        endpoint,
+        access_key=settings.access_key.reveal(),
+        secret_key=settings.secret_key.reveal(),
+        secure=settings.secure,
+        region=settings.region,
+    )
+
+
+def ensure_bucket(client: Minio, bucket: str) -> bool:
+    """Create `bucket` if missing; whether it was created. Idempotent, race-safe."""
+    if client.bucket_exists(bucket):
+        return False
+    try:
+        client.make_bucket(bucket)
+    except S3Error as error:
+        if error.code in {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}:
+            return False
+        raise
+    return True
+
+
+def conditional_put(
+    client: Minio,
+    bucket: str,
+    key: str,
+    data: bytes,
+    *,
+    if_match: str | None = None,
+) -> ConditionalResult:
+    """Write `data` to `bucket/key` only if the key is absent, or if `if_match` is given, only if
+    its current etag equals `if_match`.
+
+    Never retried at the HTTP level; see the module docs for how each outcome is settled.
+
+    Raises:
+        IndefiniteWrite: the request may or may not have been applied.
+        S3RequestError: any other failure (auth, missing bucket, server error).
+    """
+    url = client.presigned_put_object(bucket, key, expires=timedelta(minutes=15))
+    headers = {"Content-Length": str(len(data))}
+    if if_match is None:
+        headers["If-None-Match"] = "*"
+    else:
+        headers["If-Match"] = if_match
+    try:
+        response = _http.request("PUT", url, body=data, headers=headers)
+    except (urllib3.exceptions.HTTPError, OSError) as error:
+        raise IndefiniteWrite(f"PUT {bucket}/{key}: outcome unknown: {error!r}") from error
+    if response.status == 200:
+        return Written(etag=str(response.headers.get("ETag", "")))
+    if response.status == 412:
+        return _settle_precondition_failed(client, bucket, key, data)
+    raise S3RequestError(f"PUT {bucket}/{key} answered {response.status}: {response.data[:300]!r}")
+
+
+def _settle_precondition_failed(
+    client: Minio, bucket: str, key: str, data: bytes
+) -> ConditionalResult:
+    try:
+        response = client.get_object(bucket, key)
+    except S3Error as error:
+        if error.code == "NoSuchKey":
+            return PreconditionFailed(etag=None)
+        raise
+    try:
+        current = response.read()
+        etag = response.headers.get("ETag")
+    finally:
+        response.close()
+        response.release_conn()
+    if current == data:
+        return Written(etag=str(etag))
+    return PreconditionFailed(etag=etag)
+
+
+def put_bytes(client: Minio, bucket: str, key: str, data: bytes, content_type: str) -> str:
+    """Unconditional PUT (write-once keys such as staged parts); the new etag."""
+    result = client.put_object(bucket, key, io.BytesIO(data), len(data), content_type=content_type)
+    return str(result.etag)
+
+
+def get_bytes(client: Minio, bucket: str, key: str) -> bytes:
+    """The whole object."""
+    response = client.get_object(bucket, key)
+    try:
+        return bytes(response.read())
+    finally:
+        response.close()
+        response.release_conn()

@@ -1,0 +1,142 @@
+"""Embedded Kafka: the Apache Kafka broker from Maven Central, one KRaft node on loopback.
+
+* `ensure_libs` resolves `maven/kafka.pom.xml` (kafka_2.13 + the log4j2 SLF4J binding) into the
+  cache with `mvn dependency:copy-dependencies`, once.
+* `KafkaNode.start` writes `server.properties` (combined broker+controller, static quorum on
+  127.0.0.1), formats the storage with `kafka.tools.StorageTool` on first start, runs
+  `kafka.Kafka`, and is ready when a metadata request succeeds.
+"""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from mvsink.stack import procs
+
+POM = Path(__file__).resolve().parent / "maven" / "kafka.pom.xml"
+KAFKA_VERSION = "4.1.1"
+_MARKER = f"kafka-{KAFKA_VERSION}.complete"
+
+
+def ensure_libs(cache: Path, say: procs.Say) -> Path:
+    """The directory of broker jars, resolving them from Maven Central if not cached yet."""
+    libs = cache / "kafka" / KAFKA_VERSION / "libs"
+    marker = libs.parent / _MARKER
+    if marker.exists():
+        return libs
+    procs.require_tool("java", "install a JDK 17 (e.g. `apt-get install openjdk-17-jre-headless`)")
+    mvn = procs.require_tool("mvn", "install Maven (e.g. `apt-get install maven`)")
+    say(f"resolving Kafka {KAFKA_VERSION} broker jars from Maven Central into {libs} ...")
+    libs.mkdir(parents=True, exist_ok=True)
+    procs.run_checked(
+        [
+            mvn, "-B", "-q", "-f", str(POM),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={libs}",
+            "-DincludeScope=runtime",
+        ],
+        log=libs.parent / "mvn.log",
+        what="resolving Kafka jars with Maven",
+    )  # fmt: skip
+    marker.write_text(KAFKA_VERSION)
+    return libs
+
+
+@dataclass
+class KafkaNode:
+    """One combined broker+controller under `home` (config, data and log live there)."""
+
+    home: Path
+    port: int
+    controller_port: int
+
+    @property
+    def bootstrap(self) -> str:
+        """`bootstrap.servers` for clients."""
+        return f"{procs.LOOPBACK}:{self.port}"
+
+    @property
+    def log(self) -> Path:
+        """The broker's log file."""
+        return self.home / "kafka.log"
+
+    def start(self, libs: Path, say: procs.Say) -> int:
+        """Configure, format (first start only) and launch the broker; its pid (not yet ready)."""
+        java = procs.require_tool("java", "install a JDK 17")
+        self.home.mkdir(parents=True, exist_ok=True)
+        props = self._write_config()
+        classpath = f"{libs}/*"
+        data = self.home / "data"
+        if not (data / "meta.properties").exists():
+            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            procs.run_checked(
+                [java, "-cp", classpath, "kafka.tools.StorageTool", "format",
+                 "-t", cluster_id, "-c", str(props)],
+                log=self.home / "format.log",
+                what="formatting Kafka KRaft storage",
+            )  # fmt: skip
+        say(f"starting Kafka on {self.bootstrap} ...")
+        return procs.spawn(
+            [
+                java, "-Xms256m", "-Xmx768m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+                f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",
+                "-cp", classpath, "kafka.Kafka", str(props),
+            ],
+            log=self.home / "kafka.stdout",
+            env=procs.base_env(),
+            cwd=self.home,
+        )  # fmt: skip
+
+    def ready(self) -> bool:
+        """Whether a metadata request to the broker succeeds."""
+        from confluent_kafka.admin import AdminClient
+
+        if not procs.accepts_connections(self.port):  # spare librdkafka's connect-retry noise
+            return False
+        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+        metadata = admin.list_topics(timeout=2)
+        return len(metadata.brokers) > 0
+
+    def _write_config(self) -> Path:
+        loopback = procs.LOOPBACK
+        settings = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@{loopback}:{self.controller_port}",
+            "listeners": f"PLAINTEXT://{loopback}:{self.port},"
+            f"CONTROLLER://{loopback}:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{loopback}:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": str(self.home / "data"),
+            "auto.create.topics.enable": "false",
+            # One node: every internal topic has one replica; few partitions keep starts quick.
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "4",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "4",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            # Compacted topics (frontiers, control) get cleaned promptly.
+            "log.cleaner.backoff.ms": "1000",
+        }
+        props = self.home / "server.properties"
+        props.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+        (self.home / "log4j2.properties").write_text(
+            "rootLogger.level=INFO\n"
+            "rootLogger.appenderRef.file.ref=file\n"
+            "appender.file.type=File\n"
+            "appender.file.name=file\n"
+            f"appender.file.fileName={self.log}\n"
+            "appender.file.layout.type=PatternLayout\n"
+            "appender.file.layout.pattern=[%d] %p %m (%c)%n\n"
+            "logger.kafka.name=kafka\nlogger.kafka.level=INFO\n"
+            "logger.apache.name=org.apache\nlogger.apache.level=WARN\n"
+        )
+        return props

@@ -1,0 +1,145 @@
+"""`mvsink stack up|down|status`: a real Kafka and a real MinIO on loopback, from registries.
+
+Steps of `up`, each idempotent, so a rerun after any failure picks up where it stopped:
+
+1. resolve the Kafka jars (Maven Central) and build MinIO (`go install`) into the cache, in
+   parallel, once per cache;
+2. reuse the ports recorded by the last start if they are still free, else pick free ones;
+3. start each component that is not running, record its pid, wait until it answers;
+4. (the CLI) provision the sink's topics and bucket.
+
+Spark is not a server here: jobs run `local[*]` in-process (`mvsink.spark`), or on a cluster
+given by `--master` / `MVSINK_SPARK_MASTER`.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from mvsink.stack import kafka, minio, procs
+from mvsink.stack.state import ComponentRecord, credentials, load_records, save_records
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """How clients reach a running stack."""
+
+    kafka_bootstrap: str
+    s3_endpoint: str
+    s3_access_key: str
+    s3_secret_key: str
+
+
+@dataclass(frozen=True)
+class ComponentStatus:
+    """One line of `mvsink stack status`."""
+
+    name: str
+    state: str
+    address: str
+    pid: int | None
+    log: str
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+class Stack:
+    """The embedded stack rooted at `home`, with downloads and builds cached in `cache`.
+
+    `mvsink stack up` uses `<state>/stack`; the test fixtures use a fresh temporary home each
+    session (own ports and data) with the shared cache, so parallel runs never clash.
+    """
+
+    def __init__(self, home: Path, cache: Path, say: procs.Say = _quiet) -> None:
+        self.home = home
+        self.cache = cache
+        self.say = say
+
+    # -- up -----------------------------------------------------------------------------------
+
+    def up(self, timeout: float = 180.0) -> Endpoints:
+        """Build what is missing, start what is not running, wait until both answer."""
+        started = time.monotonic()
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            libs_future = pool.submit(kafka.ensure_libs, self.cache, self.say)
+            binary_future = pool.submit(minio.ensure_binary, self.cache, self.say)
+            libs, binary = libs_future.result(), binary_future.result()
+        records = load_records(self.home)
+        access_key, secret_key = credentials(self.home)
+        kafka_node = self._kafka_node(records.get("kafka"))
+        minio_node = self._minio_node(records.get("minio"))
+        if not _running(records.get("kafka")):
+            pid = kafka_node.start(libs, self.say)
+            records["kafka"] = _record("kafka", pid, kafka_node.bootstrap, kafka_node.log, {
+                "port": kafka_node.port, "controller_port": kafka_node.controller_port})  # fmt: skip
+            save_records(self.home, records)
+        if not _running(records.get("minio")):
+            pid = minio_node.start(binary, access_key, secret_key, self.say)
+            records["minio"] = _record("minio", pid, minio_node.endpoint, minio_node.log, {
+                "port": minio_node.port, "console_port": minio_node.console_port})  # fmt: skip
+            save_records(self.home, records)
+        procs.wait_ready("Kafka", kafka_node.ready, pid=records["kafka"].pid,
+                         log=kafka_node.log, timeout=timeout)  # fmt: skip
+        procs.wait_ready("MinIO", minio_node.ready, pid=records["minio"].pid,
+                         log=minio_node.log, timeout=timeout)  # fmt: skip
+        self.say(f"stack up in {time.monotonic() - started:.1f}s")
+        return Endpoints(kafka_node.bootstrap, minio_node.endpoint, access_key, secret_key)
+
+    def _kafka_node(self, record: ComponentRecord | None) -> kafka.KafkaNode:
+        ports = _reuse_ports(record, ("port", "controller_port"))
+        return kafka.KafkaNode(self.home / "kafka", ports["port"], ports["controller_port"])
+
+    def _minio_node(self, record: ComponentRecord | None) -> minio.MinioNode:
+        ports = _reuse_ports(record, ("port", "console_port"))
+        return minio.MinioNode(self.home / "minio", ports["port"], ports["console_port"])
+
+    # -- down / status ----------------------------------------------------------------------------
+
+    def down(self) -> list[str]:
+        """Stop the components this stack started; the names of those that were running."""
+        records = load_records(self.home)
+        stopped = []
+        for name, record in records.items():
+            if record.alive:
+                self.say(f"stopping {name} (pid {record.pid}) ...")
+                procs.stop(record.pid)
+                stopped.append(name)
+        return stopped
+
+    def status(self) -> list[ComponentStatus]:
+        """Each recorded component: running or stopped, address, pid, log."""
+        records = load_records(self.home)
+        rows = []
+        for name in ("kafka", "minio"):
+            record = records.get(name)
+            if record is None:
+                rows.append(ComponentStatus(name, "never started", "-", None, "-"))
+                continue
+            state = "running" if record.alive else "stopped"
+            rows.append(ComponentStatus(name, state, record.address, record.pid, record.log))
+        return rows
+
+
+def _running(record: ComponentRecord | None) -> bool:
+    return record is not None and record.alive
+
+
+def _record(name: str, pid: int, address: str, log: Path, ports: dict[str, int]) -> ComponentRecord:
+    return ComponentRecord(name=name, pid=pid, address=address, ports=ports, log=str(log))
+
+
+def _reuse_ports(record: ComponentRecord | None, names: tuple[str, ...]) -> dict[str, int]:
+    """The recorded ports if the component still runs or they are all free, else fresh ones."""
+    recorded = record is not None and all(n in record.ports for n in names)
+    if (
+        record is not None
+        and recorded
+        and (record.alive or all(procs.port_is_free(record.ports[n]) for n in names))
+    ):
+        return {n: record.ports[n] for n in names}
+    return dict(zip(names, procs.free_ports(len(names)), strict=True))

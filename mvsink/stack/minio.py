@@ -1,0 +1,96 @@
+"""Embedded S3: a MinIO server built from its Go module with `go install`, on loopback.
+
+The pin is a commit of github.com/minio/minio later than RELEASE.2025-10-15T17-29-55Z (the
+release that fixed `If-None-Match: *`; RELEASE.2025-09-06 breaks it). The module proxy serves
+it as a pseudo-version. The binary reports `DEVELOPMENT.GOGET`. Nothing in mvsink depends on
+MinIO beyond S3 plus conditional writes, so any such S3 endpoint can replace it.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from mvsink.errors import StackError
+from mvsink.stack import procs
+
+MINIO_MODULE = "github.com/minio/minio"
+#: Commit 7aac2a2c5b7c of 2026-02-12 (after RELEASE.2025-10-15T17-29-55Z).
+MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
+
+
+def ensure_binary(cache: Path, say: procs.Say) -> Path:
+    """The `minio` executable, built with `go install` into the cache if not there yet."""
+    bindir = cache / "minio" / MINIO_VERSION
+    binary = bindir / "minio"
+    if binary.exists():
+        return binary
+    go = procs.require_tool(
+        "go", "install Go >= 1.24 (https://go.dev/doc/install or your package manager)"
+    )
+    say(
+        f"building MinIO {MINIO_VERSION} with `go install` into {bindir} "
+        "(first run only; a few minutes on 2 cores) ..."
+    )
+    bindir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, GOBIN=str(bindir), CGO_ENABLED="0", GOFLAGS="-buildvcs=false")
+    procs.run_checked(
+        [go, "install", f"{MINIO_MODULE}@{MINIO_VERSION}"],
+        log=bindir / "go-install.log",
+        env=env,
+        what="building MinIO with go install",
+    )
+    if not binary.exists():
+        raise StackError(f"go install finished but {binary} is missing")
+    return binary
+
+
+@dataclass
+class MinioNode:
+    """One single-drive MinIO server under `home`."""
+
+    home: Path
+    port: int
+    console_port: int
+
+    @property
+    def endpoint(self) -> str:
+        """`host:port` of the S3 API."""
+        return f"{procs.LOOPBACK}:{self.port}"
+
+    @property
+    def log(self) -> Path:
+        """The server's log file."""
+        return self.home / "minio.log"
+
+    def start(self, binary: Path, access_key: str, secret_key: str, say: procs.Say) -> int:
+        """Launch the server; its pid (not yet ready)."""
+        data = self.home / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        env = dict(
+            procs.base_env(),
+            MINIO_ROOT_USER=access_key,
+            MINIO_ROOT_PASSWORD=secret_key,
+            MINIO_BROWSER="off",
+            MINIO_UPDATE="off",
+            MINIO_CI_CD="1",
+        )
+        say(f"starting MinIO on http://{self.endpoint} ...")
+        return procs.spawn(
+            [
+                str(binary), "server", str(data), "--quiet",
+                "--address", self.endpoint,
+                "--console-address", f"{procs.LOOPBACK}:{self.console_port}",
+            ],
+            log=self.log,
+            env=env,
+            cwd=self.home,
+        )  # fmt: skip
+
+    def ready(self) -> bool:
+        """Whether `/minio/health/cluster` answers 200."""
+        url = f"http://{self.endpoint}/minio/health/cluster"
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return bool(response.status == 200)

@@ -1,0 +1,166 @@
+"""Process plumbing for the embedded stack: free ports, detached processes, readiness, stopping.
+
+Every listener binds 127.0.0.1. A component that does not become ready raises `StackError`
+carrying the tail of its log, so a failed start is never silent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from mvsink.errors import StackError
+
+LOOPBACK = "127.0.0.1"
+
+#: Progress output for long steps (builds, downloads, starts).
+Say = Callable[[str], None]
+
+
+def base_env() -> dict[str, str]:
+    """Environment for stack children: ours, minus mvsink credentials they have no use for."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("MVSINK_S3_")}
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct TCP ports on 127.0.0.1 that are free right now (the OS picks them)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind((LOOPBACK, 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def port_is_free(port: int) -> bool:
+    """Whether `port` can be bound on 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((LOOPBACK, port))
+        except OSError:
+            return False
+        return True
+
+
+def accepts_connections(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:`port`."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex((LOOPBACK, port)) == 0
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Whether a process with `pid` exists (and is not a zombie)."""
+    if not pid:
+        return False
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reap our own exited children so they read as gone
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        status = Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].split()[0]
+    except OSError:
+        return True
+    return status != "Z"
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    """The last `lines` lines of a log file, or a note that there is none."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return f"(no log at {path})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def require_tool(name: str, hint: str) -> str:
+    """The path of executable `name`, or a `StackError` saying how to install it."""
+    found = shutil.which(name)
+    if found is None:
+        raise StackError(f"`{name}` is not installed or not on PATH: {hint}")
+    return found
+
+
+def run_checked(
+    cmd: Sequence[str], *, log: Path, env: Mapping[str, str] | None = None, what: str
+) -> None:
+    """Run a build/setup command to completion, logging to `log`; raise with its tail on failure."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        out.write(f"\n$ {' '.join(cmd)}\n".encode())
+        out.flush()
+        result = subprocess.run(
+            list(cmd), stdout=out, stderr=subprocess.STDOUT, env=dict(env or os.environ)
+        )
+    if result.returncode != 0:
+        raise StackError(f"{what} failed (exit {result.returncode}); log {log}:\n{log_tail(log)}")
+
+
+def spawn(cmd: Sequence[str], *, log: Path, env: Mapping[str, str], cwd: Path) -> int:
+    """Start `cmd` detached (own session, survives this process), output to `log`; its pid."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            list(cmd),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=dict(env),
+            cwd=cwd,
+            start_new_session=True,
+        )
+    return proc.pid
+
+
+def wait_ready(
+    what: str, ready: Callable[[], bool], *, pid: int, log: Path, timeout: float
+) -> None:
+    """Poll `ready()` until true; raise `StackError` with the log tail if the process dies or
+    `timeout` seconds pass."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            raise StackError(f"{what} exited during start; log {log}:\n{log_tail(log)}")
+        try:
+            if ready():
+                return
+        except Exception:
+            pass
+        time.sleep(0.25)
+    raise StackError(f"{what} not ready after {timeout:.0f}s; log {log}:\n{log_tail(log)}")
+
+
+def stop(pid: int, *, grace: float = 15.0) -> None:
+    """SIGTERM the process group of `pid`, then SIGKILL after `grace` seconds."""
+    if not pid_alive(pid):
+        return
+    _signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            return
+        time.sleep(0.1)
+    _signal_group(pid, signal.SIGKILL)
+    while pid_alive(pid):
+        time.sleep(0.05)
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)

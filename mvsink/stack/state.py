@@ -1,0 +1,95 @@
+"""The embedded stack's record on disk: what `mvsink stack up` started, where, with which pid.
+
+Layout under the stack home (default `<state dir>/stack`)::
+
+    stack.json              components: pid, ports, address, log
+    credentials/s3-access-key, credentials/s3-secret-key   (mode 0600, generated once)
+    kafka/                  server.properties, data/, kafka.log
+    minio/                  data/, minio.log
+
+`down` stops only the pids recorded here, so it never touches anything it did not start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from mvsink.stack import procs
+
+
+@dataclass
+class ComponentRecord:
+    """One started component."""
+
+    name: str
+    pid: int
+    address: str
+    ports: dict[str, int]
+    log: str
+
+    @property
+    def alive(self) -> bool:
+        """Whether its process still runs."""
+        return procs.pid_alive(self.pid)
+
+
+def stack_home(state_dir: Path) -> Path:
+    """Where `mvsink stack up` keeps the stack it starts for this checkout."""
+    return state_dir / "stack"
+
+
+def load_records(home: Path) -> dict[str, ComponentRecord]:
+    """The components recorded under `home` (empty if none)."""
+    path = home / "stack.json"
+    if not path.exists():
+        return {}
+    raw = json.loads(path.read_text())
+    return {name: ComponentRecord(**fields) for name, fields in raw.get("components", {}).items()}
+
+
+def save_records(home: Path, records: dict[str, ComponentRecord]) -> None:
+    """Write the records atomically (write then rename)."""
+    home.mkdir(parents=True, exist_ok=True)
+    tmp = home / "stack.json.tmp"
+    tmp.write_text(json.dumps({"components": {n: asdict(r) for n, r in records.items()}}, indent=2))
+    tmp.replace(home / "stack.json")
+
+
+def credentials(home: Path) -> tuple[str, str]:
+    """The embedded MinIO's access and secret key, generated on first use, stored 0600."""
+    folder = home / "credentials"
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    fresh = {
+        "s3-access-key": "mvsink-" + secrets.token_hex(4),
+        "s3-secret-key": secrets.token_urlsafe(24),
+    }
+    values = []
+    for name, value in fresh.items():
+        path = folder / name
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(value)
+        values.append(path.read_text().strip())
+    return values[0], values[1]
+
+
+def running_endpoints(state_dir: Path) -> dict[str, str]:
+    """Config values pointing at this checkout's running embedded stack, or `{}` if none runs."""
+    home = stack_home(state_dir)
+    records = load_records(home)
+    kafka, minio = records.get("kafka"), records.get("minio")
+    if kafka is None or minio is None or not (kafka.alive and minio.alive):
+        return {}
+    access_key, secret_key = credentials(home)
+    return {
+        "kafka_bootstrap": kafka.address,
+        "s3_endpoint": minio.address,
+        "s3_access_key": access_key,
+        "s3_secret_key": secret_key,
+    }
