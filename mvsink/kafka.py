@@ -130,10 +130,17 @@ def _wait_visible(admin: AdminClient, names: list[str], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         topics = admin.list_topics(timeout=timeout).topics
-        if all(n in topics and topics[n].error is None for n in names):
+        if all(n in topics and _has_leaders(topics[n]) for n in names):
             return
         time.sleep(0.1)
-    raise ProvisionError(f"topics {names} not visible after {timeout}s")
+    raise ProvisionError(f"topics {names} have no leaders after {timeout}s")
+
+
+def _has_leaders(topic: Any) -> bool:
+    """Whether a topic's metadata shows no error and a leader for every partition."""
+    return topic.error is None and all(
+        p.error is None and p.leader >= 0 for p in topic.partitions.values()
+    )
 
 
 def produce(
@@ -142,11 +149,14 @@ def produce(
     key: str,
     record: Record,
     partition: int | None = None,
+    on_delivery: Callable[[KafkaError | None, Message], None] | None = None,
 ) -> None:
     """Produce `record` framed by `codec.encode`, with the schema header for generic tools."""
     kwargs: dict[str, Any] = {}
     if partition is not None:
         kwargs["partition"] = partition
+    if on_delivery is not None:
+        kwargs["on_delivery"] = on_delivery
     producer.produce(
         topic,
         key=key.encode(),

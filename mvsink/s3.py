@@ -115,6 +115,8 @@ def conditional_put(
         return Written(etag=str(response.headers.get("ETag", "")))
     if response.status == 412:
         return _settle_precondition_failed(client, bucket, key, data)
+    if response.status == 404 and if_match is not None:
+        return PreconditionFailed(etag=None)  # nothing to match: the key does not exist
     raise S3RequestError(f"PUT {bucket}/{key} answered {response.status}: {response.data[:300]!r}")
 
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from mvsink import codec
 from mvsink.config import Config
@@ -29,75 +30,110 @@ from mvsink.messages import (
     StagedBatch,
     Update,
     Updates,
+    desired_progress_key,
+    shard_upper_key,
 )
 from mvsink.s3 import PreconditionFailed, Written, conditional_put, s3_client
 
 Say = Callable[[str], None]
 
 
-def _roundtrip(config: Config, topic: str, partition: int, key: str, record: Record,
-               transactional_id: str | None = None) -> Record:  # fmt: skip
-    """Produce `record` to `topic[partition]` (in a transaction if asked) and read it back."""
-    consumer = Consumer(consumer_config(config.kafka_bootstrap))
-    try:
-        _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-        extra = {"transactional.id": transactional_id} if transactional_id else {}
-        producer = Producer(client_config(config.kafka_bootstrap, **extra))
-        if transactional_id:
-            producer.init_transactions(30)
-            producer.begin_transaction()
-        produce(producer, topic, key, record, partition=partition)
-        if transactional_id:
-            producer.commit_transaction(30)
-        producer.flush(30)
-        consumer.assign([TopicPartition(topic, partition, high)])
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            message = poll_message(consumer, 0.5)
-            if message is None:
-                continue
-            decoded = codec.decode_message(message)
-            if decoded == record:
-                return decoded
-        raise TimeoutError(f"did not read back the record produced to {topic}[{partition}]")
-    finally:
-        consumer.close()
+@dataclass(frozen=True)
+class Sample:
+    """One contract record on its topic, as its real producer would send it."""
+
+    topic: str
+    partition: int
+    key: str
+    record: Record
+    #: The producer's `transactional.id` when the contract says it is transactional.
+    transactional_id: str | None = None
 
 
-def run_smoke(config: Config, say: Say) -> None:
-    """Run the smoke demo against the stack `config` points at (topics already provisioned)."""
-    run = uuid.uuid4().hex[:8]
+def contract_samples(config: Config, run: str) -> list[Sample]:
+    """One record of each contract (DESIGN §3.1) for the sink of `config`."""
     topics = config.topics
     lower, upper = Frontier.at(0), Frontier.at(10)
     desc = BatchDescription(config.sink_id, BatchId(1, 0), lower, upper, append_worker=0)
     part = Part(
         f"shards/{config.shard_id}/parts/smoke-{run}/x.parquet", 0, config.partitions, 1, 42
     )
-    cases: list[tuple[str, int, str, Record, str | None]] = [
-        (topics.desired, 0, "row", Updates((Update.ok(b"\x02a", 3, 1), Update.error("boom", 4, 1))),
-         f"smoke-producer-{run}"),
-        (topics.desired, 0, "row", Progress(Frontier.at(10)), f"smoke-producer-{run}"),
-        (topics.frontiers, 0, f"desired:{config.sink_id}:0",
-         DesiredProgress(config.sink_id, 0, Frontier.at(10)), None),
-        (topics.frontiers, 0, f"persist:{config.shard_id}", ShardUpper(config.shard_id, lower, 0), None),
-        (topics.descs, 0, config.sink_id, desc, f"mint.{config.sink_id}"),
-        (topics.batches, 0, "0", StagedBatch(desc.id, lower, upper, (0,), (part,), f"smoke-{run}"), None),
-        (topics.control, 0, config.sink_id, SinkControl(read_only=False), None),
+    producer_id = f"producer.{config.sink_id}.{run}"
+    updates = Updates((Update.ok(b"\x02a", 3, 1), Update.error("boom", 4, 1)))
+    return [
+        Sample(topics.desired, 0, "row-a", updates, producer_id),
+        Sample(topics.desired, 0, "row-a", Progress(upper), producer_id),
+        Sample(topics.frontiers, 0, desired_progress_key(config.sink_id, 0),
+               DesiredProgress(config.sink_id, 0, upper), producer_id),
+        Sample(topics.frontiers, 0, shard_upper_key(config.shard_id),
+               ShardUpper(config.shard_id, lower, 0)),
+        Sample(topics.descs, 0, config.sink_id, desc, f"mint.{config.sink_id}"),
+        Sample(topics.batches, desc.append_worker, str(desc.append_worker),
+               StagedBatch(desc.id, lower, upper, (0,), (part,), f"smoke-{run}")),
+        Sample(topics.control, 0, config.sink_id, SinkControl(read_only=False)),
     ]  # fmt: skip
-    say(f"Kafka at {config.kafka_bootstrap}: one record of each contract per topic")
-    for topic, partition, key, record, txn in cases:
-        started = time.monotonic()
-        got = _roundtrip(config, topic, partition, key, record, txn)
-        how = "transactional" if txn else "plain"
-        say(f"  {topic:<22} [{partition}] {how:<13} {type(got).__name__:<17} "
-            f"read back in {1000 * (time.monotonic() - started):.0f} ms")  # fmt: skip
 
+
+def roundtrip(bootstrap: str, sample: Sample, timeout: float = 30.0) -> Record:
+    """Produce `sample` (in a transaction if its contract says so), read it back with a
+    read_committed consumer from the offset it was written at, and return what was decoded."""
+    txn = sample.transactional_id
+    producer = Producer(client_config(bootstrap, **({"transactional.id": txn} if txn else {})))
+    delivered: list[Message] = []
+
+    def on_delivery(error: KafkaError | None, message: Message) -> None:
+        if error is not None:
+            raise KafkaException(error)
+        delivered.append(message)
+
+    if txn:
+        producer.init_transactions(timeout)
+        producer.begin_transaction()
+    produce(producer, sample.topic, sample.key, sample.record, sample.partition, on_delivery)
+    if txn:
+        producer.commit_transaction(timeout)
+    producer.flush(timeout)
+    offset = delivered[0].offset()
+    consumer = Consumer(consumer_config(bootstrap))
+    try:
+        consumer.assign([TopicPartition(sample.topic, sample.partition, offset)])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            message = poll_message(consumer, 0.5)
+            if message is not None:
+                return codec.decode_message(message)
+        raise TimeoutError(f"did not read back {sample.topic}[{sample.partition}]@{offset}")
+    finally:
+        consumer.close()
+
+
+def run_smoke(config: Config, say: Say) -> None:
+    """Run the smoke demo against the stack `config` points at (topics already provisioned).
+
+    Raises:
+        RuntimeError: a record did not come back equal, or S3 ignored a precondition.
+    """
+    run = uuid.uuid4().hex[:8]
+    say(f"Kafka at {config.kafka_bootstrap}: one record of each contract per topic")
+    for sample in contract_samples(config, run):
+        started = time.monotonic()
+        got = roundtrip(config.kafka_bootstrap, sample)
+        if got != sample.record:
+            raise RuntimeError(f"{sample.topic}: sent {sample.record!r}, read back {got!r}")
+        how = "transactional" if sample.transactional_id else "plain"
+        say(f"  {sample.topic:<22} [{sample.partition}] {how:<13} {type(got).__name__:<17} "
+            f"read back in {1000 * (time.monotonic() - started):.0f} ms")  # fmt: skip
+    _conditional_writes(config, run, say)
+    say("smoke demo OK: every topic round-trips its contract; conditional writes hold.")
+
+
+def _conditional_writes(config: Config, run: str, say: Say) -> None:
     client = s3_client(config.s3)
     key = f"smoke/{run}/state/{0:020d}"
     say(f"MinIO at {config.s3.endpoint}: conditional writes on {config.s3.bucket}/{key}")
-    first = conditional_put(client, config.s3.bucket, key, b"state 0 by writer A")
+    first = conditional_put(client, config.s3.bucket, key, f"state 0 by A {run}".encode())
     say(f"  If-None-Match: *  (new key)          -> {_describe(first)}")
-    second = conditional_put(client, config.s3.bucket, key, b"state 0 by writer B")
+    second = conditional_put(client, config.s3.bucket, key, f"state 0 by B {run}".encode())
     say(f"  If-None-Match: *  (existing key)     -> {_describe(second)}")
     if not isinstance(first, Written) or not isinstance(second, PreconditionFailed):
         raise RuntimeError("object storage does not honour If-None-Match: *")
@@ -107,7 +143,6 @@ def run_smoke(config: Config, say: Say) -> None:
     say(f"  If-Match: <current etag>             -> {_describe(fresh)}")
     if not isinstance(stale, PreconditionFailed) or not isinstance(fresh, Written):
         raise RuntimeError("object storage does not honour If-Match")
-    say("smoke demo OK: every topic round-trips its contract; conditional writes hold.")
 
 
 def _describe(result: Written | PreconditionFailed) -> str:

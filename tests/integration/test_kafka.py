@@ -1,0 +1,198 @@
+"""Kafka against a real broker: provisioning per the contracts, every topic round-trips its
+records through the codecs, transactional fencing (what mint relies on), and compaction of
+`frontiers` (latest value per key)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource
+
+from mvsink import codec
+from mvsink.config import Config, S3Settings, Topics
+from mvsink.frontier import Frontier
+from mvsink.kafka import (
+    ProvisionError,
+    TopicSpec,
+    client_config,
+    consumer_config,
+    ensure_topics,
+    poll_message,
+    produce,
+    read_compacted,
+    sink_topics,
+)
+from mvsink.messages import DesiredProgress, ShardUpper
+from mvsink.smoke import contract_samples, roundtrip
+
+pytestmark = pytest.mark.integration
+
+FAST_COMPACTION = {
+    "segment.ms": "100",
+    "min.cleanable.dirty.ratio": "0.01",
+    "min.compaction.lag.ms": "0",
+    "delete.retention.ms": "100",
+}
+
+
+def _config(
+    bootstrap: str, s3: S3Settings, sink: str, partitions: int = 3, workers: int = 2
+) -> Config:
+    return Config(
+        sink_id=sink, shard_id=sink, partitions=partitions, append_workers=workers, as_of=0,
+        read_only=False, topics=Topics.for_sink(sink, frontiers=f"{sink}.frontiers"),
+        kafka_bootstrap=bootstrap, s3=s3, spark_master="local[*]",
+    )  # fmt: skip
+
+
+def _partition_counts(bootstrap: str) -> dict[str, int]:
+    topics = AdminClient(client_config(bootstrap)).list_topics(timeout=10).topics
+    return {name: len(meta.partitions) for name, meta in topics.items()}
+
+
+def _cleanup_policy(bootstrap: str, topic: str) -> str:
+    admin = AdminClient(client_config(bootstrap))
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    configs = admin.describe_configs([resource])[resource].result(timeout=10)
+    return str(configs["cleanup.policy"].value)
+
+
+def test_provision_creates_contract_topics_idempotently(
+    kafka_bootstrap: str, s3_settings: S3Settings, unique: str
+) -> None:
+    config = _config(kafka_bootstrap, s3_settings, f"prov-{unique}", partitions=3, workers=2)
+    created = ensure_topics(kafka_bootstrap, sink_topics(config))
+    topics = config.topics
+    assert sorted(created) == sorted(
+        [topics.desired, topics.descs, topics.batches, topics.control, topics.frontiers,
+         topics.dead_letter]
+    )  # fmt: skip
+    counts = _partition_counts(kafka_bootstrap)
+    assert counts[topics.desired] == 3  # P
+    assert counts[topics.descs] == 1  # exactly one: a single ordered broadcast
+    assert counts[topics.batches] == 2  # A
+    assert _cleanup_policy(kafka_bootstrap, topics.frontiers) == "compact"
+    assert _cleanup_policy(kafka_bootstrap, topics.control) == "compact"
+    assert ensure_topics(kafka_bootstrap, sink_topics(config)) == []  # idempotent
+
+
+def test_provision_rejects_a_topic_that_breaks_the_contract(
+    kafka_bootstrap: str, s3_settings: S3Settings, unique: str
+) -> None:
+    config = _config(kafka_bootstrap, s3_settings, f"bad-{unique}")
+    ensure_topics(kafka_bootstrap, [TopicSpec(config.topics.descs, 2)])
+    with pytest.raises(ProvisionError, match=rf"{config.topics.descs} has 2 partitions.*exactly 1"):
+        ensure_topics(kafka_bootstrap, sink_topics(config))
+
+
+def test_every_topic_round_trips_its_contract(
+    kafka_bootstrap: str, s3_settings: S3Settings, unique: str
+) -> None:
+    config = _config(kafka_bootstrap, s3_settings, f"rt-{unique}")
+    ensure_topics(kafka_bootstrap, sink_topics(config))
+    samples = contract_samples(config, unique)
+    assert {s.topic for s in samples} >= {
+        config.topics.desired, config.topics.frontiers, config.topics.descs,
+        config.topics.batches, config.topics.control,
+    }  # fmt: skip
+    for sample in samples:
+        assert roundtrip(kafka_bootstrap, sample) == sample.record, sample.topic
+
+
+def test_second_transactional_producer_fences_the_first(
+    kafka_bootstrap: str, s3_settings: S3Settings, unique: str
+) -> None:
+    """The mechanism that makes a second mint fence the first: same `transactional.id`."""
+    config = _config(kafka_bootstrap, s3_settings, f"fence-{unique}")
+    ensure_topics(kafka_bootstrap, sink_topics(config))
+    txn = {"transactional.id": f"mint.{config.sink_id}"}
+    samples = [s for s in contract_samples(config, unique) if s.topic == config.topics.descs]
+    desc = samples[0].record
+
+    first = Producer(client_config(kafka_bootstrap, **txn))
+    first.init_transactions(30)
+    first.begin_transaction()
+    produce(first, config.topics.descs, config.sink_id, desc)
+    first.flush(30)
+
+    second = Producer(client_config(kafka_bootstrap, **txn))
+    second.init_transactions(30)  # bumps the epoch: the first producer is now fenced
+
+    with pytest.raises(KafkaException) as caught:
+        first.commit_transaction(30)
+    error = caught.value.args[0]
+    assert error.fatal() or "fenc" in error.str().lower(), error
+
+    second.begin_transaction()
+    produce(second, config.topics.descs, config.sink_id, desc)
+    second.commit_transaction(30)
+
+    # A read_committed reader sees only the second producer's record.
+    consumer = Consumer(consumer_config(kafka_bootstrap, extra={"enable.partition.eof": True}))
+    consumer.assign([TopicPartition(config.topics.descs, 0, 0)])
+    seen, done = [], []
+    deadline = time.monotonic() + 30
+    while not done and time.monotonic() < deadline:
+        message = poll_message(consumer, 0.5, on_eof=done.append)
+        if message is not None:
+            seen.append(codec.decode_message(message))
+    consumer.close()
+    assert seen == [desc]
+
+
+def test_compacted_frontiers_keeps_the_latest_value_per_key(
+    kafka_bootstrap: str, s3_settings: S3Settings, unique: str
+) -> None:
+    config = _config(kafka_bootstrap, s3_settings, f"compact-{unique}")
+    ensure_topics(kafka_bootstrap, sink_topics(config, frontiers_config=FAST_COMPACTION))
+    topic = config.topics.frontiers
+    producer = Producer(client_config(kafka_bootstrap))
+    for t in range(20):
+        produce(
+            producer,
+            topic,
+            f"persist:{config.shard_id}",
+            ShardUpper(config.shard_id, Frontier.at(t), t),
+        )
+        produce(producer, topic, f"desired:{config.sink_id}:0",
+                DesiredProgress(config.sink_id, 0, Frontier.at(100 + t)))  # fmt: skip
+    producer.flush(30)
+
+    latest = read_compacted(kafka_bootstrap, topic)
+    assert latest[f"persist:{config.shard_id}"] == ShardUpper(config.shard_id, Frontier.at(19), 19)
+    assert latest[f"desired:{config.sink_id}:0"] == DesiredProgress(
+        config.sink_id, 0, Frontier.at(119)
+    )
+
+    # The log cleaner really drops the superseded values: roll segments until it has run.
+    deadline = time.monotonic() + 90
+    while True:
+        time.sleep(1.0)
+        produce(producer, topic, "roll", ShardUpper("roll", Frontier.at(0), 0))
+        producer.flush(10)
+        per_key = _count_per_key(kafka_bootstrap, topic)
+        if (
+            per_key[f"persist:{config.shard_id}"] == 1
+            and per_key[f"desired:{config.sink_id}:0"] == 1
+        ):
+            break
+        assert time.monotonic() < deadline, f"not compacted after 90s: {per_key}"
+    assert read_compacted(kafka_bootstrap, topic) | {"roll": None} == latest | {"roll": None}
+
+
+def _count_per_key(bootstrap: str, topic: str) -> dict[str, int]:
+    consumer = Consumer(consumer_config(bootstrap, extra={"enable.partition.eof": True}))
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    counts: dict[str, int] = {}
+    done: list[int] = []
+    try:
+        while not done:
+            message = poll_message(consumer, 0.5, on_eof=done.append)
+            if message is not None:
+                key = (message.key() or b"").decode()
+                counts[key] = counts.get(key, 0) + 1
+    finally:
+        consumer.close()
+    return counts
