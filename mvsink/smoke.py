@@ -94,6 +94,8 @@ def roundtrip(bootstrap: str, sample: Sample, timeout: float = 30.0) -> Record:
         producer.commit_transaction(timeout)
     producer.flush(timeout)
     offset = delivered[0].offset()
+    if offset is None:
+        raise KafkaException(f"no offset in the delivery report for {sample.topic}")
     consumer = Consumer(consumer_config(bootstrap))
     try:
         consumer.assign([TopicPartition(sample.topic, sample.partition, offset)])

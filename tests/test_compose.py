@@ -1,0 +1,107 @@
+"""docker-compose.yaml is a valid Compose file whose services run real entry points of this
+project, scale without clashes, and are configured only through settings `mvsink.config` knows.
+
+No Docker engine runs here, so the file is checked against the Compose Specification schema
+(`../shared/vendor/compose-spec.json`, or `MVSINK_COMPOSE_SPEC`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+
+from mvsink.cli import build_parser
+from mvsink.config import FIELDS, REPO_ROOT
+
+SCALED = ("mint", "write", "append")
+
+
+def _spec_path() -> Path:
+    return Path(
+        os.environ.get("MVSINK_COMPOSE_SPEC")
+        or REPO_ROOT.parent / "shared" / "vendor" / "compose-spec.json"
+    )
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return dict(yaml.safe_load((REPO_ROOT / "docker-compose.yaml").read_text()))
+
+
+def test_compose_file_matches_the_compose_specification(compose: dict[str, Any]) -> None:
+    spec_path = _spec_path()
+    assert spec_path.exists(), f"Compose Specification schema not found at {spec_path}"
+    schema = json.loads(spec_path.read_text())
+    jsonschema.Draft7Validator(schema).validate(compose)
+
+
+def test_compose_has_every_component(compose: dict[str, Any]) -> None:
+    assert {"kafka", "minio", *SCALED} <= set(compose["services"])
+    for name in ("kafka", "minio"):
+        assert "healthcheck" in compose["services"][name], name
+
+
+def _runnable(module: str) -> bool:
+    """Whether `python -m module` would find something to run."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except ModuleNotFoundError:
+        return False
+    if spec is None:
+        return False
+    if spec.submodule_search_locations is not None:  # a package runs its __main__
+        return importlib.util.find_spec(f"{module}.__main__") is not None
+    return True
+
+
+def _check_entry_point(command: list[str]) -> None:
+    if command[:2] == ["python", "-m"]:
+        assert _runnable(command[2]), f"`{' '.join(command)}`: nothing to run"
+    elif command[0] == "mvsink":
+        build_parser().parse_args(command[1:])  # SystemExit on an unknown subcommand
+    else:
+        raise AssertionError(f"`{' '.join(command)}` is not an mvsink entry point")
+
+
+def test_every_service_command_is_a_real_entry_point(compose: dict[str, Any]) -> None:
+    ours = {n: s for n, s in compose["services"].items() if "build" in s}
+    assert set(SCALED) <= set(ours)
+    for name, service in ours.items():
+        assert isinstance(service.get("command"), list), f"{name}: command must be an exec list"
+        _check_entry_point(service["command"])
+
+
+def test_entry_point_check_rejects_what_does_not_exist() -> None:
+    with pytest.raises(AssertionError):
+        _check_entry_point(["python", "-m", "services.nonexistent"])
+    with pytest.raises(AssertionError):
+        _check_entry_point(["python", "-m", "services"])  # a package without __main__
+    with pytest.raises(SystemExit):
+        _check_entry_point(["mvsink", "no-such-command"])
+
+
+def test_scaled_services_have_no_fixed_names_or_host_ports(compose: dict[str, Any]) -> None:
+    for name in SCALED:
+        service = compose["services"][name]
+        assert "container_name" not in service, name
+        assert "ports" not in service, name
+
+
+def test_service_settings_are_known_to_the_config(compose: dict[str, Any]) -> None:
+    known = {f.env for f in FIELDS}
+    for name in ("provision", *SCALED):
+        env = compose["services"][name]["environment"]
+        unknown = {k for k in env if k.startswith("MVSINK_")} - known
+        assert not unknown, f"{name}: settings mvsink.config does not read: {unknown}"
+
+
+def test_the_schema_check_rejects_an_invalid_compose_file() -> None:
+    schema = json.loads(_spec_path().read_text())
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.Draft7Validator(schema).validate({"services": {"mint": {"comand": ["x"]}}})
