@@ -24,7 +24,9 @@ from mvsink.stack.state import stack_home
 
 def say(message: str) -> None:
     """Progress output: stderr, flushed, timestamped."""
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+    # One write per line, so lines from parallel steps (builds) never interleave.
+    sys.stderr.write(f"[{time.strftime('%H:%M:%S')}] {message}\n")
+    sys.stderr.flush()
 
 
 def _stack() -> Stack:

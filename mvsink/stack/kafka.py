@@ -73,8 +73,9 @@ class KafkaNode:
         if not (data / "meta.properties").exists():
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             procs.run_checked(
+                # `=` form: a random id may start with "-" and must not parse as an option.
                 [java, "-cp", classpath, "kafka.tools.StorageTool", "format",
-                 "-t", cluster_id, "-c", str(props)],
+                 f"--cluster-id={cluster_id}", f"--config={props}"],
                 log=self.home / "format.log",
                 what="formatting Kafka KRaft storage",
             )  # fmt: skip

@@ -1,0 +1,98 @@
+"""Rows of a sink: the row schema (Arrow) and its Avro form, the encoded row, and the stable
+partitioning of desired updates.
+
+Contract (DESIGN §3.1): an update's row travels as Avro binary under `avro_row_schema(schema)`
+of the sink's Arrow row schema, and its desired partition is `partition_of(encoded, P)`: the
+first 8 bytes (big-endian) of BLAKE2b(encoded) modulo P. An error update is keyed by
+`b"\\x00err:" + err.encode()`. Everything that partitions — the desired producer, the write
+tasks, the shard's readers filtering foreign parts — calls these functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+from collections.abc import Callable
+from typing import Any
+
+import fastavro
+import pyarrow as pa
+
+from mvsink.errors import ContractError
+
+_ERR_PREFIX = b"\x00err:"
+
+
+def _avro_type(arrow_type: pa.DataType) -> Any:
+    if pa.types.is_boolean(arrow_type):
+        return "boolean"
+    if (
+        pa.types.is_int8(arrow_type)
+        or pa.types.is_int16(arrow_type)
+        or pa.types.is_int32(arrow_type)
+    ):
+        return "int"
+    if pa.types.is_int64(arrow_type):
+        return "long"
+    if pa.types.is_float32(arrow_type):
+        return "float"
+    if pa.types.is_float64(arrow_type):
+        return "double"
+    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
+        return "string"
+    if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
+        return "bytes"
+    if pa.types.is_date32(arrow_type):
+        return {"type": "int", "logicalType": "date"}
+    if pa.types.is_timestamp(arrow_type) and arrow_type.unit == "us":
+        return {"type": "long", "logicalType": "timestamp-micros"}
+    raise ContractError(f"row column type {arrow_type} has no Avro mapping in mvsink")
+
+
+def avro_row_schema(schema: pa.Schema, name: str = "Row") -> dict[str, Any]:
+    """The Avro record schema of rows of the Arrow `schema` (nullable fields become
+    `["null", T]`)."""
+    fields = []
+    for field in schema:
+        avro = _avro_type(field.type)
+        fields.append({"name": field.name, "type": ["null", avro] if field.nullable else avro})
+    return {"type": "record", "name": name, "namespace": "mvsink.rows", "fields": fields}
+
+
+def row_encoder(schema: pa.Schema) -> Callable[[dict[str, Any]], bytes]:
+    """A function encoding one row (a dict of column values) as Avro binary."""
+    parsed = fastavro.parse_schema(avro_row_schema(schema), named_schemas={})
+
+    def encode(row: dict[str, Any]) -> bytes:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed, row)
+        return buf.getvalue()
+
+    return encode
+
+
+def partition_of(key: bytes, partitions: int) -> int:
+    """The desired partition of an encoded row (or error key) under P = `partitions`."""
+    digest = hashlib.blake2b(key, digest_size=8).digest()
+    return int.from_bytes(digest, "big") % partitions
+
+
+def error_key(err: str) -> bytes:
+    """The partitioning key of an error update."""
+    return _ERR_PREFIX + err.encode()
+
+
+def partitions_of_table(table: pa.Table, schema: pa.Schema, partitions: int) -> pa.Array:
+    """The desired partition of every update in `table` (row columns of `schema` plus `_err`).
+
+    This encodes row by row, so it is for the rare parts whose partition is unknown (foreign
+    writers, another P); parts staged by mvsink record their partition and skip it.
+    """
+    encode = row_encoder(schema)
+    rows = table.select(schema.names).to_pylist()
+    errs = table.column("_err").to_pylist()
+    out = [
+        partition_of(error_key(err) if err is not None else encode(row), partitions)
+        for row, err in zip(rows, errs, strict=True)
+    ]
+    return pa.array(out, pa.int32())

@@ -1,0 +1,107 @@
+"""Staged parts: update tables checked against their batch bounds, encoded as Parquet, and
+consolidated. Everything here is vectorised Arrow; nothing loops over rows in Python.
+
+A part's columns are the shard's row columns (nullable) plus `_time int64`, `_diff int64` and
+`_err string` (null for a row update; set, with null row columns, for an error update).
+"""
+
+from __future__ import annotations
+
+import io
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from mvsink.frontier import Frontier
+from mvsink.shard.state import DIFF, ERR, TIME, InvalidUsage, part_schema
+
+
+class UpdateNotBeyondLower(InvalidUsage):
+    """An update's time is before its batch's `lower` (persist's `UpdateNotBeyondLower`)."""
+
+
+class UpdateBeyondUpper(InvalidUsage):
+    """An update's time is not before its batch's `upper`."""
+
+
+def normalize_updates(updates: pa.Table | pa.RecordBatch, row_schema: pa.Schema) -> pa.Table:
+    """The updates as a table of the part schema: row columns cast to the shard's types, `_err`
+    added as nulls if absent, columns in schema order.
+
+    Raises:
+        InvalidUsage: a missing column, an uncastable type, or a null `_time`/`_diff`.
+    """
+    table = pa.Table.from_batches([updates]) if isinstance(updates, pa.RecordBatch) else updates
+    target = part_schema(row_schema)
+    columns = []
+    for field in target:
+        if field.name in table.column_names:
+            column = table.column(field.name)
+        elif field.name == ERR:
+            column = pa.nulls(table.num_rows, pa.string())
+        else:
+            raise InvalidUsage(f"updates lack column {field.name!r} (have {table.column_names})")
+        try:
+            columns.append(column.cast(field.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+            raise InvalidUsage(f"column {field.name!r} is not {field.type}: {error}") from error
+    for name in (TIME, DIFF):
+        if table.column(name).null_count:
+            raise InvalidUsage(f"updates have null {name}")
+    return pa.Table.from_arrays(columns, schema=target)
+
+
+def check_bounds(table: pa.Table, lower: Frontier, upper: Frontier) -> None:
+    """Every update's time is in `[lower, upper)`, and the bounds are not empty.
+
+    Raises:
+        InvalidUsage: `lower >= upper`.
+        UpdateNotBeyondLower: a time `< lower`.
+        UpdateBeyondUpper: a time `>= upper`.
+    """
+    if lower.is_empty or not lower.less_than(upper):
+        raise InvalidUsage(f"batch bounds [{lower}, {upper}) are empty")
+    if table.num_rows == 0:
+        return
+    bounds = pc.min_max(table.column(TIME))
+    low, high = bounds["min"].as_py(), bounds["max"].as_py()
+    if not lower.less_equal_time(low):
+        raise UpdateNotBeyondLower(f"update at time {low} is before the batch lower {lower}")
+    if upper.less_equal_time(high):
+        raise UpdateBeyondUpper(f"update at time {high} is not before the batch upper {upper}")
+
+
+def encode_part(table: pa.Table, metadata: dict[str, str]) -> bytes:
+    """Parquet bytes of a part, with `metadata` (bounds, partition, writer) in its footer."""
+    buf = io.BytesIO()
+    meta = {k.encode(): v.encode() for k, v in metadata.items()}
+    pq.write_table(table.replace_schema_metadata(meta), buf, compression="zstd")
+    return buf.getvalue()
+
+
+def decode_part(data: bytes, row_schema: pa.Schema) -> pa.Table:
+    """The updates of a part, in the part schema of `row_schema`."""
+    table = pq.read_table(io.BytesIO(data))
+    return normalize_updates(table.replace_schema_metadata(None), row_schema)
+
+
+def consolidate_at(table: pa.Table, row_schema: pa.Schema, as_of: Frontier) -> pa.Table:
+    """The collection at frontier `as_of`: the updates with time `< as_of`, with diffs summed per
+    `(row, err)` and zero sums dropped, every time advanced to `as_of - 1` (the last time before
+    the frontier; for the closed frontier `{}`, the largest time present). Rows come in no
+    particular order."""
+    if as_of.time is not None:
+        table = table.filter(pc.less(table.column(TIME), as_of.time))
+    keys = [*row_schema.names, ERR]
+    if table.num_rows == 0:
+        return table
+    summed = table.group_by(keys, use_threads=True).aggregate([(DIFF, "sum")])
+    summed = summed.filter(pc.not_equal(summed.column(f"{DIFF}_sum"), 0))
+    time_value = as_of.time - 1 if as_of.time is not None else pc.max(table.column(TIME)).as_py()
+    times = pa.repeat(pa.scalar(time_value, pa.int64()), summed.num_rows)
+    out = {name: summed.column(name) for name in row_schema.names}
+    out[TIME] = times
+    out[DIFF] = summed.column(f"{DIFF}_sum").cast(pa.int64())
+    out[ERR] = summed.column(ERR)
+    return pa.Table.from_pydict(out, schema=part_schema(row_schema))

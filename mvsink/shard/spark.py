@@ -1,0 +1,68 @@
+"""The Spark reader of a shard: `read_shard(spark, shard_id, as_of, s3)` returns the shard's
+consolidated contents at `as_of` as a DataFrame; the executors read the Parquet parts (pyarrow +
+the S3 client inside `mapInArrow`), Spark consolidates."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mvsink.config import S3Settings
+from mvsink.frontier import Frontier
+from mvsink.shard import open_shard
+from mvsink.shard.state import DIFF, ERR, TIME, InvalidUsage, part_schema
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+def read_shard(
+    spark: SparkSession, shard_id: str, as_of: Frontier | int, s3: S3Settings
+) -> DataFrame:
+    """Columns: the row columns, `_time` (= `as_of - 1`), `_diff` (net, non-zero), `_err`.
+
+    Raises:
+        InvalidUsage: `as_of` beyond the shard's upper (not final yet).
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    frontier = Frontier.at(as_of) if isinstance(as_of, int) else as_of
+    if frontier.time is None:
+        raise InvalidUsage("read_shard needs a finite as_of")
+    shard = open_shard(shard_id, None, s3)
+    state = shard.state()
+    if not frontier.less_equal(state.upper):
+        raise InvalidUsage(f"as_of {frontier} is beyond the upper {state.upper} of {shard_id}")
+    keys = [p.key for b in state.batches if b.lower.less_than(frontier) for p in b.parts]
+    row_schema = shard.schema
+    arrow_schema = part_schema(row_schema)
+    spark_schema = from_arrow_schema(arrow_schema)
+    until = frontier.time
+
+    def read(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from mvsink.s3 import get_bytes, s3_client
+        from mvsink.shard.parts import decode_part
+
+        client = s3_client(s3)
+        for batch in batches:
+            for key in batch.column("key").to_pylist():
+                table = decode_part(get_bytes(client, s3.bucket, key), row_schema)
+                yield from table.filter(pc.less(table.column(TIME), until)).to_batches()
+
+    if keys:
+        keys_df = spark.createDataFrame([(k,) for k in keys], "key string")
+        updates = keys_df.repartition(min(len(keys), 64)).mapInArrow(read, spark_schema)
+    else:
+        updates = spark.createDataFrame([], spark_schema)
+    group = [*row_schema.names, ERR]
+    consolidated = (
+        updates.groupBy(*group)
+        .agg(F.sum(DIFF).cast("long").alias(DIFF))
+        .where(F.col(DIFF) != 0)
+        .withColumn(TIME, F.lit(until - 1).cast("long"))
+    )
+    return consolidated.select(*arrow_schema.names)

@@ -1,0 +1,544 @@
+"""The shard on object storage: staging parts, compare-and-append, readers, safe deletion.
+
+See the package docs (`mvsink.shard`) for the layout and the linearizability argument. This
+module is the I/O shell: it reads state versions, calls the pure functions of
+`mvsink.shard.state`, and writes the result with one conditional create.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Collection, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from minio import Minio
+from minio.error import S3Error
+
+from mvsink.errors import ContractError, MvsinkError
+from mvsink.frontier import Frontier
+from mvsink.rows import partitions_of_table
+from mvsink.s3 import (
+    IndefiniteWrite,
+    PreconditionFailed,
+    Written,
+    conditional_put,
+    get_bytes,
+    put_bytes,
+)
+from mvsink.shard import parts as partio
+from mvsink.shard.state import (
+    InvalidUsage,
+    PartRef,
+    SchemaMismatch,
+    ShardState,
+    apply_append,
+    initial_state,
+    part_schema,
+    same_schema,
+)
+
+PARQUET = "application/vnd.apache.parquet"
+_STATE_CACHE = 16
+_INDEFINITE_RETRIES = 5
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Time bounds that make deletion safe (see the package docs, "Deleting").
+
+    * `max_attempt_age`: a compare-and-append never writes version `n+1` later than this after
+      reading version `n`; it starts over instead.
+    * `max_part_age`: compare-and-append refuses parts staged longer ago than this.
+    * `min_grace`: `sweep` refuses a grace period below this; it must exceed both bounds above.
+    """
+
+    max_attempt_age: float = 30.0
+    max_part_age: float = 600.0
+    min_grace: float = 900.0
+    poll_interval: float = 0.05
+
+    def __post_init__(self) -> None:
+        if self.min_grace <= self.max_part_age + self.max_attempt_age:
+            raise ContractError(
+                f"min_grace {self.min_grace}s must exceed max_part_age {self.max_part_age}s "
+                f"+ max_attempt_age {self.max_attempt_age}s"
+            )
+
+
+@dataclass(frozen=True)
+class Appended:
+    """The append happened: the shard's upper is now `new_upper`, at version `seqno`."""
+
+    new_upper: Frontier
+    seqno: int
+
+
+@dataclass(frozen=True)
+class UpperMismatch:
+    """The shard's upper was `current` (at version `seqno`), not the expected upper."""
+
+    current: Frontier
+    seqno: int
+
+
+AppendResult = Appended | UpperMismatch
+
+
+@dataclass(frozen=True)
+class DeleteResult:
+    """Outcome of `delete_staged`: what was deleted and what was refused, and why."""
+
+    deleted: tuple[str, ...]
+    #: Referenced by a retained state version: committed data.
+    referenced: tuple[str, ...]
+    #: Staged for a lower the shard has not passed: it could still be appended.
+    pending: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """Outcome of `sweep`."""
+
+    parts_deleted: tuple[str, ...]
+    parts_kept_young: int
+    parts_referenced: int
+    states_pruned: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SelectedPart:
+    """A part a reader of some partition must read, and whether its rows must be filtered by
+    partition (its partitioning is unknown or differs from the reader's)."""
+
+    part: PartRef
+    needs_filter: bool
+
+
+class IndefiniteAppend(MvsinkError):
+    """A compare-and-append whose outcome is unknown; re-read the state to learn it."""
+
+
+class PartTooOld(InvalidUsage):
+    """A part staged longer ago than `Timing.max_part_age`: the sweeper may delete it."""
+
+
+def _staged_at(key: str) -> float:
+    """Staging time (unix seconds) encoded in a part key `.../<unix_ms>-<uuid>.parquet`."""
+    name = key.rsplit("/", 1)[-1]
+    try:
+        return int(name.split("-", 1)[0]) / 1000.0
+    except ValueError as error:
+        raise InvalidUsage(f"{key} is not a key of a part staged by mvsink") from error
+
+
+def _age_reference(key: str, last_modified: datetime | None) -> float:
+    """When a part was staged: from its key, or its object timestamp for a foreign key."""
+    try:
+        return _staged_at(key)
+    except InvalidUsage:
+        return last_modified.timestamp() if last_modified is not None else time.time()
+
+
+class Shard:
+    """A handle on one shard. Thread-safe for readers; one handle may append from one thread at
+    a time (use one handle per writer, as independent processes would)."""
+
+    def __init__(
+        self, client: Minio, bucket: str, shard_id: str, schema: pa.Schema, timing: Timing
+    ) -> None:
+        self.client = client
+        self.bucket = bucket
+        self.shard_id = shard_id
+        self.schema = schema
+        self.timing = timing
+        self.prefix = f"shards/{shard_id}"
+        self._states: OrderedDict[int, ShardState] = OrderedDict()
+        self._latest: int | None = None
+
+    # -- keys -------------------------------------------------------------------------------
+
+    def state_key(self, seqno: int) -> str:
+        """Object key of state version `seqno`."""
+        return f"{self.prefix}/state/{seqno:020d}"
+
+    def _part_key(self, writer_id: str) -> str:
+        return (
+            f"{self.prefix}/parts/{writer_id}/{int(time.time() * 1000)}-{uuid.uuid4().hex}.parquet"
+        )
+
+    # -- state versions ---------------------------------------------------------------------
+
+    def _read_state(self, seqno: int) -> ShardState | None:
+        cached = self._states.get(seqno)
+        if cached is not None:
+            return cached
+        try:
+            data = get_bytes(self.client, self.bucket, self.state_key(seqno))
+        except S3Error as error:
+            if error.code == "NoSuchKey":
+                return None
+            raise
+        state = ShardState.from_bytes(data)
+        if state.seqno != seqno or state.shard_id != self.shard_id:
+            raise MvsinkError(
+                f"{self.state_key(seqno)} holds seqno {state.seqno} of shard {state.shard_id}"
+            )
+        self._states[seqno] = state
+        while len(self._states) > _STATE_CACHE:
+            self._states.popitem(last=False)
+        return state
+
+    def retained_seqnos(self) -> list[int]:
+        """Seqnos of the state versions currently stored, ascending (one LIST)."""
+        objects = self.client.list_objects(self.bucket, prefix=f"{self.prefix}/state/")
+        return sorted(int(o.object_name.rsplit("/", 1)[-1]) for o in objects)
+
+    def state(self) -> ShardState:
+        """The latest state version: from the last one seen, probe forward until one is missing.
+
+        Linearizable read: any version created before this call is seen (S3 reads after writes
+        are strongly consistent), as versions are created strictly in seqno order.
+        """
+        state = None if self._latest is None else self._read_state(self._latest)
+        if state is None:  # first call, or our last-seen version was pruned
+            seqnos = self.retained_seqnos()
+            if not seqnos:
+                raise MvsinkError(f"shard {self.shard_id} does not exist in {self.bucket}")
+            state = self._read_state(seqnos[-1])
+            if state is None:
+                raise MvsinkError(f"shard {self.shard_id}: version {seqnos[-1]} vanished")
+        while (following := self._read_state(state.seqno + 1)) is not None:
+            state = following
+        self._latest = state.seqno
+        return state
+
+    def upper(self) -> Frontier:
+        """The shard's current upper: all times before it are final."""
+        return self.state().upper
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def stage(
+        self,
+        updates: pa.Table | pa.RecordBatch,
+        lower: Frontier,
+        upper: Frontier,
+        writer_id: str,
+        partition: int | None = None,
+        partitions_total: int | None = None,
+    ) -> PartRef:
+        """Write one Parquet part of `updates` for the batch `[lower, upper)`; not yet appended.
+
+        Raises:
+            InvalidUsage: empty bounds, an update outside them (`UpdateNotBeyondLower`,
+                `UpdateBeyondUpper`), or columns that do not fit the shard's row schema.
+        """
+        if (partition is None) != (partitions_total is None):
+            raise InvalidUsage("give both partition and partitions_total, or neither")
+        if not writer_id or "/" in writer_id:
+            raise InvalidUsage(f"writer id {writer_id!r} must be non-empty without '/'")
+        table = partio.normalize_updates(updates, self.schema)
+        partio.check_bounds(table, lower, upper)
+        data = partio.encode_part(table, {
+            "mvsink.lower": str(lower.elements()), "mvsink.upper": str(upper.elements()),
+            "mvsink.partition": str(partition), "mvsink.partitions_total": str(partitions_total),
+            "mvsink.writer_id": writer_id,
+        })  # fmt: skip
+        key = self._part_key(writer_id)
+        put_bytes(self.client, self.bucket, key, data, PARQUET)
+        return PartRef(key, lower, upper, writer_id, table.num_rows, len(data),
+                       partition, partitions_total)  # fmt: skip
+
+    def compare_and_append(
+        self, parts: Iterable[PartRef], expected_upper: Frontier, new_upper: Frontier
+    ) -> AppendResult:
+        """Append `parts` as one batch `[expected_upper, new_upper)` iff the upper is
+        `expected_upper`. The only write path to the shard.
+
+        Steps: 1. read the latest version `n`; 2. if its upper differs, return
+        `UpperMismatch(current)`; 3. compute version `n+1` (pure); 4. create it with
+        `If-None-Match: *`; 5. on a lost race (another `n+1`), go to 1. An indefinite create is
+        settled by writing the *same bytes* again (idempotent, see `mvsink.s3`), never new ones.
+
+        Raises:
+            InvalidUsage: bounds the parts were not staged for, a part appended twice, a part
+                older than `Timing.max_part_age` (`PartTooOld`).
+            IndefiniteAppend: the outcome could not be settled in time; read `state()`.
+        """
+        parts = tuple(parts)
+        self._check_part_ages(parts)
+        while True:
+            read_at = time.monotonic()
+            state = self.state()
+            if state.upper != expected_upper:
+                return UpperMismatch(state.upper, state.seqno)
+            successor = apply_append(state, parts, expected_upper, new_upper, uuid.uuid4().hex)
+            if self._create_version(successor, read_at):
+                return Appended(new_upper, successor.seqno)
+
+    def advance_upper(self, to: Frontier) -> Frontier:
+        """Make the upper at least `to` with empty appends (persist's `append` of nothing):
+        a no-op when it already is. Returns the upper after the call."""
+        while True:
+            current = self.upper()
+            if to.less_equal(current):
+                return current
+            result = self.compare_and_append((), current, to)
+            if isinstance(result, Appended):
+                return result.new_upper
+
+    def _check_part_ages(self, parts: tuple[PartRef, ...]) -> None:
+        now = time.time()
+        for part in parts:
+            if not part.key.startswith(f"{self.prefix}/parts/"):
+                raise InvalidUsage(f"part {part.key} is not a part of shard {self.shard_id}")
+            age = now - _staged_at(part.key)
+            if age > self.timing.max_part_age:
+                raise PartTooOld(
+                    f"part {part.key} was staged {age:.0f}s ago (> {self.timing.max_part_age}s)"
+                )
+
+    def _create_version(self, state: ShardState, read_at: float) -> bool:
+        """Create `state` as the next version; whether it is now there. `False`: another writer
+        created that seqno first, or our read is too old to act on (start over)."""
+        data, key = state.to_bytes(), self.state_key(state.seqno)
+        for _ in range(_INDEFINITE_RETRIES):
+            if time.monotonic() - read_at > self.timing.max_attempt_age:
+                return False
+            try:
+                outcome = conditional_put(self.client, self.bucket, key, data)
+            except IndefiniteWrite:
+                time.sleep(self.timing.poll_interval)
+                continue
+            if isinstance(outcome, Written):
+                self._states[state.seqno] = state
+                self._latest = state.seqno
+                return True
+            assert isinstance(outcome, PreconditionFailed)
+            return False
+        raise IndefiniteAppend(f"creating {key} stayed indefinite; read the state to settle it")
+
+    @classmethod
+    def create_or_open(
+        cls, client: Minio, bucket: str, shard_id: str, schema: pa.Schema | None, timing: Timing
+    ) -> Shard:
+        """See `open_shard`."""
+        probe = cls(client, bucket, shard_id, schema or pa.schema([]), timing)
+        existing = probe.retained_seqnos()
+        if not existing:
+            if schema is None:
+                raise MvsinkError(f"shard {shard_id} does not exist in bucket {bucket}")
+            zero = initial_state(shard_id, schema, uuid.uuid4().hex)
+            conditional_put(client, bucket, probe.state_key(0), zero.to_bytes())
+        stored = probe.state().schema
+        if schema is not None and not same_schema(stored, schema):
+            raise SchemaMismatch(
+                f"shard {shard_id} has row schema {_fields(stored)}, not {_fields(schema)}"
+            )
+        probe.schema = stored
+        return probe
+
+    # -- readers ----------------------------------------------------------------------------
+
+    def wait_for_upper_past(self, frontier: Frontier, timeout: float) -> Frontier:
+        """Block until the upper is strictly past `frontier`; the upper then.
+
+        Raises:
+            TimeoutError: not within `timeout` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        delay = self.timing.poll_interval
+        while True:
+            upper = self.upper()
+            if frontier.less_than(upper):
+                return upper
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"shard {self.shard_id} upper {upper} not past {frontier}")
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    def listen(self, after_seqno: int, idle_timeout: float | None = None) -> Iterator[ShardState]:
+        """The state versions after `after_seqno`, in order, as they are created; each carries
+        the batch it appended in `.appended`. Returns after `idle_timeout` seconds without a new
+        version (never, if `None`).
+
+        Raises:
+            MvsinkError: the next version was pruned before it could be read.
+        """
+        seqno = after_seqno
+        idle_since = time.monotonic()
+        while True:
+            state = self._read_state(seqno + 1)
+            if state is not None:
+                seqno, idle_since = seqno + 1, time.monotonic()
+                yield state
+                continue
+            if any(s > seqno + 1 for s in self.retained_seqnos()):
+                raise MvsinkError(f"shard {self.shard_id}: version {seqno + 1} was pruned")
+            if idle_timeout is not None and time.monotonic() - idle_since > idle_timeout:
+                return
+            time.sleep(self.timing.poll_interval)
+
+    def parts_for(
+        self,
+        partition: int | None,
+        lower: Frontier,
+        upper: Frontier,
+        partitions_total: int | None = None,
+        state: ShardState | None = None,
+    ) -> list[SelectedPart]:
+        """Parts of batches overlapping `[lower, upper)` that hold updates of desired partition
+        `partition` under P = `partitions_total` (every part if `partition` is None)."""
+        state = state or self.state()
+        selected = []
+        for batch in state.batches:
+            if not (batch.lower.less_than(upper) and lower.less_than(batch.upper)):
+                continue
+            for part in batch.parts:
+                if partition is None:
+                    selected.append(SelectedPart(part, needs_filter=False))
+                elif part.partitions_total != partitions_total or part.partition is None:
+                    selected.append(SelectedPart(part, needs_filter=True))
+                elif part.partition == partition:
+                    selected.append(SelectedPart(part, needs_filter=False))
+        return selected
+
+    def read_part(self, part: PartRef) -> pa.Table:
+        """The updates of one part."""
+        return partio.decode_part(get_bytes(self.client, self.bucket, part.key), self.schema)
+
+    def read_parts(
+        self,
+        selected: list[SelectedPart],
+        partitions: Collection[int] | None = None,
+        partitions_total: int | None = None,
+    ) -> pa.Table:
+        """The updates of the `selected` parts (read in parallel), rows of parts that need it
+        filtered to `partitions` under `partitions_total`."""
+        wanted = None if partitions is None else pa.array(sorted(partitions), pa.int32())
+
+        def load(choice: SelectedPart) -> pa.Table:
+            table = self.read_part(choice.part)
+            if choice.needs_filter and wanted is not None and partitions_total is not None:
+                hashes = partitions_of_table(table, self.schema, partitions_total)
+                table = table.filter(pc.is_in(hashes, value_set=wanted))
+            return table
+
+        if not selected:
+            return part_schema(self.schema).empty_table()
+        with ThreadPoolExecutor(max_workers=min(8, len(selected))) as pool:
+            tables = list(pool.map(load, selected))
+        return pa.concat_tables(tables)
+
+    def snapshot(
+        self,
+        as_of: Frontier | int,
+        partitions: Collection[int] | None = None,
+        partitions_total: int | None = None,
+    ) -> pa.Table:
+        """The shard's contents at frontier `as_of` (updates with time `< as_of`), consolidated,
+        times advanced to `as_of - 1`; optionally only desired `partitions` under P.
+
+        Raises:
+            InvalidUsage: `as_of` is beyond the upper (those times are not final: wait with
+                `wait_for_upper_past` first), or before `since`.
+        """
+        frontier = Frontier.at(as_of) if isinstance(as_of, int) else as_of
+        if (partitions is None) != (partitions_total is None):
+            raise InvalidUsage("give both partitions and partitions_total, or neither")
+        state = self.state()
+        if not frontier.less_equal(state.upper):
+            raise InvalidUsage(
+                f"as_of {frontier} is beyond the upper {state.upper} of {self.shard_id}"
+            )
+        if not state.since.less_equal(frontier):
+            raise InvalidUsage(f"as_of {frontier} is before the since {state.since}")
+        selected: list[SelectedPart] = []
+        for partition in sorted(partitions) if partitions is not None else [None]:
+            found = self.parts_for(partition, Frontier.minimum(), frontier, partitions_total, state)
+            selected.extend(s for s in found if s.part.key not in {c.part.key for c in selected})
+        table = self.read_parts(selected, partitions, partitions_total)
+        return partio.consolidate_at(table, self.schema, frontier)
+
+    # -- deleting ---------------------------------------------------------------------------
+
+    def referenced_keys(self) -> frozenset[str]:
+        """Keys of every part referenced by any retained state version."""
+        keys: set[str] = set()
+        for seqno in self.retained_seqnos():
+            state = self._read_state(seqno)
+            if state is not None:
+                keys |= state.part_keys
+        return frozenset(keys)
+
+    def delete_staged(self, parts: Iterable[PartRef]) -> DeleteResult:
+        """Delete staged parts that can never be part of the shard; refuse the others.
+
+        A part is deleted only if no retained state version references it *and* the upper has
+        passed its `lower` (no compare-and-append for its bounds can succeed any more). Refused
+        parts are reported, never deleted.
+        """
+        parts = tuple(parts)
+        for part in parts:
+            if not part.key.startswith(f"{self.prefix}/parts/"):
+                raise InvalidUsage(f"{part.key} is not a part of shard {self.shard_id}")
+        upper = self.upper()
+        referenced = self.referenced_keys()
+        deleted, kept, pending = [], [], []
+        for part in parts:
+            if part.key in referenced:
+                kept.append(part.key)
+            elif not part.lower.less_than(upper):
+                pending.append(part.key)
+            else:
+                self.client.remove_object(self.bucket, part.key)
+                deleted.append(part.key)
+        return DeleteResult(tuple(deleted), tuple(kept), tuple(pending))
+
+    def sweep(self, grace: float, keep_states: int = 10) -> SweepResult:
+        """Prune state versions and delete leaked parts.
+
+        1. Prune versions older than `grace` except the latest `keep_states`.
+        2. Delete parts no retained version references, staged longer than `grace` ago.
+
+        Raises:
+            InvalidUsage: `grace < Timing.min_grace`, or `keep_states < 1`.
+        """
+        if grace < self.timing.min_grace:
+            raise InvalidUsage(f"grace {grace}s is below the minimum {self.timing.min_grace}s")
+        if keep_states < 1:
+            raise InvalidUsage("keep at least the latest state version")
+        now = datetime.now(UTC).timestamp()
+        latest = self.state().seqno
+        pruned = []
+        for obj in self.client.list_objects(self.bucket, prefix=f"{self.prefix}/state/"):
+            seqno = int(obj.object_name.rsplit("/", 1)[-1])
+            old = obj.last_modified is not None and now - obj.last_modified.timestamp() > grace
+            if seqno <= latest - keep_states and old:
+                self.client.remove_object(self.bucket, obj.object_name)
+                self._states.pop(seqno, None)
+                pruned.append(seqno)
+        referenced = self.referenced_keys()
+        deleted, young = [], 0
+        objects = self.client.list_objects(
+            self.bucket, prefix=f"{self.prefix}/parts/", recursive=True
+        )
+        for obj in objects:
+            if obj.object_name in referenced:
+                continue
+            if now - _age_reference(obj.object_name, obj.last_modified) <= grace:
+                young += 1
+                continue
+            self.client.remove_object(self.bucket, obj.object_name)
+            deleted.append(obj.object_name)
+        return SweepResult(tuple(deleted), young, len(referenced), tuple(sorted(pruned)))
+
+
+def _fields(schema: pa.Schema) -> str:
+    return "(" + ", ".join(f"{f.name} {f.type}" for f in schema) + ")"
