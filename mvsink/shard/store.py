@@ -174,7 +174,8 @@ class Shard:
 
     # -- state versions ---------------------------------------------------------------------
 
-    def _read_state(self, seqno: int) -> ShardState | None:
+    def version(self, seqno: int) -> ShardState | None:
+        """State version `seqno`, or None if it does not exist (yet, or any more)."""
         cached = self._states.get(seqno)
         if cached is not None:
             return cached
@@ -205,15 +206,15 @@ class Shard:
         Linearizable read: any version created before this call is seen (S3 reads after writes
         are strongly consistent), as versions are created strictly in seqno order.
         """
-        state = None if self._latest is None else self._read_state(self._latest)
+        state = None if self._latest is None else self.version(self._latest)
         if state is None:  # first call, or our last-seen version was pruned
             seqnos = self.retained_seqnos()
             if not seqnos:
                 raise MvsinkError(f"shard {self.shard_id} does not exist in {self.bucket}")
-            state = self._read_state(seqnos[-1])
+            state = self.version(seqnos[-1])
             if state is None:
                 raise MvsinkError(f"shard {self.shard_id}: version {seqnos[-1]} vanished")
-        while (following := self._read_state(state.seqno + 1)) is not None:
+        while (following := self.version(state.seqno + 1)) is not None:
             state = following
         self._latest = state.seqno
         return state
@@ -374,7 +375,7 @@ class Shard:
         seqno = after_seqno
         idle_since = time.monotonic()
         while True:
-            state = self._read_state(seqno + 1)
+            state = self.version(seqno + 1)
             if state is not None:
                 seqno, idle_since = seqno + 1, time.monotonic()
                 yield state
@@ -472,7 +473,7 @@ class Shard:
         """Keys of every part referenced by any retained state version."""
         keys: set[str] = set()
         for seqno in self.retained_seqnos():
-            state = self._read_state(seqno)
+            state = self.version(seqno)
             if state is not None:
                 keys |= state.part_keys
         return frozenset(keys)

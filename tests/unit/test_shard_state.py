@@ -1,0 +1,177 @@
+"""Pure shard logic: `apply_append` on state versions, update checks, and consolidation."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mvsink.errors import ContractError
+from mvsink.frontier import Frontier
+from mvsink.rows import avro_row_schema, error_key, partition_of, partitions_of_table, row_encoder
+from mvsink.shard.parts import (
+    UpdateBeyondUpper,
+    UpdateNotBeyondLower,
+    check_bounds,
+    consolidate_at,
+    decode_part,
+    encode_part,
+    normalize_updates,
+)
+from mvsink.shard.state import InvalidUsage, PartRef, ShardState, apply_append, initial_state
+
+ROWS = pa.schema([("k", pa.string()), ("v", pa.int64())])
+F = Frontier.at
+
+
+def part(key: str, lower: int, upper: int) -> PartRef:
+    return PartRef(key, F(lower), F(upper), "w", 1, 10, 0, 1)
+
+
+def test_initial_state() -> None:
+    state = initial_state("s", ROWS, "n0")
+    assert (state.seqno, state.upper, state.since, state.batches, state.appended) == (
+        0, F(0), F(0), (), None
+    )  # fmt: skip
+
+
+def test_apply_append_moves_upper_from_exactly_expected() -> None:
+    zero = initial_state("s", ROWS, "n0")
+    one = apply_append(zero, (part("a", 0, 3),), F(0), F(3), "n1")
+    assert (one.seqno, one.upper, one.part_keys) == (1, F(3), {"a"})
+    assert one.appended is not None and one.appended.seqno == 1
+    empty = apply_append(one, (), F(3), F(5), "n2")
+    assert empty.batches == one.batches  # an empty append keeps no batch
+    assert empty.appended is not None and empty.appended.parts == ()
+    assert zero.upper == F(0)  # versions are immutable values
+
+
+@pytest.mark.parametrize(
+    ("parts", "expected", "new", "message"),
+    [
+        ((), F(1), F(2), "expected"),  # the caller must have checked the upper
+        ((), F(0), F(0), "empty"),
+        ((part("a", 0, 2),), F(0), F(3), "staged for"),
+        ((part("a", 0, 3), part("a", 0, 3)), F(0), F(3), "twice"),
+    ],
+)
+def test_apply_append_rejects_invalid_usage(
+    parts: tuple[PartRef, ...], expected: Frontier, new: Frontier, message: str
+) -> None:
+    with pytest.raises(InvalidUsage, match=message):
+        apply_append(initial_state("s", ROWS, "n"), parts, expected, new, "n1")
+
+
+def test_a_part_is_never_appended_twice_across_versions() -> None:
+    one = apply_append(initial_state("s", ROWS, "n"), (part("a", 0, 1),), F(0), F(1), "n1")
+    with pytest.raises(InvalidUsage, match="twice"):
+        apply_append(one, (part("a", 1, 2),), F(1), F(2), "n2")
+
+
+@given(st.lists(st.tuples(st.integers(1, 5), st.integers(0, 3)), max_size=12))
+def test_chains_of_appends_keep_the_invariants(steps: list[tuple[int, int]]) -> None:
+    state = initial_state("s", ROWS, "n")
+    for i, (width, count) in enumerate(steps):
+        lower = state.upper
+        upper = F(lower.time + width)  # type: ignore[operator]
+        parts = tuple(PartRef(f"p{i}.{j}", lower, upper, "w", 1, 1) for j in range(count))
+        following = apply_append(state, parts, lower, upper, f"n{i}")
+        assert following.seqno == state.seqno + 1  # invariant 1
+        assert state.upper.less_than(following.upper)  # invariant 2
+        state = following
+    keys = [p.key for p in state.parts()]
+    assert len(keys) == len(set(keys))  # invariant 3
+    for previous, batch in zip(state.batches, state.batches[1:], strict=False):
+        assert previous.upper.less_equal(batch.lower)
+    assert ShardState.from_bytes(state.to_bytes()) == state
+
+
+def test_reserved_column_names_are_refused() -> None:
+    with pytest.raises(ContractError, match="reserved"):
+        initial_state("s", pa.schema([("_time", pa.int64())]), "n")
+
+
+def _updates(
+    rows: list[tuple[str | None, int | None, int, int]], err: list[str | None] | None = None
+) -> pa.Table:
+    data = {
+        "k": pa.array([r[0] for r in rows], pa.string()),
+        "v": pa.array([r[1] for r in rows], pa.int64()),
+        "_time": pa.array([r[2] for r in rows], pa.int64()),
+        "_diff": pa.array([r[3] for r in rows], pa.int64()),
+    }
+    if err is not None:
+        data["_err"] = pa.array(err, pa.string())
+    return pa.table(data)
+
+
+@pytest.mark.parametrize(
+    ("times", "error"),
+    [([4], UpdateNotBeyondLower), ([10], UpdateBeyondUpper), ([5, 9], None), ([], None)],
+)
+def test_check_bounds(times: list[int], error: type[Exception] | None) -> None:
+    table = normalize_updates(_updates([("a", 1, t, 1) for t in times]), ROWS)
+    if error is None:
+        check_bounds(table, F(5), F(10))
+    else:
+        with pytest.raises(error):
+            check_bounds(table, F(5), F(10))
+
+
+def test_normalize_updates_casts_and_adds_err() -> None:
+    table = pa.table({"v": pa.array([1], pa.int32()), "k": ["a"], "_diff": [1], "_time": [0]})
+    normal = normalize_updates(table, ROWS)
+    assert normal.column_names == ["k", "v", "_time", "_diff", "_err"]
+    assert normal.schema.field("v").type == pa.int64()
+    assert normal.column("_err").null_count == 1
+    with pytest.raises(InvalidUsage, match="null _diff"):
+        normalize_updates(
+            pa.table({"k": ["a"], "v": [1], "_time": [0], "_diff": pa.array([None], pa.int64())}),
+            ROWS,
+        )
+
+
+def test_part_encoding_round_trips() -> None:
+    table = normalize_updates(_updates([("a", 1, 0, 1), (None, None, 1, 2)], err=[None, "e"]), ROWS)
+    assert decode_part(encode_part(table, {"mvsink.lower": "[0]"}), ROWS).equals(table)
+
+
+updates_strategy = st.lists(
+    st.tuples(st.sampled_from(["a", "b", None]), st.integers(0, 2), st.integers(0, 6),
+              st.integers(-3, 3)),
+    max_size=30,
+)  # fmt: skip
+
+
+@given(updates_strategy, st.integers(1, 7))
+def test_consolidate_at_matches_a_counter_model(
+    rows: list[tuple[str | None, int, int, int]], as_of: int
+) -> None:
+    errs = [None if k is not None else "boom" for k, _, _, _ in rows]
+    table = normalize_updates(_updates(rows, err=errs), ROWS)
+    model: Counter[tuple[str | None, int | None, str | None]] = Counter()
+    for (k, v, t, d), e in zip(rows, errs, strict=True):
+        if t < as_of:
+            model[(k, v, e)] += d
+    got = consolidate_at(table, ROWS, F(as_of)).to_pylist()
+    assert {(r["k"], r["v"], r["_err"]): r["_diff"] for r in got} == {
+        key: d for key, d in model.items() if d
+    }
+    assert all(r["_time"] == as_of - 1 for r in got)
+
+
+def test_partitioning_is_stable_and_covers_errors() -> None:
+    encode = row_encoder(ROWS)
+    encoded = encode({"k": "a", "v": 1})
+    assert partition_of(encoded, 4) == partition_of(encoded, 4)
+    assert avro_row_schema(ROWS)["fields"][0] == {"name": "k", "type": ["null", "string"]}
+    table = normalize_updates(_updates([("a", 1, 0, 1), (None, None, 0, 1)], err=[None, "x"]), ROWS)
+    assert partitions_of_table(table, ROWS, 4).to_pylist() == [
+        partition_of(encoded, 4), partition_of(error_key("x"), 4)
+    ]  # fmt: skip
+    # Pinned values: changing the function would re-partition every existing topic.
+    assert [partition_of(bytes([i]), 7) for i in range(5)] == [1, 5, 4, 4, 6]
+    assert partition_of(encoded, 1000) == 206
