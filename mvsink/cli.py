@@ -1,6 +1,8 @@
 """The `mvsink` command line.
 
     mvsink stack up|down|status|env   the embedded Kafka + MinIO on loopback
+    mvsink shard show|snapshot|sweep  inspect and maintain a shard
+    mvsink bench shard                shard library vs raw S3 on the same bytes
     mvsink provision                  create the configured sink's topics and bucket
     mvsink demo                       stack up, provision, smoke demo of every topic and of
                                       the conditional writes
@@ -12,14 +14,20 @@ running embedded stack). Errors are printed as one clear line and exit with stat
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from mvsink.config import Config, cache_dir, load_config, state_dir
 from mvsink.errors import MvsinkError
 from mvsink.stack.manager import Stack
 from mvsink.stack.state import stack_home
+
+if TYPE_CHECKING:
+    from mvsink.shard import Shard
 
 
 def say(message: str) -> None:
@@ -95,6 +103,79 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _open_shard(args: argparse.Namespace) -> Shard:
+    from mvsink.shard import open_shard
+
+    config = load_config(args.config)
+    return open_shard(args.shard or config.shard_id, None, config.s3)
+
+
+def cmd_shard_show(args: argparse.Namespace) -> int:
+    shard = _open_shard(args)
+    state = shard.state()
+    retained = shard.retained_seqnos()
+    writers = Counter(p.writer_id for p in state.parts())
+    schema = ", ".join(f"{f.name} {f.type}" for f in state.schema)
+    by_writer = ", ".join(f"{w} {n}" for w, n in sorted(writers.items())) or "-"
+    rows = [
+        ("shard", f"{shard.shard_id}  (bucket {shard.bucket})"),
+        (
+            "seqno",
+            f"{state.seqno}  (retained versions {retained[0]}..{retained[-1]}: {len(retained)})",
+        ),
+        ("upper", str(state.upper)),
+        ("since", str(state.since)),
+        ("schema", schema),
+        ("batches", str(len(state.batches))),
+        ("parts", f"{len(state.parts())}  (by writer: {by_writer})"),
+        ("updates", f"{state.total_updates():,}"),
+        ("bytes", f"{state.total_bytes():,}"),
+    ]
+    for name, value in rows:
+        print(f"{name:<8} {value}")
+    return 0
+
+
+def cmd_shard_snapshot(args: argparse.Namespace) -> int:
+    import pyarrow.csv as pacsv
+
+    shard = _open_shard(args)
+    as_of = args.as_of if args.as_of is not None else shard.upper().time
+    if as_of is None:
+        raise MvsinkError("the shard is closed (upper {}): pass --as-of")
+    table = shard.snapshot(as_of)
+    table = table.sort_by([(name, "ascending") for name in shard.schema.names])
+    say(f"shard {shard.shard_id} at as_of {{{as_of}}}: {table.num_rows} distinct rows")
+    shown = table.slice(0, args.limit) if args.limit else table
+    if args.format == "csv":
+        pacsv.write_csv(shown, sys.stdout.buffer)
+    else:
+        for row in shown.to_pylist():
+            print(json.dumps(row, default=str))
+    return 0
+
+
+def cmd_shard_sweep(args: argparse.Namespace) -> int:
+    shard = _open_shard(args)
+    result = shard.sweep(grace=args.grace, keep_states=args.keep_states)
+    print(f"parts deleted:     {len(result.parts_deleted)}")
+    for key in result.parts_deleted:
+        print(f"  {key}")
+    print(f"parts referenced:  {result.parts_referenced}")
+    print(f"parts within grace:{result.parts_kept_young:>3}")
+    print(f"states pruned:     {len(result.states_pruned)}")
+    return 0
+
+
+def cmd_bench_shard(args: argparse.Namespace) -> int:
+    from mvsink.bench.shard import run
+
+    if not args.no_stack:
+        _stack().up()
+    run(load_config(args.config), args.rows, args.parts, args.appends, say)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used by tests to check compose commands are real)."""
     parser = argparse.ArgumentParser(prog="mvsink", description=__doc__.split("\n\n")[0])
@@ -116,6 +197,31 @@ def build_parser() -> argparse.ArgumentParser:
     stack_commands.add_parser("env", help="print MVSINK_* exports for the stack").set_defaults(
         func=cmd_stack_env
     )
+
+    shard = commands.add_parser("shard", help="inspect and maintain a shard")
+    shard.add_argument("--shard", help="shard id (default: the configured one)")
+    shard_commands = shard.add_subparsers(dest="shard_command", required=True, metavar="ACTION")
+    shard_commands.add_parser(
+        "show", help="upper, since, seqno, batches, parts, bytes"
+    ).set_defaults(func=cmd_shard_show)
+    snapshot = shard_commands.add_parser("snapshot", help="consolidated contents at --as-of")
+    snapshot.add_argument("--as-of", type=int, help="frontier (default: the upper)")
+    snapshot.add_argument("--limit", type=int, default=0, help="print at most N rows")
+    snapshot.add_argument("--format", choices=["jsonl", "csv"], default="jsonl")
+    snapshot.set_defaults(func=cmd_shard_snapshot)
+    sweep = shard_commands.add_parser("sweep", help="delete leaked parts, prune old versions")
+    sweep.add_argument("--grace", type=float, required=True, help="seconds (>= the minimum)")
+    sweep.add_argument("--keep-states", type=int, default=10)
+    sweep.set_defaults(func=cmd_shard_sweep)
+
+    bench = commands.add_parser("bench", help="benchmarks against same-run baselines")
+    bench_commands = bench.add_subparsers(dest="bench_command", required=True, metavar="WHAT")
+    bench_shard = bench_commands.add_parser("shard", help="shard library vs raw S3 calls")
+    bench_shard.add_argument("--rows", type=int, default=1_000_000)
+    bench_shard.add_argument("--parts", type=int, default=8)
+    bench_shard.add_argument("--appends", type=int, default=200)
+    bench_shard.add_argument("--no-stack", action="store_true", help="use configured endpoints")
+    bench_shard.set_defaults(func=cmd_bench_shard)
 
     commands.add_parser("provision", help="create the sink's topics and bucket").set_defaults(
         func=cmd_provision

@@ -91,12 +91,13 @@ def consolidate_at(table: pa.Table, row_schema: pa.Schema, as_of: Frontier) -> p
     `(row, err)` and zero sums dropped, every time advanced to `as_of - 1` (the last time before
     the frontier; for the closed frontier `{}`, the largest time present). Rows come in no
     particular order."""
-    if as_of.time is not None:
-        table = table.filter(pc.less(table.column(TIME), as_of.time))
-    keys = [*row_schema.names, ERR]
     if table.num_rows == 0:
         return table
-    summed = table.group_by(keys, use_threads=True).aggregate([(DIFF, "sum")])
+    if as_of.time is not None and not pc.max(table.column(TIME)).as_py() < as_of.time:
+        table = table.filter(pc.less(table.column(TIME), as_of.time))  # copy only if needed
+    keys = [*row_schema.names, ERR]
+    # Single-threaded: measured faster than the threaded hash aggregation on 2 cores.
+    summed = table.group_by(keys, use_threads=False).aggregate([(DIFF, "sum")])
     summed = summed.filter(pc.not_equal(summed.column(f"{DIFF}_sum"), 0))
     time_value = as_of.time - 1 if as_of.time is not None else pc.max(table.column(TIME)).as_py()
     times = pa.repeat(pa.scalar(time_value, pa.int64()), summed.num_rows)

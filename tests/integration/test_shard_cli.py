@@ -1,0 +1,86 @@
+"""`mvsink shard show|snapshot|sweep` and `mvsink bench shard`, run as a user runs them, against
+the real S3 of the test session."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import pyarrow as pa
+import pytest
+
+from mvsink.config import S3Settings
+from mvsink.frontier import Frontier
+from mvsink.shard import open_shard
+
+pytestmark = pytest.mark.integration
+
+F = Frontier.at
+
+
+def _env(services_kafka: str, s3: S3Settings, tmp: str) -> dict[str, str]:
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")},
+        "MVSINK_STATE_DIR": tmp,
+        "MVSINK_KAFKA_BOOTSTRAP": services_kafka,
+        "MVSINK_S3_ENDPOINT": s3.endpoint,
+        "MVSINK_S3_BUCKET": s3.bucket,
+        "MVSINK_S3_ACCESS_KEY": s3.access_key.reveal(),
+        "MVSINK_S3_SECRET_KEY": s3.secret_key.reveal(),
+    }
+
+
+def _mvsink(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mvsink.cli", *args], env=env, text=True,
+                          capture_output=True, timeout=300)  # fmt: skip
+
+
+def test_shard_show_snapshot_sweep(
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: object
+) -> None:
+    shard_id = f"cli-{uuid.uuid4().hex[:8]}"
+    shard = open_shard(shard_id, pa.schema([("k", pa.string()), ("v", pa.int64())]), s3_settings)
+    table = pa.table(
+        {"k": ["a", "b", "a"], "v": [1, 2, 1], "_time": [0, 1, 2], "_diff": [1, 1, -1]}
+    )
+    shard.compare_and_append([shard.stage(table, F(0), F(3), "w1")], F(0), F(3))
+    env = _env(kafka_bootstrap, s3_settings, str(tmp_path))
+
+    show = _mvsink(["shard", "--shard", shard_id, "show"], env)
+    assert show.returncode == 0, show.stderr
+    assert "upper    {3}" in show.stdout and "parts    1  (by writer: w1 1)" in show.stdout
+    assert "k string, v int64" in show.stdout
+
+    snap = _mvsink(["shard", "--shard", shard_id, "snapshot"], env)
+    assert snap.returncode == 0, snap.stderr
+    assert [json.loads(line) for line in snap.stdout.splitlines()] == [
+        {"k": "b", "v": 2, "_time": 2, "_diff": 1, "_err": None}
+    ]
+    early = _mvsink(
+        ["shard", "--shard", shard_id, "snapshot", "--as-of", "2", "--format", "csv"], env
+    )
+    assert early.stdout.splitlines()[0] == '"k","v","_time","_diff","_err"'
+    assert len(early.stdout.splitlines()) == 3
+
+    refused = _mvsink(["shard", "--shard", shard_id, "sweep", "--grace", "1"], env)
+    assert refused.returncode == 2 and "below the minimum" in refused.stderr
+    swept = _mvsink(["shard", "--shard", shard_id, "sweep", "--grace", "3600"], env)
+    assert swept.returncode == 0 and "parts deleted:     0" in swept.stdout
+
+    missing = _mvsink(["shard", "--shard", "no-such-shard", "show"], env)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_bench_shard_prints_measured_and_baseline(kafka_bootstrap: str, s3_settings: S3Settings,
+                                                  tmp_path: object) -> None:  # fmt: skip
+    env = _env(kafka_bootstrap, s3_settings, str(tmp_path))
+    bench = _mvsink(["bench", "shard", "--no-stack", "--rows", "20000", "--parts", "2",
+                     "--appends", "5"], env)  # fmt: skip
+    assert bench.returncode == 0, bench.stderr
+    for figure in ("part write (stage)", "compare_and_append latency p50",
+                   "compare_and_append latency p99", "snapshot read"):  # fmt: skip
+        assert figure in bench.stderr
+    assert bench.stderr.count(" x") >= 6  # every figure has its same-run ratio
