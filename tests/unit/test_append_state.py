@@ -1,0 +1,113 @@
+"""append's pure state: each seed rule as a test."""
+
+from __future__ import annotations
+
+from mvsink.frontier import Frontier
+from mvsink.messages import BatchDescription, BatchId, Part, StagedBatch
+from services.append.state import Append, Appended, AppendState, DeleteStaged, Mismatch
+
+F = Frontier.at
+P = 3
+
+
+def desc(lower: int, upper: int, worker: int = 0, seq: int = 0) -> BatchDescription:
+    return BatchDescription("s", BatchId(0, seq), F(lower), F(upper), worker)
+
+
+def batch(d: BatchDescription, covers: tuple[int, ...], writer: str = "w") -> StagedBatch:
+    parts = tuple(Part(f"k/{writer}/{d.lower}/{p}", p, P, 1, 1) for p in covers)
+    return StagedBatch(d.id, d.lower, d.upper, covers, parts, writer)
+
+
+def worker(worker_id: int = 0) -> AppendState:
+    return AppendState("s", worker_id, P)
+
+
+def appends(commands: list[object]) -> list[Append]:
+    return [c for c in commands if isinstance(c, Append)]
+
+
+def deleted(commands: list[object]) -> set[str]:
+    return {p.key for c in commands if isinstance(c, DeleteStaged) for p in c.parts}
+
+
+def test_appends_once_every_partition_is_covered() -> None:
+    state, d = worker(), desc(0, 5)
+    assert state.absorb_batch_description(d) == []
+    assert appends(state.absorb_batch(batch(d, (0, 1)))) == []  # partition 2 missing
+    [append] = appends(state.absorb_batch(batch(d, (2,))))
+    assert append.desc == d and {p.partition for p in append.parts} == {0, 1, 2}
+
+
+def test_never_appends_before_coverage_is_complete() -> None:
+    state, d = worker(), desc(0, 5)
+    state.absorb_batch_description(d)
+    for covers in [(0,), (0,), (1,), (1,)]:
+        assert appends(state.absorb_batch(batch(d, covers, writer=f"w{covers}"))) == []
+
+
+def test_batches_before_their_description_are_kept() -> None:
+    state, d = worker(), desc(3, 5)
+    state.absorb_batch(batch(d, (0, 1, 2)))
+    assert appends(state.absorb_batch_description(d))
+
+
+def test_only_the_owning_worker_appends() -> None:
+    state, d = worker(worker_id=1), desc(0, 5, worker=0)
+    state.absorb_batch_description(d)
+    assert appends(state.absorb_batch(batch(d, (0, 1, 2)))) == []
+
+
+def test_duplicate_batches_for_a_partition_keep_the_first() -> None:
+    state, d = worker(), desc(0, 5)
+    state.absorb_batch_description(d)
+    state.absorb_batch(batch(d, (0, 1), writer="first"))
+    commands = state.absorb_batch(batch(d, (1, 2), writer="second"))
+    [append] = appends(commands)
+    assert deleted(commands) == {f"k/second/{d.lower}/1"}
+    assert sorted(p.key for p in append.parts) == sorted(
+        [f"k/first/{d.lower}/0", f"k/first/{d.lower}/1", f"k/second/{d.lower}/2"]
+    )
+
+
+def test_skips_outdated_descriptions_and_batches() -> None:
+    state, old, new = worker(), desc(0, 5), desc(5, 9, seq=1)
+    state.absorb_batch_description(new)
+    assert state.absorb_batch_description(old) == []
+    assert deleted(state.absorb_batch(batch(old, (0,)))) == {f"k/w/{old.lower}/0"}
+    assert state.lower == F(5)
+
+
+def test_a_newer_lower_discards_what_was_stashed() -> None:
+    state, old, new = worker(), desc(0, 5), desc(5, 9, seq=1)
+    state.absorb_batch_description(old)
+    state.absorb_batch(batch(old, (0, 1)))
+    commands = state.absorb_batch_description(new)
+    assert deleted(commands) == {f"k/w/{old.lower}/0", f"k/w/{old.lower}/1"}
+
+
+def test_after_an_append_lower_moves_to_the_new_upper_and_nothing_is_deleted() -> None:
+    state, d = worker(), desc(0, 5)
+    state.absorb_batch_description(d)
+    state.absorb_batch(batch(d, (0, 1, 2)))
+    assert state.absorb_append_outcome(Appended(F(5))) == []
+    assert state.lower == F(5) and state.stash == {}
+
+
+def test_after_a_mismatch_the_parts_are_garbage() -> None:
+    state, d = worker(), desc(0, 5)
+    state.absorb_batch_description(d)
+    [append] = appends(state.absorb_batch(batch(d, (0, 1, 2))))
+    commands = state.absorb_append_outcome(Mismatch(F(7)))
+    assert deleted(commands) == {p.key for p in append.parts}
+    assert state.lower == F(7)
+
+
+def test_never_appends_twice_for_one_lower() -> None:
+    state, d = worker(), desc(0, 5)
+    state.absorb_batch_description(d)
+    assert appends(state.absorb_batch(batch(d, (0, 1, 2))))
+    state.absorb_append_outcome(Mismatch(F(0)))  # e.g. the shard is behind: lower stays
+    late = state.absorb_batch(batch(d, (0, 1, 2), writer="late"))
+    assert appends(late) == [] and len(deleted(late)) == 3
+    assert appends(state.absorb_batch_description(d)) == []  # a redelivered description
