@@ -138,10 +138,11 @@ class AppendState:
         for partition in batch.covers:
             mine = tuple(p for p, raw in zip(parts, batch.parts, strict=True)
                          if _belongs(raw, partition, batch))  # fmt: skip
-            if partition in self.stash:
-                duplicates.extend(mine)
-            else:
+            if partition not in self.stash:
                 self.stash[partition] = mine
+            else:  # a redelivery of the kept batch carries the kept parts: never delete those
+                kept = {p.key for p in self.stash[partition]}
+                duplicates.extend(p for p in mine if p.key not in kept)
         self.trace(f"absorbed a batch from {batch.writer_id} covering {list(batch.covers)}")
         if duplicates:
             commands.append(DeleteStaged(tuple(duplicates), "duplicate batch for a partition"))

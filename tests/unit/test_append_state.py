@@ -111,3 +111,13 @@ def test_never_appends_twice_for_one_lower() -> None:
     late = state.absorb_batch(batch(d, (0, 1, 2), writer="late"))
     assert appends(late) == [] and len(deleted(late)) == 3
     assert appends(state.absorb_batch_description(d)) == []  # a redelivered description
+
+
+def test_a_redelivered_batch_never_deletes_the_parts_it_kept() -> None:
+    """Found by the interleavings: the same StagedBatch delivered twice (uncommitted offset)
+    must not turn its own, kept parts into 'duplicates' to delete."""
+    state, d = worker(), desc(0, 5)
+    first = state.absorb_batch(batch(d, (0, 1, 2)))
+    assert state.absorb_batch(batch(d, (0, 1, 2))) == [] and first == []
+    [append] = appends(state.absorb_batch_description(d))
+    assert len(append.parts) == 3
