@@ -3,7 +3,9 @@
     mvsink stack up|down|status|env   the embedded Kafka + MinIO on loopback
     mvsink shard show|snapshot|sweep  inspect and maintain a shard
     mvsink bench shard                shard library vs raw S3 on the same bytes
-    mvsink provision                  create the configured sink's topics and bucket
+    mvsink promote SINK               switch a read-only sink replica to writing
+    mvsink inspect TOPIC [-f]         decode and print any of mvsink's topics
+    mvsink provision                  create the configured sink's topics, bucket, shard
     mvsink demo                       stack up, provision, smoke demo of every topic and of
                                       the conditional writes
 
@@ -19,9 +21,10 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from mvsink.config import Config, cache_dir, load_config, state_dir
+from mvsink.config import Config, Topics, cache_dir, load_config, state_dir
 from mvsink.errors import MvsinkError
 from mvsink.stack.manager import Stack
 from mvsink.stack.state import stack_home
@@ -84,8 +87,13 @@ def _provision(config: Config) -> None:
 
     result = provision(config)
     created = ", ".join(result.topics_created) or "none (all existed)"
+    shard = (
+        ""
+        if result.shard_upper is None
+        else f"; shard {config.shard_id} upper {result.shard_upper}"
+    )
     say(f"sink {config.sink_id}: topics created: {created}; "
-        f"bucket {config.s3.bucket}: {'created' if result.bucket_created else 'exists'}")  # fmt: skip
+        f"bucket {config.s3.bucket}: {'created' if result.bucket_created else 'exists'}{shard}")  # fmt: skip
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
@@ -98,8 +106,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     _stack().up(timeout=args.timeout)
     config = load_config(args.config)
-    _provision(config)
-    run_smoke(config, say)
+    # A sink of its own, so the smoke records never reach a real sink's `descs`/`batches`.
+    smoke_id = f"{config.sink_id}-smoke"
+    smoke = replace(config, sink_id=smoke_id, shard_id=smoke_id, row_schema="",
+                    topics=Topics.for_sink(smoke_id, config.topics.frontiers))  # fmt: skip
+    _provision(smoke)
+    run_smoke(smoke, say)
     return 0
 
 
@@ -176,6 +188,30 @@ def cmd_bench_shard(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_promote(args: argparse.Namespace) -> int:
+    from confluent_kafka import Producer
+
+    from mvsink.kafka import client_config, produce
+    from mvsink.messages import SinkControl
+
+    config = load_config(args.config)
+    topic = Topics.for_sink(args.sink).control
+    producer = Producer(client_config(config.kafka_bootstrap))
+    produce(producer, topic, args.sink, SinkControl(read_only=False))
+    if producer.flush(30):
+        raise MvsinkError(f"could not deliver the promotion to {topic}")
+    say(f"sink {args.sink} promoted: SinkControl(read_only=false) on {topic}")
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from mvsink.inspect import inspect_topic
+
+    config = load_config(args.config)
+    inspect_topic(config.kafka_bootstrap, args.topic, follow=args.follow, limit=args.limit)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used by tests to check compose commands are real)."""
     parser = argparse.ArgumentParser(prog="mvsink", description=__doc__.split("\n\n")[0])
@@ -222,6 +258,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench_shard.add_argument("--appends", type=int, default=200)
     bench_shard.add_argument("--no-stack", action="store_true", help="use configured endpoints")
     bench_shard.set_defaults(func=cmd_bench_shard)
+
+    promote = commands.add_parser("promote", help="switch a read-only sink to writing")
+    promote.add_argument("sink", help="sink id")
+    promote.set_defaults(func=cmd_promote)
+    inspect = commands.add_parser("inspect", help="decode and print any mvsink topic")
+    inspect.add_argument("topic")
+    inspect.add_argument("--follow", "-f", action="store_true", help="keep printing new records")
+    inspect.add_argument("--limit", type=int, default=0, help="stop after N records")
+    inspect.set_defaults(func=cmd_inspect)
 
     commands.add_parser("provision", help="create the sink's topics and bucket").set_defaults(
         func=cmd_provision

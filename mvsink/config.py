@@ -115,6 +115,14 @@ class Config:
     kafka_bootstrap: str
     s3: S3Settings
     spark_master: str
+    #: The sink's row schema (`"name type[ not null], ..."`); "" = take the shard's.
+    row_schema: str = ""
+    #: Where a service serves Prometheus metrics; port 0 picks a free one (logged).
+    metrics_addr: str = "127.0.0.1"
+    metrics_port: int = 0
+    log_level: str = "INFO"
+    #: Identity of this process in part keys and logs; "" = `<host>-<pid>`.
+    writer_id: str = ""
 
     def __post_init__(self) -> None:
         for name in ("sink_id", "shard_id"):
@@ -131,6 +139,14 @@ class Config:
             raise ConfigError("kafka bootstrap servers not set (MVSINK_KAFKA_BOOTSTRAP)")
         if not self.s3.endpoint:
             raise ConfigError("S3 endpoint not set (MVSINK_S3_ENDPOINT)")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port {self.metrics_port} is not a TCP port")
+        if self.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+            raise ConfigError(f"log_level {self.log_level!r}: use DEBUG, INFO, WARNING or ERROR")
+        if self.row_schema:
+            from mvsink.rows import parse_row_schema
+
+            parse_row_schema(self.row_schema)  # raises ConfigError naming the bad column
 
 
 # -- loading ---------------------------------------------------------------------------------------
@@ -179,6 +195,11 @@ FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec("s3_access_key", "s3", "access_key", "MVSINK_S3_ACCESS_KEY", str, secret=True),
     FieldSpec("s3_secret_key", "s3", "secret_key", "MVSINK_S3_SECRET_KEY", str, secret=True),
     FieldSpec("spark_master", "spark", "master", "MVSINK_SPARK_MASTER", str),
+    FieldSpec("row_schema", "sink", "row_schema", "MVSINK_ROW_SCHEMA", str),
+    FieldSpec("metrics_addr", "service", "metrics_addr", "MVSINK_METRICS_ADDR", str),
+    FieldSpec("metrics_port", "service", "metrics_port", "MVSINK_METRICS_PORT", _int),
+    FieldSpec("log_level", "service", "log_level", "MVSINK_LOG_LEVEL", str),
+    FieldSpec("writer_id", "service", "writer_id", "MVSINK_WRITER_ID", str),
 )
 
 DEFAULTS: Mapping[str, Any] = {
@@ -197,6 +218,11 @@ DEFAULTS: Mapping[str, Any] = {
     "s3_access_key": "",
     "s3_secret_key": "",
     "spark_master": "local[*]",
+    "row_schema": "",
+    "metrics_addr": "127.0.0.1",
+    "metrics_port": 0,
+    "log_level": "INFO",
+    "writer_id": "",
 }
 
 
@@ -289,4 +315,9 @@ def _build(values: Mapping[str, Any]) -> Config:
             secure=values["s3_secure"],
         ),
         spark_master=values["spark_master"],
+        row_schema=values["row_schema"],
+        metrics_addr=values["metrics_addr"],
+        metrics_port=values["metrics_port"],
+        log_level=values["log_level"],
+        writer_id=values["writer_id"],
     )

@@ -184,6 +184,50 @@ def poll_message(
     raise KafkaException(error)
 
 
+def last_record(
+    bootstrap: str, topic: str, partition: int = 0, timeout: float = 30.0
+) -> Record | None:
+    """The last committed record of `topic[partition]`, or None if it has none.
+
+    Reads a window before the end (transaction markers take offsets too), widening it to the
+    whole partition if the window holds no record.
+    """
+    consumer = Consumer(consumer_config(bootstrap, extra={"enable.partition.eof": True}))
+    try:
+        low, high = consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=timeout
+        )
+        for start in (max(low, high - 256), low):
+            consumer.assign([TopicPartition(topic, partition, start)])
+            last: Record | None = None
+            done: list[int] = []
+            deadline = time.monotonic() + timeout
+            while not done and high > start:
+                if time.monotonic() > deadline:
+                    raise MvsinkError(
+                        f"reading the end of {topic}[{partition}] took over {timeout}s"
+                    )
+                message = poll_message(consumer, 0.5, on_eof=done.append)
+                if message is not None:
+                    last = codec.decode_message(message)
+            if last is not None or start == low:
+                return last
+        return None
+    finally:
+        consumer.close()
+
+
+def tail_consumer(bootstrap: str, topic: str, partitions: Iterable[int] | None = None) -> Consumer:
+    """A read_committed consumer assigned to `topic` from the beginning (no group offsets):
+    how every reader of `descs`, `frontiers` and `control` follows them."""
+    consumer = Consumer(consumer_config(bootstrap))
+    if partitions is None:
+        metadata = consumer.list_topics(topic, timeout=30).topics[topic]
+        partitions = list(metadata.partitions)
+    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+    return consumer
+
+
 def read_compacted(bootstrap: str, topic: str, timeout: float = 30.0) -> dict[str, Record]:
     """The latest record per key of `topic`, reading every partition up to its end now.
 

@@ -23,6 +23,38 @@ from mvsink.errors import ContractError
 _ERR_PREFIX = b"\x00err:"
 
 
+_TYPES: dict[str, pa.DataType] = {
+    "string": pa.string(), "int32": pa.int32(), "int": pa.int32(), "int64": pa.int64(),
+    "long": pa.int64(), "double": pa.float64(), "float64": pa.float64(), "float": pa.float32(),
+    "float32": pa.float32(), "bool": pa.bool_(), "boolean": pa.bool_(), "binary": pa.binary(),
+    "bytes": pa.binary(), "date": pa.date32(), "timestamp": pa.timestamp("us"),
+}  # fmt: skip
+
+
+def parse_row_schema(text: str) -> pa.Schema:
+    """Parse `"name type[ not null], ..."` (types: string, int32, int64/long, float, double,
+    bool, binary, date, timestamp) into an Arrow schema.
+
+    Raises:
+        ConfigError: naming the column that does not parse.
+    """
+    from mvsink.errors import ConfigError
+
+    fields = []
+    for column in (c.strip() for c in text.split(",")):
+        words = column.split()
+        nullable = not (len(words) == 4 and [w.lower() for w in words[2:]] == ["not", "null"])
+        if len(words) not in (2, 4) or (len(words) == 4 and nullable):
+            raise ConfigError(
+                f"row schema column {column!r}: use 'name type' or 'name type not null'"
+            )
+        name, type_name = words[0], words[1].lower()
+        if type_name not in _TYPES:
+            raise ConfigError(f"row schema column {column!r}: unknown type (use {sorted(_TYPES)})")
+        fields.append(pa.field(name, _TYPES[type_name], nullable))
+    return pa.schema(fields)
+
+
 def _avro_type(arrow_type: pa.DataType) -> Any:
     if pa.types.is_boolean(arrow_type):
         return "boolean"

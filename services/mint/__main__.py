@@ -2,6 +2,7 @@
 
 import sys
 
-from mvsink.service import not_yet_implemented
+from mvsink.service import run_service
+from services.mint.shell import run
 
-sys.exit(not_yet_implemented("mint", 4))
+sys.exit(run_service("mint", run))

@@ -37,6 +37,7 @@ def test_cli_stack_up_status_env_demo_down(tmp_path: Path) -> None:
         up = _mvsink(["stack", "up"], env)
         assert up.returncode == 0, up.stderr
         assert "topics created: demo.desired" in up.stderr
+        assert "demo-smoke" not in up.stderr
         status = _mvsink(["stack", "status"], env)
         assert status.stdout.count(" running ") == 2, status.stdout
         exports = _mvsink(["stack", "env"], env).stdout

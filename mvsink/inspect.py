@@ -1,0 +1,36 @@
+"""`mvsink inspect <topic>`: print every record of one of mvsink's topics, decoded, one line
+each (`partition offset key record`); undecodable records are printed with their error, so the
+command never stops at bad input."""
+
+from __future__ import annotations
+
+import time
+
+from mvsink.codec import decode_message
+from mvsink.errors import DecodeError
+from mvsink.kafka import poll_message, tail_consumer
+
+
+def inspect_topic(bootstrap: str, topic: str, *, follow: bool = False, limit: int = 0) -> int:
+    """Print the records of `topic` from the beginning; with `follow`, keep printing new ones
+    until interrupted. Returns the number printed."""
+    consumer = tail_consumer(bootstrap, topic)
+    printed, idle_since = 0, time.monotonic()
+    try:
+        while not limit or printed < limit:
+            message = poll_message(consumer, 0.5)
+            if message is None:
+                if not follow and time.monotonic() - idle_since > 2.0:
+                    break
+                continue
+            idle_since = time.monotonic()
+            key = (message.key() or b"").decode(errors="replace")
+            try:
+                shown = repr(decode_message(message))
+            except DecodeError as error:
+                shown = f"UNDECODABLE ({error.reason})"
+            print(f"{message.partition()}\t{message.offset()}\t{key}\t{shown}", flush=True)
+            printed += 1
+    finally:
+        consumer.close()
+    return printed

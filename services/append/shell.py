@@ -1,0 +1,226 @@
+"""The append process: every description from `descs` (all of them, no group), the
+`StagedBatch`es of the `batches` partitions this replica owns (consumer group
+`<sink>.append`), one `AppendState` per owned partition (= append worker id). All decisions
+are the states'; this shell executes their commands:
+
+* `Append`: compare-and-append through the shard library with the seed's retry (a shard
+  behind `lower` is first advanced to `lower` by an empty append; any other mismatch is an
+  expected outcome), then publish `ShardUpper` to `frontiers`;
+* `DeleteStaged`: `Shard.delete_staged`, which refuses referenced or still-appendable parts.
+
+Offsets of `batches` are committed only up to the first batch still needed (stashed for the
+current lower), so a restart redelivers what was not yet settled; redelivery is harmless
+(`AppendState` invariants, and the shard rejects an append from a passed upper).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
+from prometheus_client import Counter, Gauge, Histogram
+
+from mvsink.codec import decode_message
+from mvsink.config import Config
+from mvsink.errors import DecodeError
+from mvsink.frontier import Frontier
+from mvsink.kafka import client_config, consumer_config, poll_message, produce, tail_consumer
+from mvsink.messages import BatchDescription, ShardUpper, StagedBatch
+from mvsink.service import Stopping
+from mvsink.shard import Appended, IndefiniteAppend, PartTooOld, Shard, UpperMismatch, open_shard
+from services.append.state import Append, AppendOutcome, AppendState, Command, DeleteStaged
+from services.append.state import Appended as StateAppended
+from services.append.state import Mismatch as StateMismatch
+
+log = logging.getLogger("mvsink.append")
+
+APPENDS = Counter("mvsink_append_appends", "Compare-and-appends by outcome", ["sink", "outcome"])
+RETRIES = Counter("mvsink_append_retries", "Appends retried after advancing the upper", ["sink"])
+LATENCY = Histogram("mvsink_append_seconds", "Compare-and-append latency", ["sink"])
+LOWER = Gauge("mvsink_append_lower", "Current lower per append worker", ["sink", "worker"])
+DELETED = Counter("mvsink_append_parts_deleted", "Staged parts deleted", ["sink"])
+
+
+class AppendShell:
+    """Kafka and S3 around the `AppendState`s of the owned append workers."""
+
+    def __init__(self, config: Config, stopping: Stopping) -> None:
+        self.config = config
+        self.stopping = stopping
+        self.shard: Shard = open_shard(config.shard_id, None, config.s3)
+        self.producer = Producer(client_config(config.kafka_bootstrap))
+        self.states: dict[int, AppendState] = {}
+        #: Per owned partition: the offset of the first batch stashed for the current lower.
+        self.first_needed: dict[int, tuple[Frontier, int]] = {}
+        #: Per owned partition: the offset after the last batch consumed.
+        self.consumed: dict[int, int] = {}
+        #: The latest description read (what a newly owned worker starts from).
+        self.latest_desc: BatchDescription | None = None
+
+    # -- group membership -------------------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self.states[tp.partition] = AppendState(
+                self.config.sink_id, tp.partition, self.config.partitions
+            )
+            self._replay_descs(tp.partition)
+        log.info("append workers assigned: %s", sorted(self.states))
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._commit(consumer)
+        for tp in partitions:
+            self.states.pop(tp.partition, None)
+            self.first_needed.pop(tp.partition, None)
+            self.consumed.pop(tp.partition, None)
+        log.info("append workers revoked: %s", sorted(tp.partition for tp in partitions))
+
+    def _replay_descs(self, worker: int) -> None:
+        """A newly owned worker learns the descriptions seen so far (the latest suffices:
+        lowers strictly increase)."""
+        if self.latest_desc is not None:
+            self._execute(worker, self.states[worker].absorb_batch_description(self.latest_desc))
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> int:
+        topics = self.config.topics
+        descs = tail_consumer(self.config.kafka_bootstrap, topics.descs, [0])
+        batches = Consumer(consumer_config(self.config.kafka_bootstrap,
+                                           group_id=f"{self.config.sink_id}.append"))  # fmt: skip
+        batches.subscribe([topics.batches], on_assign=self._on_assign, on_revoke=self._on_revoke)
+        next_commit = 0.0
+        try:
+            while not self.stopping.stopped:
+                self._poll_descs(descs)
+                self._poll_batches(batches)
+                if time.monotonic() >= next_commit:
+                    self._commit(batches)
+                    next_commit = time.monotonic() + 1.0
+        finally:
+            self._commit(batches)
+            batches.close()
+            descs.close()
+            self.producer.flush(10)
+        return 0
+
+    def _poll_descs(self, consumer: Consumer) -> None:
+        for _ in range(100):
+            message = poll_message(consumer, 0.0)
+            if message is None:
+                return
+            record = self._decode(message, BatchDescription)
+            if not isinstance(record, BatchDescription) or record.sink_id != self.config.sink_id:
+                continue
+            self.latest_desc = record
+            for worker, state in list(self.states.items()):
+                self._execute(worker, state.absorb_batch_description(record))
+
+    def _poll_batches(self, consumer: Consumer) -> None:
+        message = poll_message(consumer, 0.05)
+        while message is not None:
+            worker, offset = int(message.partition() or 0), int(message.offset() or 0)
+            self.consumed[worker] = offset + 1
+            record = self._decode(message, StagedBatch)
+            state = self.states.get(worker)
+            if isinstance(record, StagedBatch) and state is not None:
+                self._execute(worker, state.absorb_batch(record))
+                first = self.first_needed.get(worker)
+                if state.stash and (first is None or first[0] != state.lower):
+                    self.first_needed[worker] = (state.lower, offset)
+            message = poll_message(consumer, 0.0)
+
+    def _decode(self, message: Message, expect: type) -> Any:
+        try:
+            return decode_message(message, expect)
+        except DecodeError as error:
+            log.error("quarantining bad record: %s", error)
+            dead = self.config.topics.dead_letter
+            self.producer.produce(dead, key=message.key(), value=message.value(),
+                                  headers=[("mvsink-error", str(error).encode())])  # fmt: skip
+            return None
+
+    def _commit(self, consumer: Consumer) -> None:
+        offsets = []
+        for worker, consumed in self.consumed.items():
+            state = self.states.get(worker)
+            needed = self.first_needed.get(worker)
+            offset = consumed
+            if (
+                state is not None
+                and needed is not None
+                and needed[0] == state.lower
+                and state.stash
+            ):
+                offset = needed[1]
+            offsets.append(TopicPartition(self.config.topics.batches, worker, offset))
+        if offsets:
+            try:
+                consumer.commit(offsets=offsets, asynchronous=False)
+            except Exception as error:
+                log.warning("offset commit failed (batches will be redelivered): %s", error)
+
+    # -- commands ---------------------------------------------------------------------------
+
+    def _execute(self, worker: int, commands: list[Command]) -> None:
+        for command in commands:
+            match command:
+                case Append():
+                    outcome = self._append(command)
+                    self._execute(worker, self.states[worker].absorb_append_outcome(outcome))
+                case DeleteStaged():
+                    result = self.shard.delete_staged(command.parts)
+                    DELETED.labels(self.config.sink_id).inc(len(result.deleted))
+                    log.info("%s: deleted %d staged parts (referenced %d, still appendable %d)",
+                             command.reason, len(result.deleted), len(result.referenced),
+                             len(result.pending))  # fmt: skip
+        if worker in self.states:
+            LOWER.labels(self.config.sink_id, str(worker)).set(
+                float("inf") if self.states[worker].lower.time is None
+                else float(self.states[worker].lower.time or 0)
+            )  # fmt: skip
+
+    def _append(self, append: Append) -> AppendOutcome:
+        """Compare-and-append with the seed's retry; publishes the resulting upper."""
+        desc, sink = append.desc, self.config.sink_id
+        started = time.monotonic()
+        while True:
+            try:
+                result = self.shard.compare_and_append(append.parts, desc.lower, desc.upper)
+            except PartTooOld as error:
+                log.warning("%s: %s", desc, error)
+                result = UpperMismatch(self.shard.upper(), self.shard.state().seqno)
+            except IndefiniteAppend as error:
+                log.warning("%s: %s; settling by reading the state", desc, error)
+                state = self.shard.state()
+                if {p.key for p in append.parts} <= state.part_keys:
+                    result = Appended(desc.upper, state.seqno)
+                else:
+                    continue
+            if isinstance(result, UpperMismatch) and result.current.less_than(desc.lower):
+                RETRIES.labels(sink).inc()
+                self.shard.advance_upper(desc.lower)  # bring the shard up to `lower`, retry
+                continue
+            break
+        LATENCY.labels(sink).observe(time.monotonic() - started)
+        if isinstance(result, Appended):
+            APPENDS.labels(sink, "ok").inc()
+            log.info("appended %d parts for %s (seqno %d)", len(append.parts), desc, result.seqno)
+            self._publish(result.new_upper, result.seqno)
+            return StateAppended(result.new_upper)
+        APPENDS.labels(sink, "mismatch").inc()
+        log.info("append of %s lost: shard upper is %s", desc, result.current)
+        self._publish(result.current, result.seqno)
+        return StateMismatch(result.current)
+
+    def _publish(self, upper: Frontier, seqno: int) -> None:
+        record = ShardUpper(self.config.shard_id, upper, seqno)
+        produce(self.producer, self.config.topics.frontiers, record.key, record)
+        self.producer.poll(0)
+
+
+def run(config: Config, stopping: Stopping) -> int:
+    """Entry point body for `python -m services.append`."""
+    return AppendShell(config, stopping).run()

@@ -1,0 +1,148 @@
+"""The mint process: follows frontiers and control, watches the shard, mints descriptions into
+`<sink>.descs` with a transactional producer. All decisions are `MintState`'s.
+
+Steps of `run`:
+1. `init_transactions` with `transactional.id = mint.<sink>`: fences any previous mint;
+2. restore `last_lower`, `next_append_worker` and a new epoch from the last committed record
+   of `descs` (after fencing, so no record of the previous mint can still commit);
+3. loop: absorb `frontiers` (desired progress, shard upper notifications) and `control`
+   (promotion); re-read the shard's upper itself every `SHARD_POLL` seconds (the topic is a
+   notification, the shard is the truth); mint and produce in a transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from confluent_kafka import KafkaException, Producer
+from prometheus_client import Counter, Gauge
+
+from mvsink.codec import decode_message
+from mvsink.config import Config
+from mvsink.errors import DecodeError
+from mvsink.frontier import Frontier
+from mvsink.kafka import client_config, last_record, poll_message, produce, tail_consumer
+from mvsink.messages import BatchDescription, DesiredProgress, ShardUpper, SinkControl
+from mvsink.service import Stopping
+from mvsink.shard import Shard, open_shard
+from services.mint.state import MintState
+
+log = logging.getLogger("mvsink.mint")
+SHARD_POLL = 1.0
+
+DESIRED = Gauge(
+    "mvsink_mint_desired_frontier", "Desired frontier (meet of all partitions)", ["sink"]
+)
+PERSIST = Gauge("mvsink_mint_persist_frontier", "Shard upper as seen by mint", ["sink"])
+MINTED = Counter("mvsink_mint_descs_minted", "Batch descriptions minted", ["sink"])
+READ_ONLY = Gauge("mvsink_mint_read_only", "1 while minting is disabled", ["sink"])
+
+
+class Fenced(Exception):
+    """A newer mint with the same transactional id took over."""
+
+
+def _time(frontier: Frontier) -> float:
+    return float("inf") if frontier.time is None else float(frontier.time)
+
+
+class MintShell:
+    """Kafka and S3 around a `MintState`."""
+
+    def __init__(self, config: Config, stopping: Stopping) -> None:
+        self.config = config
+        self.stopping = stopping
+        self.shard: Shard = open_shard(config.shard_id, None, config.s3)
+        self.producer = Producer(client_config(config.kafka_bootstrap, **{
+            "transactional.id": f"mint.{config.sink_id}", "enable.idempotence": True}))  # fmt: skip
+        self.state = MintState(
+            config.sink_id, config.partitions, config.append_workers,
+            Frontier.at(config.as_of), config.read_only,
+        )  # fmt: skip
+
+    def start(self) -> None:
+        """Fence the previous mint, then restore from `descs`."""
+        self.producer.init_transactions(60)
+        last = last_record(self.config.kafka_bootstrap, self.config.topics.descs)
+        if last is not None and not isinstance(last, BatchDescription):
+            raise DecodeError(f"{self.config.topics.descs} ends with a {type(last).__name__}")
+        self.state.restore(last)
+        log.info("mint %s started: epoch %d, last lower %s, read_only=%s", self.config.sink_id,
+                 self.state.epoch, self.state.last_lower, self.state.read_only)  # fmt: skip
+
+    def run(self) -> int:
+        """Mint until stopped (0) or fenced (0: the newer mint carries on)."""
+        self.start()
+        topics = self.config.topics
+        follow = tail_consumer(self.config.kafka_bootstrap, topics.frontiers)
+        control = tail_consumer(self.config.kafka_bootstrap, topics.control)
+        next_shard_poll = 0.0
+        try:
+            while not self.stopping.stopped:
+                self._absorb(follow, 0.05)
+                self._absorb(control, 0.0)
+                if time.monotonic() >= next_shard_poll:
+                    self.state.advance_persist_frontier(self.shard.upper())
+                    next_shard_poll = time.monotonic() + SHARD_POLL
+                self._maybe_mint()
+                self._export()
+        except Fenced:
+            log.warning("mint %s fenced by a newer mint: exiting", self.config.sink_id)
+        finally:
+            follow.close()
+            control.close()
+        return 0
+
+    def _absorb(self, consumer: object, timeout: float) -> None:
+        for _ in range(500):
+            message = poll_message(consumer, timeout)  # type: ignore[arg-type]
+            if message is None:
+                return
+            timeout = 0.0
+            try:
+                record = decode_message(message)
+            except DecodeError as error:
+                log.error("skipping bad record: %s", error)
+                continue
+            self._on_record(message.key(), record)
+
+    def _on_record(self, key: bytes | None, record: object) -> None:
+        state, config = self.state, self.config
+        match record:
+            case DesiredProgress(sink_id=sink_id) if sink_id == config.sink_id:
+                state.advance_desired_frontier(record.partition, record.frontier)
+            case ShardUpper(shard_id=shard_id) if shard_id == config.shard_id:
+                state.advance_persist_frontier(record.upper)
+            case SinkControl(read_only=False) if key == config.sink_id.encode():
+                if state.allow_writes():
+                    log.info("mint %s promoted: writes allowed", config.sink_id)
+            case SinkControl(read_only=True) if not state.read_only:
+                log.warning("ignoring read_only=true: a writing sink is not demoted (seed)")
+
+    def _maybe_mint(self) -> None:
+        desc = self.state.maybe_mint_batch_description()
+        if desc is None:
+            return
+        try:
+            self.producer.begin_transaction()
+            produce(self.producer, self.config.topics.descs, self.config.sink_id, desc)
+            self.producer.commit_transaction(60)
+        except KafkaException as error:
+            kafka_error = error.args[0]
+            if kafka_error.fatal() or "fenc" in kafka_error.str().lower():
+                raise Fenced() from error
+            raise
+        MINTED.labels(self.config.sink_id).inc()
+        log.info("minted %s", desc)
+
+    def _export(self) -> None:
+        sink = self.config.sink_id
+        DESIRED.labels(sink).set(_time(self.state.desired_frontier))
+        PERSIST.labels(sink).set(_time(self.state.persist_frontier))
+        READ_ONLY.labels(sink).set(1 if self.state.read_only else 0)
+
+
+def run(config: Config, stopping: Stopping) -> int:
+    """Entry point body for `python -m services.mint`."""
+    return MintShell(config, stopping).run()

@@ -1,0 +1,196 @@
+"""Test kit for running sink services as real processes against the session's Kafka and S3:
+a provisioned sink, service processes (start, SIGTERM, `kill -9`), the upstream's desired
+progress, and the write stage's role (stage parts in the shard, report `StagedBatch`es) played
+by the test until the write service exists."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+from confluent_kafka import Consumer, Producer
+
+from mvsink.codec import decode_message
+from mvsink.config import Config, S3Settings, Topics
+from mvsink.frontier import Frontier
+from mvsink.kafka import client_config, poll_message, produce, tail_consumer
+from mvsink.messages import BatchDescription, DesiredProgress, StagedBatch
+from mvsink.provision import provision
+from mvsink.shard import Shard, open_shard
+
+ROW_SCHEMA = "k string, v long"
+
+
+def wait_until(
+    predicate: Callable[[], bool], timeout: float, what: str, step: Callable[[], None] | None = None
+) -> None:
+    """Poll `predicate` (running `step` between polls) until true or fail after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        if step is not None:
+            step()
+        else:
+            time.sleep(0.1)
+
+
+@dataclass
+class Sink:
+    """A provisioned sink replica (topics + shard) with a unique id."""
+
+    config: Config
+    shard: Shard
+    logs: Path
+
+    @classmethod
+    def create(cls, bootstrap: str, s3: S3Settings, logs: Path, partitions: int = 2,
+               workers: int = 2) -> Sink:  # fmt: skip
+        sink_id = f"sink-{uuid.uuid4().hex[:8]}"
+        config = Config(
+            sink_id=sink_id, shard_id=sink_id, partitions=partitions, append_workers=workers,
+            as_of=0, read_only=False, topics=Topics.for_sink(sink_id, f"{sink_id}.frontiers"),
+            kafka_bootstrap=bootstrap, s3=s3, spark_master="local[*]", row_schema=ROW_SCHEMA,
+        )  # fmt: skip
+        provision(config)
+        return cls(config, open_shard(sink_id, None, s3), logs)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        """The environment of a service process of this sink."""
+        c = self.config
+        base = {k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")}
+        return {
+            **base, "MVSINK_STATE_DIR": str(self.logs / "state"),
+            "MVSINK_SINK_ID": c.sink_id, "MVSINK_SHARD_ID": c.shard_id,
+            "MVSINK_PARTITIONS": str(c.partitions), "MVSINK_APPEND_WORKERS": str(c.append_workers),
+            "MVSINK_FRONTIERS_TOPIC": c.topics.frontiers, "MVSINK_KAFKA_BOOTSTRAP": c.kafka_bootstrap,
+            "MVSINK_S3_ENDPOINT": c.s3.endpoint, "MVSINK_S3_BUCKET": c.s3.bucket,
+            "MVSINK_S3_ACCESS_KEY": c.s3.access_key.reveal(),
+            "MVSINK_S3_SECRET_KEY": c.s3.secret_key.reveal(),
+            "MVSINK_LOG_LEVEL": "DEBUG", **extra,
+        }  # fmt: skip
+
+    def advance_desired(self, frontier: Frontier) -> None:
+        """The upstream's progress: every desired partition reaches `frontier`."""
+        producer = Producer(client_config(self.config.kafka_bootstrap))
+        for partition in range(self.config.partitions):
+            record = DesiredProgress(self.config.sink_id, partition, frontier)
+            produce(producer, self.config.topics.frontiers, record.key, record)
+        assert producer.flush(30) == 0
+
+    def descs(self) -> list[BatchDescription]:
+        """Every committed description so far."""
+        consumer = tail_consumer(self.config.kafka_bootstrap, self.config.topics.descs, [0])
+        found: list[BatchDescription] = []
+        idle = time.monotonic()
+        try:
+            while time.monotonic() - idle < 1.5:
+                message = poll_message(consumer, 0.2)
+                if message is not None:
+                    idle = time.monotonic()
+                    record = decode_message(message, BatchDescription)
+                    assert isinstance(record, BatchDescription)
+                    found.append(record)
+        finally:
+            consumer.close()
+        return found
+
+
+@dataclass
+class Service:
+    """One service process (`python -m services.<name>`), logging to a file."""
+
+    name: str
+    env: dict[str, str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Service:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen([sys.executable, "-m", f"services.{self.name}"],
+                                         env=self.env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        return self
+
+    def kill(self) -> None:
+        """`kill -9`."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(30)
+
+    def stop(self) -> int | None:
+        """SIGTERM, then wait; the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(30)
+        return self.proc.returncode
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+@dataclass
+class WriteRole:
+    """Plays the write stage for the tests: for every new description, stage one part per
+    desired partition (row `(p<partition>, lower)` at time `lower`) and report it, split over
+    two writers to exercise coverage."""
+
+    sink: Sink
+    consumer: Consumer = field(init=False)
+    producer: Producer = field(init=False)
+    last_lower: Frontier | None = None
+    staged: list[BatchDescription] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        c = self.sink.config
+        self.consumer = tail_consumer(c.kafka_bootstrap, c.topics.descs, [0])
+        self.producer = Producer(client_config(c.kafka_bootstrap))
+
+    def pump(self, seconds: float = 0.2) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            message = poll_message(self.consumer, 0.05)
+            if message is None:
+                continue
+            desc = decode_message(message, BatchDescription)
+            assert isinstance(desc, BatchDescription)
+            if self.last_lower is not None and not self.last_lower.less_than(desc.lower):
+                continue
+            self.last_lower = desc.lower
+            self._stage(desc)
+
+    def _stage(self, desc: BatchDescription) -> None:
+        c, shard = self.sink.config, self.sink.shard
+        t = desc.lower.time
+        assert t is not None
+        halves = [list(range(c.partitions))[::2], list(range(c.partitions))[1::2]]
+        for writer, covers in zip(("wa", "wb"), halves, strict=True):
+            if not covers:
+                continue
+            parts = []
+            for p in covers:
+                table = pa.table({"k": [f"p{p}"], "v": [t], "_time": [t], "_diff": [1]})
+                parts.append(shard.stage(table, desc.lower, desc.upper, writer, p, c.partitions))
+            batch = StagedBatch(desc.id, desc.lower, desc.upper, tuple(covers),
+                                tuple(p.to_message() for p in parts), writer)  # fmt: skip
+            produce(self.producer, c.topics.batches, str(desc.append_worker), batch,
+                    partition=desc.append_worker)  # fmt: skip
+        assert self.producer.flush(30) == 0
+        self.staged.append(desc)
+
+    def close(self) -> None:
+        self.consumer.close()

@@ -1,0 +1,157 @@
+"""mint and append as real processes against real Kafka and MinIO: commits and upper
+notifications, fencing, read-only and promotion, replicas splitting append workers, and
+`kill -9` at random points."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sinkkit import Service, Sink, WriteRole, wait_until
+
+from mvsink.config import S3Settings
+from mvsink.frontier import Frontier
+from mvsink.kafka import read_compacted
+from mvsink.messages import ShardUpper
+
+pytestmark = pytest.mark.integration
+F = Frontier.at
+
+
+@pytest.fixture
+def sink(kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path) -> Sink:
+    return Sink.create(kafka_bootstrap, s3_settings, tmp_path)
+
+
+@pytest.fixture
+def procs(sink: Sink) -> Iterator[list[Service]]:
+    """Processes started by a test; stopped (and their logs shown on failure) afterwards."""
+    started: list[Service] = []
+    yield started
+    for service in started:
+        service.stop()
+        print(f"--- {service.log.name} ---\n{service.text()[-3000:]}")
+
+
+def start(procs: list[Service], sink: Sink, name: str, label: str = "", **env: str) -> Service:
+    service = Service(name, sink.env(**env), sink.logs / f"{name}{label}.log").start()
+    procs.append(service)
+    return service
+
+
+def _owned(service: Service) -> list[int]:
+    """The append workers a replica owns now (its last assignment line)."""
+    lines = [line for line in service.text().splitlines() if "append workers assigned:" in line]
+    if not lines:
+        return []
+    return [int(w) for w in lines[-1].split("assigned:")[1].strip(" []").split(",") if w.strip()]
+
+
+def upper_is(sink: Sink, time_: int) -> bool:
+    return sink.shard.upper() == F(time_)
+
+
+def test_append_commits_staged_parts_and_publishes_the_upper(
+    sink: Sink, procs: list[Service]
+) -> None:
+    start(procs, sink, "mint")
+    start(procs, sink, "append")
+    write = WriteRole(sink)
+    sink.advance_desired(F(3))
+    wait_until(lambda: upper_is(sink, 3), 60, "shard upper {3}", step=write.pump)
+    sink.advance_desired(F(6))
+    wait_until(lambda: upper_is(sink, 6), 60, "shard upper {6}", step=write.pump)
+    write.close()
+
+    latest = read_compacted(sink.config.kafka_bootstrap, sink.config.topics.frontiers)
+    notified = latest[f"persist:{sink.config.shard_id}"]
+    assert isinstance(notified, ShardUpper) and notified.upper == F(6)
+    rows = {(r["k"], r["v"]): r["_diff"] for r in sink.shard.snapshot(6).to_pylist()}
+    assert rows == {("p0", 0): 1, ("p1", 0): 1, ("p0", 3): 1, ("p1", 3): 1}
+    assert [d.lower for d in sink.descs()] == [F(0), F(3)]
+
+
+def test_a_second_mint_fences_the_first(sink: Sink, procs: list[Service]) -> None:
+    first = start(procs, sink, "mint", "-first")
+    wait_until(lambda: "started: epoch" in first.text(), 60, "first mint started")
+    second = start(procs, sink, "mint", "-second")
+    wait_until(lambda: "started: epoch" in second.text(), 60, "second mint started")
+    sink.advance_desired(F(2))
+    wait_until(lambda: first.proc is not None and first.proc.poll() is not None, 60,
+               "the first mint to exit")  # fmt: skip
+    assert first.proc is not None and first.proc.returncode == 0
+    assert "fenced by a newer mint" in first.text()
+    wait_until(lambda: len(sink.descs()) >= 1, 30, "the second mint to mint")
+    assert second.proc is not None and second.proc.poll() is None
+    lowers = [d.lower for d in sink.descs()]
+    assert lowers == sorted(set(lowers), key=lambda f: f.time or 0)
+
+
+def test_a_read_only_mint_mints_nothing_until_promote(sink: Sink, procs: list[Service]) -> None:
+    mint = start(procs, sink, "mint", MVSINK_READ_ONLY="true")
+    wait_until(lambda: "read_only=True" in mint.text(), 60, "mint started read-only")
+    sink.advance_desired(F(4))
+    wait_until(lambda: "advanced `desired` frontier" in mint.text(), 30, "mint saw progress")
+    assert sink.descs() == []
+    promote = subprocess.run(
+        [sys.executable, "-m", "mvsink.cli", "promote", sink.config.sink_id],
+        env=sink.env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert promote.returncode == 0, promote.stderr
+    wait_until(lambda: len(sink.descs()) == 1, 30, "a description after promotion")
+    assert "promoted: writes allowed" in mint.text()
+
+
+def test_two_append_replicas_split_workers_and_both_progress(
+    sink: Sink, procs: list[Service]
+) -> None:
+    start(procs, sink, "mint")
+    replicas = [start(procs, sink, "append", f"-{i}") for i in range(2)]
+    wait_until(lambda: all(_owned(r) for r in replicas), 90, "both replicas to own a worker")
+    assert sorted(w for r in replicas for w in _owned(r)) == [0, 1]
+    write = WriteRole(sink)
+    for t in range(2, 12, 2):
+        sink.advance_desired(F(t))
+        wait_until(lambda t=t: upper_is(sink, t), 60, f"shard upper {{{t}}}", step=write.pump)
+    write.close()
+    assert all("appended" in r.text() for r in replicas), [r.log for r in replicas]
+
+
+def test_kill_9_of_mint_and_append_keeps_the_invariants(sink: Sink, procs: list[Service]) -> None:
+    """Random `kill -9`s of mint and append, then restart: minted lowers strictly increase,
+    no part and no row is appended twice, and the sink converges to the final desired."""
+    rng = random.Random(1234)
+    mint = start(procs, sink, "mint", "-0")
+    append = start(procs, sink, "append", "-0")
+    write = WriteRole(sink)
+    kills = Counter[str]()
+    t = 0
+    for round_ in range(1, 13):
+        t += 2
+        sink.advance_desired(F(t))
+        write.pump(rng.uniform(0.2, 2.0))
+        victim = rng.choice(["mint", "append", "none"])
+        if victim == "mint":
+            mint.kill()
+            mint = start(procs, sink, "mint", f"-{round_}")
+        elif victim == "append":
+            append.kill()
+            append = start(procs, sink, "append", f"-{round_}")
+        kills[victim] += 1
+    wait_until(lambda: upper_is(sink, t), 120, f"convergence to {{{t}}}", step=write.pump)
+    write.close()
+
+    lowers = [d.lower.time for d in sink.descs()]
+    assert lowers == sorted(set(lowers)), f"minted lowers not strictly increasing: {lowers}"
+    state = sink.shard.state()
+    assert set(Counter(p.key for p in state.parts()).values()) == {1}
+    snapshot = sink.shard.snapshot(t).to_pylist()
+    assert all(r["_diff"] == 1 for r in snapshot), "a row was appended twice"
+    assert len(snapshot) == sink.config.partitions * len(state.batches)
+    assert kills["mint"] + kills["append"] > 0
+    print(f"kills: {dict(kills)}; {len(lowers)} descriptions, {len(state.batches)} batches")
