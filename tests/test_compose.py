@@ -43,7 +43,7 @@ def test_compose_file_matches_the_compose_specification(compose: dict[str, Any])
 
 def test_compose_has_every_component(compose: dict[str, Any]) -> None:
     assert {"kafka", "minio", *SCALED} <= set(compose["services"])
-    for name in ("kafka", "minio"):
+    for name in ("kafka", "minio", *SCALED):
         assert "healthcheck" in compose["services"][name], name
 
 

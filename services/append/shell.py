@@ -88,8 +88,11 @@ class AppendShell:
     def run(self) -> int:
         topics = self.config.topics
         descs = tail_consumer(self.config.kafka_bootstrap, topics.descs, [0])
-        batches = Consumer(consumer_config(self.config.kafka_bootstrap,
-                                           group_id=f"{self.config.sink_id}.append"))  # fmt: skip
+        # A short session: after a crash, the partitions of a dead replica move within ~10 s.
+        batches = Consumer(consumer_config(
+            self.config.kafka_bootstrap, group_id=f"{self.config.sink_id}.append",
+            extra={"session.timeout.ms": 10000, "heartbeat.interval.ms": 2000},
+        ))  # fmt: skip
         batches.subscribe([topics.batches], on_assign=self._on_assign, on_revoke=self._on_revoke)
         next_commit = 0.0
         try:
