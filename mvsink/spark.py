@@ -10,7 +10,7 @@ import io
 import os
 import sys
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -20,6 +20,7 @@ from mvsink.config import S3Settings
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 PART_RESULT_SCHEMA = "key string, rows long, bytes long"
 
@@ -88,11 +89,17 @@ def write_parquet_parts(
     return [(r["key"], r["rows"], r["bytes"]) for r in rows]
 
 
-def read_parquet_parts(
-    spark: SparkSession, settings: S3Settings, keys: list[str], schema: str
+def map_objects(
+    spark: SparkSession,
+    settings: S3Settings,
+    keys: list[str],
+    load: Callable[[bytes], pa.Table],
+    schema: str | StructType,
 ) -> DataFrame:
-    """A DataFrame of the rows of the Parquet objects `keys`, read by the executors (one task
-    per object); `schema` is the Spark DDL of the rows."""
+    """A DataFrame of the rows `load` makes of each object in `keys`, fetched and loaded by
+    the executors (one task per object, at most 64 tasks); `schema` is the rows' Spark schema.
+    `load` runs on executors: it must be picklable (a module-level function or a closure over
+    picklable values)."""
 
     def read(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from mvsink.s3 import get_bytes, s3_client
@@ -100,8 +107,21 @@ def read_parquet_parts(
         client = s3_client(settings)
         for batch in batches:
             for key in batch.column("key").to_pylist():
-                table = pq.read_table(io.BytesIO(get_bytes(client, settings.bucket, key)))
-                yield from table.to_batches()
+                yield from load(get_bytes(client, settings.bucket, key)).to_batches()
 
+    if not keys:
+        return spark.createDataFrame([], schema)
     keys_df = spark.createDataFrame([(k,) for k in keys], "key string")
-    return keys_df.repartition(max(1, len(keys))).mapInArrow(read, schema)
+    return keys_df.repartition(min(len(keys), 64)).mapInArrow(read, schema)
+
+
+def _read_parquet(data: bytes) -> pa.Table:
+    return pq.read_table(io.BytesIO(data))
+
+
+def read_parquet_parts(
+    spark: SparkSession, settings: S3Settings, keys: list[str], schema: str
+) -> DataFrame:
+    """A DataFrame of the rows of the Parquet objects `keys`, read by the executors (one task
+    per object); `schema` is the Spark DDL of the rows."""
+    return map_objects(spark, settings, keys, _read_parquet, schema)

@@ -4,7 +4,6 @@ the S3 client inside `mapInArrow`), Spark consolidates."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -13,7 +12,9 @@ import pyarrow.compute as pc
 from mvsink.config import S3Settings
 from mvsink.frontier import Frontier
 from mvsink.shard import open_shard
+from mvsink.shard.parts import decode_part
 from mvsink.shard.state import DIFF, ERR, TIME, InvalidUsage, part_schema
+from mvsink.spark import map_objects
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -40,24 +41,13 @@ def read_shard(
     keys = [p.key for b in state.batches if b.lower.less_than(frontier) for p in b.parts]
     row_schema = shard.schema
     arrow_schema = part_schema(row_schema)
-    spark_schema = from_arrow_schema(arrow_schema)
     until = frontier.time
 
-    def read(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from mvsink.s3 import get_bytes, s3_client
-        from mvsink.shard.parts import decode_part
+    def load(data: bytes) -> pa.Table:
+        table = decode_part(data, row_schema)
+        return table.filter(pc.less(table.column(TIME), until))
 
-        client = s3_client(s3)
-        for batch in batches:
-            for key in batch.column("key").to_pylist():
-                table = decode_part(get_bytes(client, s3.bucket, key), row_schema)
-                yield from table.filter(pc.less(table.column(TIME), until)).to_batches()
-
-    if keys:
-        keys_df = spark.createDataFrame([(k,) for k in keys], "key string")
-        updates = keys_df.repartition(min(len(keys), 64)).mapInArrow(read, spark_schema)
-    else:
-        updates = spark.createDataFrame([], spark_schema)
+    updates = map_objects(spark, s3, keys, load, from_arrow_schema(arrow_schema))
     group = [*row_schema.names, ERR]
     consolidated = (
         updates.groupBy(*group)
