@@ -1,7 +1,8 @@
-"""`python -m services.write`: the write service process."""
+"""`python -m services.write`: the write service process (a Spark driver)."""
 
 import sys
 
-from mvsink.service import not_yet_implemented
+from mvsink.service import run_service
+from services.write.shell import run
 
-sys.exit(not_yet_implemented("write", 5))
+sys.exit(run_service("write", run))

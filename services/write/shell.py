@@ -1,0 +1,211 @@
+"""The write driver: follows descriptions, frontiers and control, owns a share of the P desired
+partitions through consumer group `<sink>.write`, and runs one Spark job per batch with one
+task per owned partition (`services.write.task`). All decisions are `WriteState`'s.
+
+The ownership consumer never fetches data (its partitions are paused): the tasks read the
+desired records themselves, by offset, from where their checkpoint says they stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from prometheus_client import Counter, Gauge
+
+from mvsink.codec import decode_message
+from mvsink.config import Config
+from mvsink.errors import DecodeError
+from mvsink.kafka import client_config, consumer_config, poll_message, produce, tail_consumer
+from mvsink.messages import BatchDescription, DesiredProgress, ShardUpper, SinkControl, StagedBatch
+from mvsink.rows import parse_row_schema
+from mvsink.s3 import s3_client
+from mvsink.service import Stopping, writer_identity
+from mvsink.shard import Shard, open_shard
+from services.write.state import StageJob, WriteState
+from services.write.task import TaskResult, TaskSpec, run_task
+
+log = logging.getLogger("mvsink.write")
+SHARD_POLL = 1.0
+#: How often a read-only (or idle) driver folds and consolidates, to keep memory bounded.
+FOLD_INTERVAL = 10.0
+
+BATCHES = Counter("mvsink_write_batches", "StagedBatches sent", ["sink"])
+PARTS = Counter("mvsink_write_parts", "Parts staged", ["sink"])
+CORRECTIONS = Gauge(
+    "mvsink_write_corrections", "Correction rows per partition", ["sink", "partition"]
+)
+DEAD = Counter("mvsink_write_dead_letters", "Desired records quarantined", ["sink"])
+
+
+class WriteShell:
+    """Kafka, S3 and Spark around a `WriteState`."""
+
+    def __init__(self, config: Config, stopping: Stopping) -> None:
+        self.config = config
+        self.stopping = stopping
+        self.writer_id = writer_identity(config, "write")
+        self.shard: Shard = open_shard(config.shard_id, None, config.s3)
+        self.row_schema = (
+            parse_row_schema(config.row_schema) if config.row_schema else self.shard.schema
+        )
+        self.producer = Producer(client_config(config.kafka_bootstrap))
+        self.state = WriteState(config.sink_id, config.partitions, config.read_only)
+        #: Checkpoint version per owned partition (-1: none).
+        self.versions: dict[int, int] = {}
+        self.spark: Any = None
+
+    # -- ownership --------------------------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        consumer.pause(partitions)
+        for tp in partitions:
+            self.versions[tp.partition] = self._latest_checkpoint(tp.partition)
+        self.state.set_owned(frozenset(self.versions))
+        log.info("desired partitions assigned: %s (checkpoints %s)", sorted(self.versions),
+                 self.versions)  # fmt: skip
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        for tp in partitions:
+            self.versions.pop(tp.partition, None)
+        self.state.set_owned(frozenset(self.versions))
+        log.info("desired partitions revoked: %s", sorted(tp.partition for tp in partitions))
+
+    def _latest_checkpoint(self, partition: int) -> int:
+        prefix = f"sinks/{self.config.sink_id}/write/p{partition}/"
+        objects = s3_client(self.config.s3).list_objects(self.config.s3.bucket, prefix=prefix)
+        versions = [int(o.object_name.rsplit("/", 1)[-1].split(".")[0]) for o in objects]
+        return max(versions, default=-1)
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> int:
+        from mvsink.spark import spark_session
+
+        self.spark = spark_session(f"mvsink-write-{self.config.sink_id}", self.config.spark_master)
+        topics = self.config.topics
+        owner = Consumer(consumer_config(
+            self.config.kafka_bootstrap, group_id=f"{self.config.sink_id}.write",
+            extra={"session.timeout.ms": 10000, "heartbeat.interval.ms": 2000},
+        ))  # fmt: skip
+        owner.subscribe([topics.desired], on_assign=self._on_assign, on_revoke=self._on_revoke)
+        follow = [tail_consumer(self.config.kafka_bootstrap, t)
+                  for t in (topics.descs, topics.frontiers, topics.control)]  # fmt: skip
+        next_poll, last_fold = 0.0, time.monotonic()
+        log.info("write %s started as %s, read_only=%s", self.config.sink_id, self.writer_id,
+                 self.state.read_only)  # fmt: skip
+        try:
+            while not self.stopping.stopped:
+                owner.poll(0.05)  # group membership and (re)assignment only
+                for consumer in follow:
+                    self._absorb(consumer)
+                if time.monotonic() >= next_poll:
+                    self.state.advance_persist_frontier(self.shard.upper())
+                    next_poll = time.monotonic() + SHARD_POLL
+                job = None if self.state.read_only else self.state.maybe_start_batch()
+                if job is not None:
+                    self._stage(job)
+                    last_fold = time.monotonic()
+                elif self.state.owned and time.monotonic() - last_fold > FOLD_INTERVAL:
+                    self._fold()
+                    last_fold = time.monotonic()
+        finally:
+            owner.close()
+            for consumer in follow:
+                consumer.close()
+            self.producer.flush(10)
+            self.spark.stop()
+        return 0
+
+    def _absorb(self, consumer: Consumer) -> None:
+        for _ in range(500):
+            message = poll_message(consumer, 0.0)
+            if message is None:
+                return
+            try:
+                record = decode_message(message)
+            except DecodeError as error:
+                log.error("skipping bad record: %s", error)
+                continue
+            match record:
+                case BatchDescription(sink_id=sink) if sink == self.config.sink_id:
+                    self.state.absorb_batch_description(record)
+                case DesiredProgress(sink_id=sink) if sink == self.config.sink_id:
+                    self.state.advance_desired_frontier(record.partition, record.frontier)
+                case ShardUpper(shard_id=shard) if shard == self.config.shard_id:
+                    self.state.advance_persist_frontier(record.upper)
+                case SinkControl(read_only=False) if message.key() == self.config.sink_id.encode():
+                    if self.state.allow_writes():
+                        log.info("write %s promoted: staging allowed", self.config.sink_id)
+
+    # -- jobs -------------------------------------------------------------------------------
+
+    def _specs(self, partitions: tuple[int, ...], job: StageJob | None) -> list[TaskSpec]:
+        c = self.config
+        return [
+            TaskSpec(
+                c.sink_id,
+                c.shard_id,
+                p,
+                c.partitions,
+                c.kafka_bootstrap,
+                c.topics.desired,
+                c.topics.dead_letter,
+                c.s3,
+                self.row_schema,
+                c.as_of,
+                self.writer_id,
+                self.versions.get(p, -1),
+                None if job is None else job.desc.lower,
+                None if job is None else job.desc.upper,
+            )
+            for p in partitions
+        ]
+
+    def _run(self, specs: list[TaskSpec]) -> list[TaskResult]:
+        results: list[TaskResult] = (
+            self.spark.sparkContext.parallelize(specs, len(specs)).map(run_task).collect()
+        )
+        for result in results:
+            if result.stale:
+                log.warning("partition %d was checkpointed by another owner", result.partition)
+                self.versions.pop(result.partition, None)
+            elif result.partition in self.versions:
+                self.versions[result.partition] = result.version
+            CORRECTIONS.labels(self.config.sink_id, str(result.partition)).set(result.corrections)
+            DEAD.labels(self.config.sink_id).inc(result.dead_letters)
+        return results
+
+    def _stage(self, job: StageJob) -> None:
+        started = time.monotonic()
+        results = self._run(self._specs(job.partitions, job))
+        if any(r.outdated for r in results):
+            log.info("%s is outdated (the shard moved on): nothing reported", job.desc)
+            return
+        covered = tuple(r.partition for r in results if not r.stale)
+        parts = tuple(r.part for r in results if not r.stale and r.part is not None)
+        if not covered:
+            return
+        desc = job.desc
+        batch = StagedBatch(desc.id, desc.lower, desc.upper, covered,
+                            tuple(p.to_message() for p in parts), self.writer_id)  # fmt: skip
+        produce(self.producer, self.config.topics.batches, str(desc.append_worker), batch,
+                desc.append_worker)  # fmt: skip
+        self.producer.flush(30)
+        self.state.batch_staged(job, covered)
+        BATCHES.labels(self.config.sink_id).inc()
+        PARTS.labels(self.config.sink_id).inc(len(parts))
+        log.info("staged %s: partitions %s, %d parts, %d updates in %.2fs", desc, list(covered),
+                 len(parts), sum(p.updates for p in parts), time.monotonic() - started)  # fmt: skip
+
+    def _fold(self) -> None:
+        results = self._run(self._specs(tuple(sorted(self.state.owned)), None))
+        log.info("folded partitions %s: corrections %s", [r.partition for r in results],
+                 {r.partition: r.corrections for r in results})  # fmt: skip
+
+
+def run(config: Config, stopping: Stopping) -> int:
+    """Entry point body for `python -m services.write`."""
+    return WriteShell(config, stopping).run()

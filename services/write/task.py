@@ -1,0 +1,258 @@
+"""The write task: what one Spark task does for one desired partition (runs on an executor).
+
+Steps of `run_task`:
+1. load the partition's correction state: the executor's cache if it holds the version the
+   driver expects, else that version's checkpoint in object storage, else empty;
+2. fold in new desired records (Kafka offsets `[folded_offset, end)`, read_committed) as
+   positive updates; quarantine invalid ones to the dead-letter topic;
+3. fold in the shard batches appended since the last fold as negative updates, advance
+   times to `since` = the shard's upper, consolidate;
+4. for a batch description whose lower is the shard's upper: stage the corrections with
+   time `< upper` as one part (none if there are none); written updates stay in the
+   corrections until the read-back cancels them;
+5. checkpoint the state as the next version (conditional create: a second owner loses).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any, cast
+
+import fastavro
+import pyarrow as pa
+import pyarrow.parquet as pq
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from mvsink.codec import decode_message
+from mvsink.config import S3Settings
+from mvsink.errors import DecodeError
+from mvsink.frontier import Frontier, advance
+from mvsink.kafka import client_config, consumer_config, poll_message
+from mvsink.messages import Progress, Updates
+from mvsink.rows import avro_row_schema
+from mvsink.s3 import PreconditionFailed, conditional_put, get_bytes, s3_client
+from mvsink.shard import PartRef, Shard, open_shard
+from mvsink.shard.state import DIFF, ERR, TIME, part_schema
+from services.write.correction import Correction
+
+log = logging.getLogger("mvsink.write.task")
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything a task needs (pickled to the executor)."""
+
+    sink_id: str
+    shard_id: str
+    partition: int
+    partitions: int
+    bootstrap: str
+    desired_topic: str
+    dead_letter_topic: str
+    s3: S3Settings
+    row_schema: pa.Schema
+    as_of: int
+    writer_id: str
+    #: The checkpoint version the driver expects to continue from (-1: none yet).
+    version: int
+    #: The batch to stage, or None to only fold and consolidate (read-only mode).
+    lower: Frontier | None = None
+    upper: Frontier | None = None
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """What a task reports back to the driver."""
+
+    partition: int
+    version: int
+    part: PartRef | None
+    folded_offset: int
+    desired_frontier: Frontier
+    persist_folded: Frontier
+    corrections: int
+    dead_letters: int
+    #: The shard moved past the description's lower: nothing was staged.
+    outdated: bool
+    #: Another owner checkpointed this partition first: this task's work is void.
+    stale: bool
+
+
+@dataclass
+class PartitionState:
+    """The correction state of one partition and how far it has folded its inputs."""
+
+    version: int
+    correction: Correction
+    folded_offset: int
+    desired_frontier: Frontier
+    persist_folded: Frontier
+
+
+_CACHE: dict[tuple[str, int], PartitionState] = {}
+_SHARDS: dict[str, Shard] = {}
+
+
+def checkpoint_key(sink_id: str, partition: int, version: int) -> str:
+    """Object key of a correction checkpoint."""
+    return f"sinks/{sink_id}/write/p{partition}/{version:020d}.parquet"
+
+
+def run_task(spec: TaskSpec) -> TaskResult:
+    """One desired partition's step (see the module docs)."""
+    state = _load(spec)
+    dead = _fold_desired(spec, state)
+    shard = _shard(spec)
+    shard_state = shard.state()
+    if state.persist_folded.less_than(shard_state.upper):
+        # Batches are contiguous and `persist_folded` is a past upper: exactly the new ones.
+        selected = shard.parts_for(spec.partition, state.persist_folded, shard_state.upper,
+                                   spec.partitions, shard_state)  # fmt: skip
+        read = shard.read_parts(selected, [spec.partition], spec.partitions)
+        state.correction.insert_negated(read)
+        state.persist_folded = shard_state.upper
+    state.correction.advance_since(shard_state.upper)
+    state.correction.consolidate()
+    part, outdated = None, False
+    if spec.lower is not None and spec.upper is not None:
+        if shard_state.upper != spec.lower:
+            outdated = True
+        else:
+            updates = state.correction.updates_before(spec.upper)
+            if updates.num_rows:
+                part = shard.stage(updates, spec.lower, spec.upper, spec.writer_id,
+                                   spec.partition, spec.partitions)  # fmt: skip
+    stale = not _checkpoint(spec, state)
+    return TaskResult(spec.partition, state.version, part, state.folded_offset,
+                      state.desired_frontier, state.persist_folded, len(state.correction),
+                      dead, outdated, stale)  # fmt: skip
+
+
+def _shard(spec: TaskSpec) -> Shard:
+    shard = _SHARDS.get(spec.shard_id)
+    if shard is None:
+        shard = _SHARDS[spec.shard_id] = open_shard(spec.shard_id, None, spec.s3)
+    return shard
+
+
+def _load(spec: TaskSpec) -> PartitionState:
+    cached = _CACHE.get((spec.sink_id, spec.partition))
+    if cached is not None and cached.version == spec.version:
+        return cached
+    if spec.version < 0:
+        since = Frontier.at(spec.as_of)
+        return PartitionState(-1, Correction(spec.row_schema, since), 0, Frontier.minimum(),
+                              Frontier.minimum())  # fmt: skip
+    data = get_bytes(s3_client(spec.s3), spec.s3.bucket,
+                     checkpoint_key(spec.sink_id, spec.partition, spec.version))  # fmt: skip
+    table = pq.read_table(io.BytesIO(data))
+    meta = json.loads(table.schema.metadata[b"mvsink.write"])
+    table = table.replace_schema_metadata(None).cast(part_schema(spec.row_schema))
+    since = Frontier.from_elements(meta["since"])
+    return PartitionState(spec.version, Correction(spec.row_schema, since, table),
+                          meta["folded_offset"], Frontier.from_elements(meta["desired_frontier"]),
+                          Frontier.from_elements(meta["persist_folded"]))  # fmt: skip
+
+
+def _checkpoint(spec: TaskSpec, state: PartitionState) -> bool:
+    """Write the next version; whether it is ours (False: another owner wrote it first)."""
+    version = state.version + 1
+    meta = {
+        "since": state.correction.since.elements(),
+        "folded_offset": state.folded_offset,
+        "desired_frontier": state.desired_frontier.elements(),
+        "persist_folded": state.persist_folded.elements(),
+        "writer_id": spec.writer_id,
+    }
+    table = state.correction.consolidate()
+    buf = io.BytesIO()
+    pq.write_table(table.replace_schema_metadata({"mvsink.write": json.dumps(meta)}), buf)
+    client = s3_client(spec.s3)
+    key = checkpoint_key(spec.sink_id, spec.partition, version)
+    if isinstance(conditional_put(client, spec.s3.bucket, key, buf.getvalue()), PreconditionFailed):
+        _CACHE.pop((spec.sink_id, spec.partition), None)
+        return False
+    state.version = version
+    _CACHE[(spec.sink_id, spec.partition)] = state
+    if version >= 2:  # keep the previous version for a driver that has not seen this one
+        client.remove_object(
+            spec.s3.bucket, checkpoint_key(spec.sink_id, spec.partition, version - 2)
+        )
+    return True
+
+
+def _fold_desired(spec: TaskSpec, state: PartitionState) -> int:
+    """Read the partition from `folded_offset` to its end; the number of records quarantined."""
+    consumer = Consumer(consumer_config(spec.bootstrap, extra={"enable.partition.eof": True}))
+    decode_row = _row_decoder(spec.row_schema)
+    dead, rows, errs, times, diffs = 0, [], [], [], []
+    dead_producer: Producer | None = None
+    try:
+        consumer.assign([TopicPartition(spec.desired_topic, spec.partition, state.folded_offset)])
+        done: list[int] = []
+        while not done:
+            message = poll_message(consumer, 1.0, on_eof=done.append)
+            if message is None:
+                continue
+            try:
+                record = decode_message(message, (Updates, Progress))
+                if isinstance(record, Progress):
+                    state.desired_frontier = advance(
+                        state.desired_frontier, record.frontier
+                    ).frontier
+                    continue
+                assert isinstance(record, Updates)
+                decoded = []
+                for update in record.updates:
+                    if not state.desired_frontier.less_equal_time(update.time):
+                        raise DecodeError(f"update at time {update.time} is below the partition's "
+                                          f"progress {state.desired_frontier}")  # fmt: skip
+                    decoded.append((decode_row(update.row) if update.row is not None else None,
+                                    update.err, update.time, update.diff))  # fmt: skip
+            except DecodeError as error:
+                located = error.located(
+                    spec.desired_topic, spec.partition, int(message.offset() or 0)
+                )
+                log.error("quarantining desired record: %s", located)
+                dead_producer = dead_producer or Producer(client_config(spec.bootstrap))
+                dead_producer.produce(spec.dead_letter_topic, key=message.key(), value=message.value(),
+                                      headers=[("mvsink-error", str(located).encode())])  # fmt: skip
+                dead += 1
+                continue
+            for row, err, time_, diff in decoded:
+                rows.append(row or {})
+                errs.append(err)
+                times.append(time_)
+                diffs.append(diff)
+        position = consumer.position([TopicPartition(spec.desired_topic, spec.partition)])[0].offset
+        if position >= 0:
+            state.folded_offset = position
+    finally:
+        consumer.close()
+        if dead_producer is not None:
+            dead_producer.flush(30)
+    if rows:
+        nullable = pa.schema([f.with_nullable(True) for f in spec.row_schema])  # error rows
+        table = pa.Table.from_pylist(rows, schema=nullable)
+        table = table.append_column(TIME, pa.array(times, pa.int64()))
+        table = table.append_column(DIFF, pa.array(diffs, pa.int64()))
+        table = table.append_column(ERR, pa.array(errs, pa.string()))
+        state.correction.insert(table.cast(part_schema(spec.row_schema)))
+    return dead
+
+
+def _row_decoder(schema: pa.Schema) -> Any:
+    parsed = fastavro.parse_schema(avro_row_schema(schema), named_schemas={})
+
+    def decode(data: bytes) -> dict[str, Any]:
+        try:
+            return cast(dict[str, Any], fastavro.schemaless_reader(io.BytesIO(data), parsed, None))
+        except Exception as error:  # corrupt row bytes in an otherwise valid record
+            raise DecodeError(
+                f"row is not valid Avro for the sink's row schema: {error!r}"
+            ) from error
+
+    return decode
