@@ -119,7 +119,7 @@ def _open_shard(args: argparse.Namespace) -> Shard:
     from mvsink.shard import open_shard
 
     config = load_config(args.config)
-    return open_shard(args.shard or config.shard_id, None, config.s3)
+    return open_shard(args.shard or config.shard_id, None, config.s3, config.shard_timing())
 
 
 def cmd_shard_show(args: argparse.Namespace) -> int:

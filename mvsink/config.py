@@ -22,9 +22,12 @@ import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mvsink.errors import ConfigError
+
+if TYPE_CHECKING:
+    from mvsink.shard import Timing
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
@@ -123,6 +126,16 @@ class Config:
     log_level: str = "INFO"
     #: Identity of this process in part keys and logs; "" = `<host>-<pid>`.
     writer_id: str = ""
+    #: The shard's deletion-safety time bounds (`mvsink.shard.Timing`), in seconds.
+    shard_max_attempt_age: float = 30.0
+    shard_max_part_age: float = 600.0
+    shard_min_grace: float = 900.0
+
+    def shard_timing(self) -> Timing:
+        """The shard library's `Timing` of this configuration."""
+        from mvsink.shard import Timing
+
+        return Timing(self.shard_max_attempt_age, self.shard_max_part_age, self.shard_min_grace)
 
     def __post_init__(self) -> None:
         for name in ("sink_id", "shard_id"):
@@ -143,6 +156,12 @@ class Config:
             raise ConfigError(f"metrics_port {self.metrics_port} is not a TCP port")
         if self.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
             raise ConfigError(f"log_level {self.log_level!r}: use DEBUG, INFO, WARNING or ERROR")
+        from mvsink.errors import ContractError
+
+        try:
+            self.shard_timing()
+        except ContractError as error:
+            raise ConfigError(f"shard timing: {error}") from error
         if self.row_schema:
             from mvsink.rows import parse_row_schema
 
@@ -200,6 +219,11 @@ FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec("metrics_port", "service", "metrics_port", "MVSINK_METRICS_PORT", _int),
     FieldSpec("log_level", "service", "log_level", "MVSINK_LOG_LEVEL", str),
     FieldSpec("writer_id", "service", "writer_id", "MVSINK_WRITER_ID", str),
+    FieldSpec(
+        "shard_max_attempt_age", "shard", "max_attempt_age", "MVSINK_SHARD_MAX_ATTEMPT_AGE", float
+    ),
+    FieldSpec("shard_max_part_age", "shard", "max_part_age", "MVSINK_SHARD_MAX_PART_AGE", float),
+    FieldSpec("shard_min_grace", "shard", "min_grace", "MVSINK_SHARD_MIN_GRACE", float),
 )
 
 DEFAULTS: Mapping[str, Any] = {
@@ -223,6 +247,9 @@ DEFAULTS: Mapping[str, Any] = {
     "metrics_port": 0,
     "log_level": "INFO",
     "writer_id": "",
+    "shard_max_attempt_age": 30.0,
+    "shard_max_part_age": 600.0,
+    "shard_min_grace": 900.0,
 }
 
 
@@ -320,4 +347,7 @@ def _build(values: Mapping[str, Any]) -> Config:
         metrics_port=values["metrics_port"],
         log_level=values["log_level"],
         writer_id=values["writer_id"],
+        shard_max_attempt_age=values["shard_max_attempt_age"],
+        shard_max_part_age=values["shard_max_part_age"],
+        shard_min_grace=values["shard_min_grace"],
     )

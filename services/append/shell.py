@@ -49,7 +49,7 @@ class AppendShell:
     def __init__(self, config: Config, stopping: Stopping) -> None:
         self.config = config
         self.stopping = stopping
-        self.shard: Shard = open_shard(config.shard_id, None, config.s3)
+        self.shard: Shard = open_shard(config.shard_id, None, config.s3, config.shard_timing())
         self.producer = Producer(client_config(config.kafka_bootstrap))
         self.states: dict[int, AppendState] = {}
         #: Per owned partition: the offset of the first batch stashed for the current lower.

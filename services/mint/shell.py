@@ -53,7 +53,7 @@ class MintShell:
     def __init__(self, config: Config, stopping: Stopping) -> None:
         self.config = config
         self.stopping = stopping
-        self.shard: Shard = open_shard(config.shard_id, None, config.s3)
+        self.shard: Shard = open_shard(config.shard_id, None, config.s3, config.shard_timing())
         self.producer = Producer(client_config(config.kafka_bootstrap, **{
             "transactional.id": f"mint.{config.sink_id}", "enable.idempotence": True}))  # fmt: skip
         self.state = MintState(

@@ -47,7 +47,7 @@ class WriteShell:
         self.config = config
         self.stopping = stopping
         self.writer_id = writer_identity(config, "write")
-        self.shard: Shard = open_shard(config.shard_id, None, config.s3)
+        self.shard: Shard = open_shard(config.shard_id, None, config.s3, config.shard_timing())
         self.row_schema = (
             parse_row_schema(config.row_schema) if config.row_schema else self.shard.schema
         )

@@ -53,15 +53,19 @@ class Sink:
 
     @classmethod
     def create(cls, bootstrap: str, s3: S3Settings, logs: Path, partitions: int = 2,
-               workers: int = 2) -> Sink:  # fmt: skip
+               workers: int = 2, shard_id: str | None = None,
+               frontiers: str | None = None) -> Sink:  # fmt: skip
+        """A new sink; `shard_id`/`frontiers` to share them with another replica."""
         sink_id = f"sink-{uuid.uuid4().hex[:8]}"
+        frontiers = frontiers or f"{sink_id}.frontiers"
         config = Config(
-            sink_id=sink_id, shard_id=sink_id, partitions=partitions, append_workers=workers,
-            as_of=0, read_only=False, topics=Topics.for_sink(sink_id, f"{sink_id}.frontiers"),
+            sink_id=sink_id, shard_id=shard_id or sink_id, partitions=partitions,
+            append_workers=workers, as_of=0, read_only=False,
+            topics=Topics.for_sink(sink_id, frontiers),
             kafka_bootstrap=bootstrap, s3=s3, spark_master="local[*]", row_schema=ROW_SCHEMA,
         )  # fmt: skip
         provision(config)
-        return cls(config, open_shard(sink_id, None, s3), logs)
+        return cls(config, open_shard(config.shard_id, None, s3), logs)
 
     def env(self, **extra: str) -> dict[str, str]:
         """The environment of a service process of this sink."""

@@ -3,6 +3,8 @@ against real Kafka, MinIO and Spark."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -54,28 +56,104 @@ def contents(sink: Sink, as_of: int) -> dict[tuple[str, int], int]:
     return {(r["k"], r["v"]): r["_diff"] for r in sink.shard.snapshot(as_of).to_pylist()}
 
 
+class Upstream:
+    """A view's changelog: per tick, half the keys change value (retraction + insertion)."""
+
+    def __init__(self, sink: Sink, keys: int = 6) -> None:
+        self.producer = DesiredProducer(sink.config, parse_row_schema(sink.config.row_schema),
+                                        f"test-{uuid.uuid4().hex[:6]}")  # fmt: skip
+        self.frontier = self.producer.start().time or 0
+        self.model: Counter[tuple[str, int]] = Counter()
+        self.values = {f"c{i}": 0 for i in range(keys)}
+
+    def tick(self) -> int:
+        """Publish one tick's changes and advance; the new frontier."""
+        tick = self.frontier
+        changes = []
+        for i, key in enumerate(self.values):
+            if (i + tick) % 2:
+                if self.values[key]:
+                    changes.append((key, self.values[key], tick, -1))  # retraction
+                self.values[key] += tick + 1
+                changes.append((key, self.values[key], tick, 1))  # insertion
+        self.producer.send(updates(changes))
+        self.frontier = tick + 1
+        self.producer.advance_to(F(self.frontier))
+        for k, v, _, d in changes:
+            self.model[(k, v)] += d
+        return self.frontier
+
+    def expected(self) -> dict[tuple[str, int], int]:
+        return {key: d for key, d in self.model.items() if d}
+
+
+def converged(sink: Sink, upstream: Upstream) -> bool:
+    upper = sink.shard.upper()
+    return (
+        upper == F(upstream.frontier) and contents(sink, upstream.frontier) == upstream.expected()
+    )
+
+
 def test_a_changelog_with_retractions_converges(sink: Sink, procs: list[Service]) -> None:
     for name in ("mint", "write", "append"):
         start(procs, sink, name)
-    producer = DesiredProducer(sink.config, parse_row_schema(sink.config.row_schema),
-                               f"test-{uuid.uuid4().hex[:6]}")  # fmt: skip
-    producer.start()
-    model: Counter[tuple[str, int]] = Counter()
-    counts = {f"c{i}": 0 for i in range(6)}
-    for tick in range(1, 6):
-        changes = []
-        for i, key in enumerate(counts):
-            if (i + tick) % 2:
-                if counts[key]:
-                    changes.append((key, counts[key], tick, -1))  # retraction
-                counts[key] += tick
-                changes.append((key, counts[key], tick, 1))  # insertion
-        producer.send(updates(changes))
-        producer.advance_to(F(tick + 1))
-        for k, v, _, d in changes:
-            model[(k, v)] += d
-    final = 6
-    wait_until(lambda: sink.shard.upper() == F(final), 180, f"shard upper {{{final}}}")
-    expected = {key: d for key, d in model.items() if d}
-    assert contents(sink, final) == expected
-    assert all(d == 1 for d in expected.values())
+    upstream = Upstream(sink)
+    for _ in range(5):
+        upstream.tick()
+    wait_until(lambda: sink.shard.upper() == F(upstream.frontier), 180, "the final upper")
+    assert contents(sink, upstream.frontier) == upstream.expected()
+    assert all(d == 1 for d in upstream.expected().values())
+
+
+def test_a_foreign_writers_junk_is_corrected(sink: Sink, procs: list[Service]) -> None:
+    for name in ("mint", "write", "append"):
+        start(procs, sink, name)
+    upstream = Upstream(sink)
+    upstream.tick()
+    wait_until(lambda: converged(sink, upstream), 120, "convergence")
+    upper = sink.shard.upper().time or 0
+    junk = updates(
+        [("junk", 1, upper, 1), ("c0", 999, upper, 3), ("c1", upstream.values["c1"], upper, -1)]
+    )
+    shard = sink.shard
+    part = shard.stage(junk, F(upper), F(upper + 1), "foreign")  # no partition recorded
+    assert shard.compare_and_append([part], F(upper), F(upper + 1)).__class__.__name__ == "Appended"
+    assert contents(sink, upper + 1) != upstream.expected()
+    upstream.frontier = upper + 1
+    upstream.tick()
+    wait_until(lambda: converged(sink, upstream), 120, "the junk to be corrected")
+
+
+def test_a_read_only_sink_writes_nothing_until_promoted(sink: Sink, procs: list[Service]) -> None:
+    for name in ("mint", "write", "append"):
+        start(procs, sink, name, MVSINK_READ_ONLY="true")
+    upstream = Upstream(sink)
+    for _ in range(3):
+        upstream.tick()
+    write = procs[1]
+    wait_until(lambda: "folded partitions" in write.text(), 120, "a read-only fold")
+    assert sink.shard.state().seqno == 0 and sink.descs() == []
+    promote = subprocess.run([sys.executable, "-m", "mvsink.cli", "promote", sink.config.sink_id],
+                             env=sink.env(), capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert promote.returncode == 0, promote.stderr
+    wait_until(lambda: converged(sink, upstream), 120, "convergence after promotion")
+
+
+def test_two_complete_replicas_racing_on_one_shard(
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, procs: list[Service]
+) -> None:
+    first = Sink.create(kafka_bootstrap, s3_settings, tmp_path / "a")
+    second = Sink.create(kafka_bootstrap, s3_settings, tmp_path / "b",
+                         shard_id=first.config.shard_id, frontiers=first.config.topics.frontiers)  # fmt: skip
+    for replica in (first, second):
+        for name in ("mint", "write", "append"):
+            start(procs, replica, name, f"-{replica.config.sink_id}")
+    upstreams = [Upstream(first), Upstream(second)]
+    for _ in range(5):
+        for upstream in upstreams:
+            upstream.tick()
+    assert upstreams[0].expected() == upstreams[1].expected()
+    wait_until(lambda: converged(first, upstreams[0]), 180, "convergence of the shared shard")
+    appenders = [p for p in procs if p.name == "append"]
+    wins = [p.text().count("appended ") for p in appenders]
+    print(f"appends won per replica: {wins}")
