@@ -6,8 +6,8 @@
     mvsink promote SINK               switch a read-only sink replica to writing
     mvsink inspect TOPIC [-f]         decode and print any of mvsink's topics
     mvsink provision                  create the configured sink's topics, bucket, shard
-    mvsink demo                       stack up, provision, smoke demo of every topic and of
-                                      the conditional writes
+    mvsink demo                       stack up, then the whole pipeline on a demo view
+    mvsink smoke                      stack up, one record of each contract, conditional writes
 
 Every command reads the configuration of `mvsink.config` (`--config FILE`, `MVSINK_*`, and the
 running embedded stack). Errors are printed as one clear line and exit with status 2.
@@ -102,6 +102,17 @@ def cmd_provision(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from mvsink.demo import run_demo
+
+    if not args.no_stack:
+        _stack().up(timeout=args.timeout)
+    config = load_config(args.config)
+    _provision(config)
+    run_demo(config, say, ticks=args.ticks, orders=args.orders)
+    return 0
+
+
+def cmd_smoke(args: argparse.Namespace) -> int:
     from mvsink.smoke import run_smoke
 
     _stack().up(timeout=args.timeout)
@@ -271,9 +282,15 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("provision", help="create the sink's topics and bucket").set_defaults(
         func=cmd_provision
     )
-    demo = commands.add_parser("demo", help="stack up + smoke demo of every topic and of CAS")
+    demo = commands.add_parser("demo", help="stack up + the whole pipeline on a demo view")
     demo.add_argument("--timeout", type=float, default=180.0)
+    demo.add_argument("--ticks", type=int, default=8, help="ticks of the view job")
+    demo.add_argument("--orders", type=int, default=200, help="order events per tick")
+    demo.add_argument("--no-stack", action="store_true", help="use configured endpoints")
     demo.set_defaults(func=cmd_demo)
+    smoke = commands.add_parser("smoke", help="stack up + one record of each contract + CAS")
+    smoke.add_argument("--timeout", type=float, default=180.0)
+    smoke.set_defaults(func=cmd_smoke)
     return parser
 
 

@@ -46,7 +46,7 @@ def test_cli_stack_up_status_env_demo_down(tmp_path: Path) -> None:
             "SECRET_KEY_FILE=", ""
         )
 
-        demo = _mvsink(["demo"], env)
+        demo = _mvsink(["smoke"], env)
         assert demo.returncode == 0, demo.stderr
         assert "smoke demo OK" in demo.stderr
     finally:

@@ -1,0 +1,239 @@
+"""`mvsink demo`: the whole pipeline on the running stack.
+
+1. provision a fresh demo sink (`demo-<run>`: topics, bucket, shard with the view's schema);
+2. start `mint`, `write` (Spark) and `append` as processes;
+3. run the view job: random order events per tick into `<sink>.orders`; a PySpark job reads
+   each tick's events back and maintains per-customer order count and total, publishing the
+   changes (retraction of the old row, insertion of the new) through the desired producer;
+4. show progress while the shard converges, then the shard's contents at its upper next to
+   the view computed directly by Spark over every event (they must match);
+5. append junk to the shard as a foreign writer and show the sink correcting it.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from confluent_kafka import Producer
+
+from mvsink.config import Config, Topics
+from mvsink.errors import MvsinkError
+from mvsink.frontier import Frontier
+from mvsink.kafka import TopicSpec, client_config, ensure_topics, poll_message, tail_consumer
+from mvsink.producer import DesiredProducer
+from mvsink.provision import provision
+from mvsink.rows import parse_row_schema
+from mvsink.shard import Appended, Shard, open_shard
+
+ROW_SCHEMA = "customer string not null, orders long, total double"
+KEYS = ["customer"]
+Say = Callable[[str], None]
+
+
+class ViewJob:
+    """Per-customer order count and total over the order events, maintained tick by tick in
+    Spark and published as desired updates."""
+
+    def __init__(self, config: Config, spark: Any, say: Say, customers: int = 40) -> None:
+        self.config, self.spark, self.say = config, spark, say
+        self.orders_topic = f"{config.sink_id}.orders"
+        ensure_topics(config.kafka_bootstrap, [TopicSpec(self.orders_topic, 1)])
+        self.events = Producer(client_config(config.kafka_bootstrap))
+        self.reader = tail_consumer(config.kafka_bootstrap, self.orders_topic, [0])
+        self.desired = DesiredProducer(
+            config, parse_row_schema(ROW_SCHEMA), f"view.{config.sink_id}"
+        )
+        self.frontier = self.desired.start().time or 0
+        self.customers = [f"customer-{i:03d}" for i in range(customers)]
+        #: customer -> (orders, total in cents)
+        self.state: dict[str, tuple[int, int]] = {}
+        self.rng = random.Random(7)
+
+    def emit_orders(self, tick: int, count: int) -> None:
+        """The input: `count` random order events of this tick."""
+        for _ in range(count):
+            customer = self.rng.choice(self.customers)
+            amount = self.rng.randint(100, 10000)  # cents: sums are exact
+            self.events.produce(self.orders_topic, f"{tick},{customer},{amount}".encode(),
+                                key=customer.encode())  # fmt: skip
+        self.events.flush(30)
+
+    def _read_tick(self, tick: int, count: int) -> pa.Table:
+        rows: list[tuple[str, int]] = []
+        deadline = time.monotonic() + 30
+        while len(rows) < count:
+            if time.monotonic() > deadline:
+                raise MvsinkError(f"tick {tick}: read {len(rows)} of {count} order events")
+            message = poll_message(self.reader, 0.2)
+            if message is not None:
+                _, customer, amount = (message.value() or b"").decode().split(",")
+                rows.append((customer, int(amount)))
+        return pa.table({"customer": [r[0] for r in rows], "amount": [r[1] for r in rows]})
+
+    def tick(self, orders: int) -> int:
+        """One tick: events in, view maintained in Spark, changes out; the new frontier."""
+        tick = self.frontier
+        self.emit_orders(tick, orders)
+        events = self.spark.createDataFrame(self._read_tick(tick, orders).to_pandas())
+        from pyspark.sql import functions as F
+
+        deltas = events.groupBy("customer").agg(F.count("*").alias("n"), F.sum("amount").alias("s"))
+        changes: list[tuple[str, int, float, int, int]] = []
+        for row in deltas.collect():
+            old = self.state.get(row["customer"])
+            if old is not None:
+                changes.append((row["customer"], old[0], old[1] / 100, tick, -1))
+            new = ((old or (0, 0))[0] + row["n"], (old or (0, 0))[1] + row["s"])
+            self.state[row["customer"]] = new
+            changes.append((row["customer"], new[0], new[1] / 100, tick, 1))
+        self.desired.send(pa.table({
+            "customer": [c[0] for c in changes], "orders": [c[1] for c in changes],
+            "total": [c[2] for c in changes], "_time": [c[3] for c in changes],
+            "_diff": [c[4] for c in changes],
+        }))  # fmt: skip
+        self.frontier = tick + 1
+        self.desired.advance_to(Frontier.at(self.frontier))
+        return len({c[0] for c in changes})
+
+    def direct_view(self) -> dict[str, tuple[int, float]]:
+        """The view computed from scratch by Spark over every event in the input topic."""
+        consumer = tail_consumer(self.config.kafka_bootstrap, self.orders_topic, [0])
+        rows = []
+        idle = time.monotonic()
+        while time.monotonic() - idle < 2.0:
+            message = poll_message(consumer, 0.2)
+            if message is not None:
+                idle = time.monotonic()
+                _, customer, amount = (message.value() or b"").decode().split(",")
+                rows.append((customer, int(amount)))
+        consumer.close()
+        from pyspark.sql import functions as F
+
+        frame = self.spark.createDataFrame(rows, "customer string, amount long")
+        agg = frame.groupBy("customer").agg(
+            F.count("*").alias("orders"), F.sum("amount").alias("total")
+        )
+        return {r["customer"]: (r["orders"], r["total"] / 100) for r in agg.collect()}
+
+
+def shard_view(shard: Shard, as_of: int) -> dict[str, tuple[int, float]]:
+    """The shard's contents at `as_of`, as customer -> (orders, total); a row whose diff is
+    not 1 (a duplicate, or junk) is reported as such."""
+    table = shard.snapshot(as_of)
+    view: dict[str, tuple[int, float]] = {}
+    for row in table.to_pylist():
+        key = row["customer"] if row["_diff"] == 1 else f"{row['customer']} (diff {row['_diff']})"
+        while key in view:  # a second row for one customer: junk or a duplicate
+            key += " (again)"
+        view[key] = (row["orders"], row["total"])
+    return view
+
+
+def _start_services(config: Config, logs: Path) -> list[subprocess.Popen[bytes]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MVSINK_S3_")}
+    env.update({
+        "MVSINK_SINK_ID": config.sink_id, "MVSINK_SHARD_ID": config.shard_id,
+        "MVSINK_PARTITIONS": str(config.partitions),
+        "MVSINK_APPEND_WORKERS": str(config.append_workers),
+        "MVSINK_FRONTIERS_TOPIC": config.topics.frontiers,
+        "MVSINK_KAFKA_BOOTSTRAP": config.kafka_bootstrap, "MVSINK_S3_ENDPOINT": config.s3.endpoint,
+        "MVSINK_S3_BUCKET": config.s3.bucket, "MVSINK_S3_ACCESS_KEY": config.s3.access_key.reveal(),
+        "MVSINK_S3_SECRET_KEY": config.s3.secret_key.reveal(), "MVSINK_ROW_SCHEMA": ROW_SCHEMA,
+    })  # fmt: skip
+    logs.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for name in ("mint", "write", "append"):
+        with (logs / f"{name}.log").open("ab") as out:
+            procs.append(subprocess.Popen([sys.executable, "-m", f"services.{name}"], env=env,
+                                          stdout=out, stderr=subprocess.STDOUT))  # fmt: skip
+    return procs
+
+
+def _compare(say: Say, shard: dict[str, tuple[int, float]], view: dict[str, tuple[int, float]],
+             show: int = 8) -> int:  # fmt: skip
+    """Print the two side by side; the number of customers that differ."""
+    keys = sorted(set(shard) | set(view))
+    differ = [k for k in keys if shard.get(k) != view.get(k)]
+    say(f"  {'customer':<28} {'shard (orders, total)':>24}   {'view by Spark':>22}")
+    for key in (differ + [k for k in keys if k not in differ])[:show]:
+        mark = "" if shard.get(key) == view.get(key) else "   <-- differs"
+        say(f"  {key:<28} {shard.get(key)!s:>24}   {view.get(key)!s:>22}{mark}")
+    say(f"  ... {len(keys) - len(differ)}/{len(keys)} customers match")
+    return len(differ)
+
+
+def _wait_upper(shard: Shard, frontier: int, say: Say, timeout: float = 240) -> None:
+    deadline, last = time.monotonic() + timeout, None
+    while (upper := shard.upper()) != Frontier.at(frontier):
+        if upper != last:
+            say(f"  shard upper {upper}, waiting for {{{frontier}}} ...")
+            last = upper
+        if time.monotonic() > deadline:
+            raise MvsinkError(
+                f"the shard did not reach {{{frontier}}} in {timeout}s (upper {upper})"
+            )
+        time.sleep(0.5)
+
+
+def run_demo(config: Config, say: Say, ticks: int = 8, orders: int = 200) -> None:
+    """See the module docs. Raises `MvsinkError` if the shard does not end up equal to the view."""
+    from mvsink.spark import spark_session
+
+    run = f"demo-{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:4]}"
+    config = replace(config, sink_id=run, shard_id=run, row_schema=ROW_SCHEMA,
+                     topics=Topics.for_sink(run, config.topics.frontiers))  # fmt: skip
+    say(
+        f"sink {run}: P={config.partitions} desired partitions, A={config.append_workers} append workers"
+    )
+    provision(config)
+    shard = open_shard(config.shard_id, None, config.s3)
+    logs = Path(os.environ.get("MVSINK_STATE_DIR", ".mvsink")) / "demo" / run
+    procs = _start_services(config, logs)
+    say(f"started mint, write (Spark), append; logs in {logs}")
+    spark = spark_session(f"mvsink-view-{run}")
+    try:
+        view = ViewJob(config, spark, say)
+        for _ in range(ticks):
+            changed = view.tick(orders)
+            say(f"tick {view.frontier - 1}: {orders} orders, {changed} customers changed; "
+                f"desired at {{{view.frontier}}}, shard upper {shard.upper()}")  # fmt: skip
+        _wait_upper(shard, view.frontier, say)
+        say(f"shard at its upper {{{view.frontier}}} next to the view computed directly by Spark:")
+        if _compare(say, shard_view(shard, view.frontier), view.direct_view()):
+            raise MvsinkError("the shard does not equal the view")
+        upper = view.frontier
+        junk = pa.table({"customer": ["customer-000", "mallory"], "orders": [999, 1],
+                         "total": [0.0, 1e6], "_time": [upper, upper], "_diff": [1, 1]})  # fmt: skip
+        part = shard.stage(junk, Frontier.at(upper), Frontier.at(upper + 1), "foreign-writer")
+        result = shard.compare_and_append([part], Frontier.at(upper), Frontier.at(upper + 1))
+        if not isinstance(result, Appended):
+            raise MvsinkError(f"the foreign append lost a race: {result}")
+        say(f"a foreign writer appended junk at {{{upper}}}: the shard now differs from the view:")
+        _compare(say, shard_view(shard, upper + 1), view.direct_view(), show=4)
+        view.frontier = upper + 1
+        view.tick(orders)
+        _wait_upper(shard, view.frontier, say)
+        say(f"after one more tick the sink has corrected the shard (upper {{{view.frontier}}}):")
+        if _compare(say, shard_view(shard, view.frontier), view.direct_view(), show=4):
+            raise MvsinkError("the sink did not correct the foreign write")
+        say(f"demo OK: shard == view; shard state seqno {shard.state().seqno}, "
+            f"{len(shard.state().parts())} parts")  # fmt: skip
+    finally:
+        spark.stop()
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
