@@ -3,6 +3,7 @@
     mvsink stack up|down|status|env   the embedded Kafka + MinIO on loopback
     mvsink shard show|snapshot|sweep  inspect and maintain a shard
     mvsink bench shard                shard library vs raw S3 on the same bytes
+    mvsink desired send|advance       publish desired updates and progress (upstream side)
     mvsink promote SINK               switch a read-only sink replica to writing
     mvsink inspect TOPIC [-f]         decode and print any of mvsink's topics
     mvsink provision                  create the configured sink's topics, bucket, shard
@@ -22,14 +23,17 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mvsink.config import Config, Topics, cache_dir, load_config, state_dir
 from mvsink.errors import MvsinkError
+from mvsink.frontier import Frontier
 from mvsink.stack.manager import Stack
 from mvsink.stack.state import stack_home
 
 if TYPE_CHECKING:
+    from mvsink.producer import DesiredProducer
     from mvsink.shard import Shard
 
 
@@ -223,6 +227,42 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _desired_producer(args: argparse.Namespace) -> DesiredProducer:
+    from mvsink.producer import DesiredProducer
+    from mvsink.rows import parse_row_schema
+    from mvsink.shard import open_shard
+
+    config = load_config(args.config)
+    schema = (parse_row_schema(config.row_schema) if config.row_schema
+              else open_shard(config.shard_id, None, config.s3).schema)  # fmt: skip
+    producer = DesiredProducer(config, schema, args.producer_id or f"cli.{config.sink_id}")
+    producer.start()
+    return producer
+
+
+def cmd_desired_send(args: argparse.Namespace) -> int:
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    path = Path(args.file)
+    table = pq.read_table(path) if path.suffix == ".parquet" else pacsv.read_csv(path)
+    producer = _desired_producer(args)
+    sent = producer.send(table)
+    if args.advance_to is not None:
+        producer.advance_to(Frontier.at(args.advance_to))
+    else:
+        producer.advance_to(producer.frontier)  # commit at the unchanged frontier
+    say(f"sent {sent} updates to {producer.config.topics.desired}; frontier {producer.frontier}")
+    return 0
+
+
+def cmd_desired_advance(args: argparse.Namespace) -> int:
+    producer = _desired_producer(args)
+    producer.advance_to(Frontier.at(args.to))
+    say(f"sink {producer.config.sink_id}: desired frontier {producer.frontier}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used by tests to check compose commands are real)."""
     parser = argparse.ArgumentParser(prog="mvsink", description=__doc__.split("\n\n")[0])
@@ -269,6 +309,19 @@ def build_parser() -> argparse.ArgumentParser:
     bench_shard.add_argument("--appends", type=int, default=200)
     bench_shard.add_argument("--no-stack", action="store_true", help="use configured endpoints")
     bench_shard.set_defaults(func=cmd_bench_shard)
+
+    desired = commands.add_parser("desired", help="publish desired updates and progress")
+    desired.add_argument("--producer-id", help="transactional id (default cli.<sink>)")
+    desired_commands = desired.add_subparsers(
+        dest="desired_command", required=True, metavar="ACTION"
+    )
+    send = desired_commands.add_parser("send", help="send (row..., _time, _diff) from a file")
+    send.add_argument("file", help=".parquet or .csv with the row columns, _time, _diff[, _err]")
+    send.add_argument("--advance-to", type=int, help="then advance the frontier to this time")
+    send.set_defaults(func=cmd_desired_send)
+    advance_cmd = desired_commands.add_parser("advance", help="advance the desired frontier")
+    advance_cmd.add_argument("--to", type=int, required=True)
+    advance_cmd.set_defaults(func=cmd_desired_advance)
 
     promote = commands.add_parser("promote", help="switch a read-only sink to writing")
     promote.add_argument("sink", help="sink id")

@@ -15,12 +15,15 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from confluent_kafka import Producer
 from sinkkit import Service, Sink, wait_until
 
 from mvsink.config import S3Settings
 from mvsink.frontier import Frontier
+from mvsink.kafka import client_config, poll_message, produce, tail_consumer
+from mvsink.messages import Update, Updates
 from mvsink.producer import DesiredProducer
-from mvsink.rows import parse_row_schema
+from mvsink.rows import parse_row_schema, row_encoder
 from mvsink.shard import Timing, open_shard
 
 pytestmark = pytest.mark.integration
@@ -238,3 +241,41 @@ def test_the_demo_converges_and_corrects_a_foreign_write(
     assert "40/40 customers match" in demo.stderr
     assert "40/42 customers match" in demo.stderr  # the junk was visible before the correction
     assert "demo OK" in demo.stderr
+
+
+def test_invalid_desired_records_are_quarantined_and_never_reach_the_shard(
+    sink: Sink, procs: list[Service]
+) -> None:
+    for name in ("mint", "write", "append"):
+        start(procs, sink, name)
+    upstream = Upstream(sink)
+    upstream.tick()
+    bad = Producer(client_config(sink.config.kafka_bootstrap))
+    bad.produce(sink.config.topics.desired, key=b"x", value=b"\x00garbage", partition=0)
+    below = Updates(
+        (
+            Update.ok(
+                row_encoder(parse_row_schema(sink.config.row_schema))({"k": "late", "v": 1}), 0, 1
+            ),
+        )
+    )  # time 0 is below the partition's progress {1}
+    produce(bad, sink.config.topics.desired, "x", below, partition=0)
+    assert bad.flush(30) == 0
+    upstream.tick()
+    wait_until(lambda: converged(sink, upstream), 120, "convergence past the bad records")
+    write = procs[1]
+    wait_until(lambda: write.text().count("quarantining desired record") >= 2, 60, "the reports")
+    assert f"topic={sink.config.topics.desired} partition=0" in write.text()
+    assert "below the partition's progress" in write.text()
+    consumer = tail_consumer(sink.config.kafka_bootstrap, sink.config.topics.dead_letter, [0])
+    quarantined: list[bytes | None] = []
+
+    def both_arrived() -> bool:
+        message = poll_message(consumer, 0.5)
+        if message is not None:
+            quarantined.append(message.value())
+        return len(quarantined) >= 2
+
+    wait_until(both_arrived, 30, "two dead letters")
+    consumer.close()
+    assert ("late", 1) not in contents(sink, upstream.frontier)

@@ -1,0 +1,131 @@
+"""The desired producer against a real broker: partitioning by the encoded row, in-band and
+out-of-band progress in one transaction, refusal of updates below the frontier, restarts and
+fencing, the PySpark helper and the CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from confluent_kafka import KafkaException
+from sinkkit import Sink
+
+from mvsink.codec import decode_message
+from mvsink.config import S3Settings
+from mvsink.errors import ContractError
+from mvsink.frontier import Frontier
+from mvsink.kafka import poll_message, read_compacted, tail_consumer
+from mvsink.messages import DesiredProgress, Progress, Updates
+from mvsink.producer import DesiredProducer, publish_dataframe
+from mvsink.rows import parse_row_schema, partition_of, row_encoder
+
+pytestmark = pytest.mark.integration
+F = Frontier.at
+
+
+@pytest.fixture
+def sink(kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path) -> Sink:
+    return Sink.create(kafka_bootstrap, s3_settings, tmp_path, partitions=3)
+
+
+def producer_for(sink: Sink, name: str | None = None) -> DesiredProducer:
+    producer = DesiredProducer(sink.config, parse_row_schema(sink.config.row_schema),
+                               name or f"t-{uuid.uuid4().hex[:6]}", chunk=4)  # fmt: skip
+    producer.start()
+    return producer
+
+
+def table(rows: list[tuple[str, int, int, int]]) -> pa.Table:
+    return pa.table({"k": [r[0] for r in rows], "v": [r[1] for r in rows],
+                     "_time": [r[2] for r in rows], "_diff": [r[3] for r in rows]})  # fmt: skip
+
+
+def read_desired(sink: Sink) -> list[tuple[int, Any]]:
+    consumer = tail_consumer(sink.config.kafka_bootstrap, sink.config.topics.desired)
+    seen: list[tuple[int, Any]] = []
+    idle = 0
+    while idle < 8:
+        message = poll_message(consumer, 0.25)
+        if message is None:
+            idle += 1
+            continue
+        idle = 0
+        seen.append((int(message.partition() or 0), decode_message(message)))
+    consumer.close()
+    return seen
+
+
+def test_updates_land_on_their_rows_partition_with_progress(sink: Sink) -> None:
+    producer = producer_for(sink)
+    rows = [(f"k{i}", i, 0, 1) for i in range(20)]
+    assert producer.send(table([*rows, ("zero", 0, 0, 0)])) == 20  # zero diffs are dropped
+    producer.advance_to(F(1))
+    encode = row_encoder(parse_row_schema(sink.config.row_schema))
+    records = read_desired(sink)
+    for partition, record in records:
+        if isinstance(record, Updates):
+            assert len(record.updates) <= 4  # chunked
+            for update in record.updates:
+                assert update.row is not None and partition_of(update.row, 3) == partition
+    sent = [u for _, r in records if isinstance(r, Updates) for u in r.updates]
+    assert sorted(u.row for u in sent) == sorted(encode({"k": k, "v": v}) for k, v, _, _ in rows)
+    progress = {p for p, r in records if isinstance(r, Progress) and r.frontier == F(1)}
+    assert progress == {0, 1, 2}  # in-band on every partition, after the updates
+    latest = read_compacted(sink.config.kafka_bootstrap, sink.config.topics.frontiers)
+    assert all(latest[f"desired:{sink.config.sink_id}:{p}"] == DesiredProgress(sink.config.sink_id, p, F(1))
+               for p in range(3))  # fmt: skip
+
+
+def test_updates_below_the_frontier_are_refused(sink: Sink) -> None:
+    producer = producer_for(sink)
+    producer.advance_to(F(5))
+    with pytest.raises(ContractError, match="time 4 is before the frontier"):
+        producer.send(table([("a", 1, 4, 1)]))
+    with pytest.raises(ContractError, match="cannot move the frontier back"):
+        producer.advance_to(F(3))
+    producer.send(table([("a", 1, 5, 1)]))  # at the frontier is fine
+
+
+def test_restart_restores_the_frontier_and_fences_the_predecessor(sink: Sink) -> None:
+    first = producer_for(sink, "same-id")
+    first.advance_to(F(7))
+    first.send(table([("a", 1, 7, 1)]))  # an open transaction...
+    second = producer_for(sink, "same-id")  # ...that this start aborts
+    assert second.frontier == F(7)
+    with pytest.raises(KafkaException):
+        first.advance_to(F(8))
+    assert not any(isinstance(r, Updates) for _, r in read_desired(sink))
+
+
+def test_publish_dataframe(sink: Sink, spark: Any) -> None:
+    producer = producer_for(sink)
+    frame = spark.createDataFrame(
+        [("a", 1, 0, 1), ("b", 2, 0, 1)], "k string, v long, _time long, _diff long"
+    )
+    assert publish_dataframe(frame, producer) == 2
+    producer.advance_to(F(1))
+    assert sum(len(r.updates) for _, r in read_desired(sink) if isinstance(r, Updates)) == 2
+
+
+def test_cli_desired_send_and_advance(sink: Sink, tmp_path: Path) -> None:
+    path = tmp_path / "updates.parquet"
+    pq.write_table(table([("a", 1, 0, 1), ("b", 2, 1, 1)]), path)
+    env = {**sink.env(), "MVSINK_ROW_SCHEMA": sink.config.row_schema}
+    cli = [sys.executable, "-m", "mvsink.cli", "desired"]
+    sent = subprocess.run([*cli, "send", str(path), "--advance-to", "2"], env=env,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert sent.returncode == 0 and "sent 2 updates" in sent.stderr, sent.stderr
+    moved = subprocess.run([*cli, "advance", "--to", "5"], env=env, capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+    assert moved.returncode == 0 and "desired frontier {5}" in moved.stderr, moved.stderr
+    back = subprocess.run([*cli, "advance", "--to", "3"], env=env, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert back.returncode == 2 and "cannot move the frontier back" in back.stderr
+    assert os.path.exists(path)
