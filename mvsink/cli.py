@@ -263,6 +263,15 @@ def cmd_desired_advance(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_pipeline(args: argparse.Namespace) -> int:
+    from mvsink.bench.pipeline import run
+
+    if not args.no_stack:
+        _stack().up()
+    figures = run(load_config(args.config), args.seconds, args.keys, args.change, say)
+    return 0 if figures["converged"] else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used by tests to check compose commands are real)."""
     parser = argparse.ArgumentParser(prog="mvsink", description=__doc__.split("\n\n")[0])
@@ -309,6 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench_shard.add_argument("--appends", type=int, default=200)
     bench_shard.add_argument("--no-stack", action="store_true", help="use configured endpoints")
     bench_shard.set_defaults(func=cmd_bench_shard)
+    bench_pipeline = bench_commands.add_parser("pipeline", help="updates/s and freshness")
+    bench_pipeline.add_argument("--seconds", type=float, default=30.0)
+    bench_pipeline.add_argument("--keys", type=int, default=10_000)
+    bench_pipeline.add_argument("--change", type=float, default=0.1, help="share changed per tick")
+    bench_pipeline.add_argument("--no-stack", action="store_true", help="use configured endpoints")
+    bench_pipeline.set_defaults(func=cmd_bench_pipeline)
 
     desired = commands.add_parser("desired", help="publish desired updates and progress")
     desired.add_argument("--producer-id", help="transactional id (default cli.<sink>)")

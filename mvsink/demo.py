@@ -139,7 +139,8 @@ def shard_view(shard: Shard, as_of: int) -> dict[str, tuple[int, float]]:
     return view
 
 
-def _start_services(config: Config, logs: Path) -> list[subprocess.Popen[bytes]]:
+def service_env(config: Config) -> dict[str, str]:
+    """The environment of a service process for the sink of `config`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MVSINK_S3_")}
     env.update({
         "MVSINK_SINK_ID": config.sink_id, "MVSINK_SHARD_ID": config.shard_id,
@@ -148,8 +149,14 @@ def _start_services(config: Config, logs: Path) -> list[subprocess.Popen[bytes]]
         "MVSINK_FRONTIERS_TOPIC": config.topics.frontiers,
         "MVSINK_KAFKA_BOOTSTRAP": config.kafka_bootstrap, "MVSINK_S3_ENDPOINT": config.s3.endpoint,
         "MVSINK_S3_BUCKET": config.s3.bucket, "MVSINK_S3_ACCESS_KEY": config.s3.access_key.reveal(),
-        "MVSINK_S3_SECRET_KEY": config.s3.secret_key.reveal(), "MVSINK_ROW_SCHEMA": ROW_SCHEMA,
+        "MVSINK_S3_SECRET_KEY": config.s3.secret_key.reveal(),
+        "MVSINK_ROW_SCHEMA": config.row_schema,
     })  # fmt: skip
+    return env
+
+
+def _start_services(config: Config, logs: Path) -> list[subprocess.Popen[bytes]]:
+    env = service_env(config)
     logs.mkdir(parents=True, exist_ok=True)
     procs = []
     for name in ("mint", "write", "append"):

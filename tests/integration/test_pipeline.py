@@ -279,3 +279,24 @@ def test_invalid_desired_records_are_quarantined_and_never_reach_the_shard(
     wait_until(both_arrived, 30, "two dead letters")
     consumer.close()
     assert ("late", 1) not in contents(sink, upstream.frontier)
+
+
+def test_bench_pipeline_prints_measured_figures_and_baseline(
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path
+) -> None:
+    """The benchmark runs and reports (figures are printed, never asserted)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")}
+    env.update({
+        "MVSINK_STATE_DIR": str(tmp_path), "MVSINK_KAFKA_BOOTSTRAP": kafka_bootstrap,
+        "MVSINK_S3_ENDPOINT": s3_settings.endpoint, "MVSINK_S3_BUCKET": s3_settings.bucket,
+        "MVSINK_S3_ACCESS_KEY": s3_settings.access_key.reveal(),
+        "MVSINK_S3_SECRET_KEY": s3_settings.secret_key.reveal(),
+    })  # fmt: skip
+    bench = subprocess.run(
+        [sys.executable, "-m", "mvsink.cli", "bench", "pipeline", "--no-stack", "--seconds", "3",
+         "--keys", "500"], env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert bench.returncode == 0, bench.stderr[-3000:]
+    for figure in ("sustained updates/s through the pipeline", "baseline: producer alone",
+                   "freshness p50", "freshness p99"):  # fmt: skip
+        assert figure in bench.stderr
