@@ -99,22 +99,3 @@ def run_service(name: str, body: Callable[[Config, Stopping], int]) -> int:
     except Exception:
         log.exception("%s failed", name)
         return 1
-
-
-def not_yet_implemented(name: str, issue: int) -> int:
-    """Validate the configuration, then exit 3 saying the operator lands with `issue`.
-
-    Used by a service entry point until its operator is ported, so a deployment of today's
-    image fails loudly and by name instead of idling.
-    """
-    try:
-        config = load_config()
-    except MvsinkError as error:
-        print(f"{name}: configuration error: {error}", file=sys.stderr)
-        return 2
-    print(
-        f"{name}: sink {config.sink_id} / shard {config.shard_id}: the {name} operator is not "
-        f"implemented yet (issue #{issue}); exiting",
-        file=sys.stderr,
-    )
-    return 3

@@ -1,7 +1,48 @@
-"""write: on Spark, keeps `corrections = desired - persist` per desired partition and stages
-Parquet correction batches for each batch description, reporting them on `<sink>.batches`
-(port of the seed's `write` operator and `Correction` buffer; see DESIGN §4).
+"""write: keeps `corrections = desired - persist` per desired partition on Spark and stages the
+correction batches for each batch description (port of the seed's `write` operator and
+`Correction` buffer, `materialized_view_v2.rs`).
 
-The operator lands with issue #5; until then `python -m services.write` validates its
-configuration and exits 3.
+```
+ <sink>.descs ────────────┐                                   shard (S3): parts appended
+ frontiers (desired:*, ───┤  +--------------+  one Spark task    since the last fold (-)
+   persist:<shard>)       ├─>| write driver |──per owned ──────> <sink>.desired offsets (+)
+ <sink>.control ──────────┘  +--------------+  partition          │ stage part < upper
+                               │ group <sink>.write (ownership)    v checkpoint corrections
+                               └──> StagedBatch ──> <sink>.batches[desc.append_worker]
+```
+
+Frontiers
+---------
+* the description: the latest valid one (a regressing lower is dropped);
+* `persist`: the shard's upper (polled, and `ShardUpper` notifications);
+* `desired`: progress of each owned partition (`DesiredProgress`, written by the producer in
+  the same transaction as the in-band `Progress`).
+
+Invariants
+----------
+1. A batch is staged only when the shard's upper equals the description's lower (the
+   read-back is folded up to it) and every owned partition's desired progress is `>= upper`.
+2. A partition is staged at most once per lower by a driver; a partition gained in a
+   rebalance is staged for the current lower too.
+3. Written updates stay in the corrections until the read-back cancels them
+   (self-correction): a lost append is simply written again later.
+4. A partition's correction state moves forward by conditional checkpoints: two owners of one
+   partition cannot both continue from the same version.
+
+Read-only mode
+--------------
+No descriptions arrive (mint mints none), and the driver keeps folding desired and persist
+and consolidating every `FOLD_INTERVAL`, so memory stays bounded and promotion is fast.
+
+Failure handling
+----------------
+A killed driver or executor loses nothing: the next task resumes from the last checkpoint
+(desired offsets and shard state both replayable); parts staged but never reported are
+garbage for the sweeper. Invalid desired records (undecodable, or an update below its
+partition's progress) go to `<sink>.dead-letter` with topic/partition/offset and the reason,
+and never reach the shard.
+
+`python -m services.write`; decisions in `services.write.state` (pure), the buffer in
+`services.write.correction` (pure Arrow), the per-partition task in `services.write.task`, I/O
+in `services.write.shell`.
 """

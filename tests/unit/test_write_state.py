@@ -1,0 +1,71 @@
+"""The write driver's pure state: when to stage, and for which partitions."""
+
+from __future__ import annotations
+
+from mvsink.frontier import Frontier
+from mvsink.messages import BatchDescription, BatchId
+from services.write.state import StageJob, WriteState
+
+F = Frontier.at
+
+
+def desc(lower: int, upper: int, seq: int = 0) -> BatchDescription:
+    return BatchDescription("s", BatchId(0, seq), F(lower), F(upper), 0)
+
+
+def ready_state(owned: frozenset[int] = frozenset({0, 1})) -> WriteState:
+    state = WriteState("s", 2, read_only=False)
+    state.set_owned(owned)
+    for p in owned:
+        state.advance_desired_frontier(p, F(10))
+    return state
+
+
+def test_stages_when_persist_is_at_lower_and_desired_past_upper() -> None:
+    state = ready_state()
+    state.absorb_batch_description(desc(0, 5))
+    assert state.maybe_start_batch() == StageJob(desc(0, 5), (0, 1))
+
+
+def test_waits_for_the_read_back_to_reach_lower() -> None:
+    state = ready_state()
+    state.absorb_batch_description(desc(3, 5))
+    assert state.maybe_start_batch() is None  # persist {0} < lower {3}
+    state.advance_persist_frontier(F(3))
+    assert state.maybe_start_batch() is not None
+
+
+def test_waits_for_desired_progress_of_every_owned_partition() -> None:
+    state = WriteState("s", 2, read_only=False)
+    state.set_owned(frozenset({0, 1}))
+    state.advance_desired_frontier(0, F(9))
+    state.absorb_batch_description(desc(0, 5))
+    assert state.maybe_start_batch() is None
+    state.advance_desired_frontier(1, F(5))
+    assert state.maybe_start_batch() is not None
+
+
+def test_drops_regressing_descriptions() -> None:
+    state = ready_state()
+    state.absorb_batch_description(desc(4, 6, seq=1))
+    state.absorb_batch_description(desc(0, 5))
+    assert state.batch_description == desc(4, 6, seq=1)
+
+
+def test_an_outdated_description_is_not_staged() -> None:
+    state = ready_state()
+    state.absorb_batch_description(desc(0, 5))
+    state.advance_persist_frontier(F(5))  # another replica appended first
+    assert state.maybe_start_batch() is None
+
+
+def test_stages_each_partition_once_and_new_owned_ones_too() -> None:
+    state = ready_state(frozenset({0}))
+    state.absorb_batch_description(desc(0, 5))
+    job = state.maybe_start_batch()
+    assert job == StageJob(desc(0, 5), (0,))
+    state.batch_staged(job, (0,))
+    assert state.maybe_start_batch() is None
+    state.set_owned(frozenset({0, 1}))  # a rebalance hands over partition 1
+    state.advance_desired_frontier(1, F(10))
+    assert state.maybe_start_batch() == StageJob(desc(0, 5), (1,))
