@@ -9,6 +9,7 @@
     mvsink provision                  create the configured sink's topics, bucket, shard
     mvsink demo                       stack up, then the whole pipeline on a demo view
     mvsink smoke                      stack up, one record of each contract, conditional writes
+    mvsink view                       the demo's view job alone (the upstream of a deployment)
 
 Every command reads the configuration of `mvsink.config` (`--config FILE`, `MVSINK_*`, and the
 running embedded stack). Errors are printed as one clear line and exit with status 2.
@@ -113,6 +114,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     _provision(config)
     run_demo(config, say, ticks=args.ticks, orders=args.orders)
+    return 0
+
+
+def cmd_view(args: argparse.Namespace) -> int:
+    from mvsink.demo import run_view
+    from mvsink.service import Stopping
+
+    stopping = Stopping()
+    stopping.install()
+    config = load_config(args.config)
+    ticks = run_view(config, say, args.ticks, args.orders, args.interval, lambda: stopping.stopped)
+    say(f"view stopped after {ticks} ticks")
     return 0
 
 
@@ -356,6 +369,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--orders", type=int, default=200, help="order events per tick")
     demo.add_argument("--no-stack", action="store_true", help="use configured endpoints")
     demo.set_defaults(func=cmd_demo)
+    view = commands.add_parser("view", help="the demo's view job alone, for the configured sink")
+    view.add_argument("--ticks", type=int, default=0, help="0 = until SIGTERM")
+    view.add_argument("--orders", type=int, default=200, help="order events per tick")
+    view.add_argument("--interval", type=float, default=1.0, help="seconds per tick")
+    view.set_defaults(func=cmd_view)
     smoke = commands.add_parser("smoke", help="stack up + one record of each contract + CAS")
     smoke.add_argument("--timeout", type=float, default=180.0)
     smoke.set_defaults(func=cmd_smoke)

@@ -244,3 +244,27 @@ def run_demo(config: Config, say: Say, ticks: int = 8, orders: int = 200) -> Non
                 proc.wait(30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+def run_view(config: Config, say: Say, ticks: int, orders: int, interval: float,
+             stopped: Callable[[], bool]) -> int:  # fmt: skip
+    """The view job alone, for the configured sink (services run elsewhere, e.g. compose):
+    `ticks` ticks (0 = until stopped), one every `interval` seconds; the ticks run."""
+    from mvsink.spark import spark_session
+
+    if config.row_schema and config.row_schema != ROW_SCHEMA:
+        raise MvsinkError(f"the demo view publishes rows ({ROW_SCHEMA}), not ({config.row_schema})")
+    spark = spark_session(f"mvsink-view-{config.sink_id}", config.spark_master)
+    done = 0
+    try:
+        view = ViewJob(config, spark, say)
+        while (ticks == 0 or done < ticks) and not stopped():
+            started = time.monotonic()
+            changed = view.tick(orders)
+            done += 1
+            say(f"tick {view.frontier - 1}: {orders} orders, {changed} customers changed; "
+                f"desired at {{{view.frontier}}}")  # fmt: skip
+            time.sleep(max(0.0, interval - (time.monotonic() - started)))
+    finally:
+        spark.stop()
+    return done

@@ -20,7 +20,7 @@ from sinkkit import Service, Sink, wait_until
 
 from mvsink.config import S3Settings
 from mvsink.frontier import Frontier
-from mvsink.kafka import client_config, poll_message, produce, tail_consumer
+from mvsink.kafka import client_config, poll_message, produce, read_compacted, tail_consumer
 from mvsink.messages import Update, Updates
 from mvsink.producer import DesiredProducer
 from mvsink.rows import parse_row_schema, row_encoder
@@ -300,3 +300,17 @@ def test_bench_pipeline_prints_measured_figures_and_baseline(
     for figure in ("sustained updates/s through the pipeline", "baseline: producer alone",
                    "freshness p50", "freshness p99"):  # fmt: skip
         assert figure in bench.stderr
+
+
+def test_the_view_job_alone_publishes_ticks(sink: Sink) -> None:
+    """`mvsink view` (compose's upstream): ticks of desired updates and progress."""
+    from mvsink.demo import ROW_SCHEMA
+
+    env = {**sink.env(), "MVSINK_ROW_SCHEMA": ROW_SCHEMA}
+    view = subprocess.run([sys.executable, "-m", "mvsink.cli", "view", "--ticks", "2",
+                           "--orders", "20", "--interval", "0"], env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert view.returncode == 0, view.stderr[-2000:]
+    assert "view stopped after 2 ticks" in view.stderr
+    latest = read_compacted(sink.config.kafka_bootstrap, sink.config.topics.frontiers)
+    assert latest[f"desired:{sink.config.sink_id}:0"].frontier == F(2)  # type: ignore[union-attr]
