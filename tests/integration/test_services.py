@@ -195,3 +195,24 @@ def test_kill_9_of_mint_and_append_keeps_the_invariants(sink: Sink, procs: list[
     assert kills["mint"] > 0 and kills["append"] > 0
     assert len(state.batches) >= 5  # progress between the kills, not one final catch-up
     print(f"kills: {dict(kills)}; {len(lowers)} descriptions, {len(state.batches)} batches")
+
+
+def test_inspect_decodes_any_topic_and_shows_bad_records(sink: Sink) -> None:
+    sink.advance_desired(F(3))
+    producer = Producer(client_config(sink.config.kafka_bootstrap))
+    producer.produce(sink.config.topics.frontiers, key=b"junk", value=b"\x00not avro")
+    assert producer.flush(30) == 0
+    shown = subprocess.run(
+        [sys.executable, "-m", "mvsink.cli", "inspect", sink.config.topics.frontiers],
+        env=sink.env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert any(f"desired:{sink.config.sink_id}:0" in li and "DesiredProgress(" in li and
+               "Frontier([3])" in li for li in lines)  # fmt: skip
+    assert any("junk" in li and "UNDECODABLE (not an mvsink record" in li for li in lines)
+    limited = subprocess.run(
+        [sys.executable, "-m", "mvsink.cli", "inspect", sink.config.topics.frontiers, "--limit", "1"],
+        env=sink.env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert len(limited.stdout.splitlines()) == 1
