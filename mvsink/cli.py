@@ -281,7 +281,9 @@ def cmd_bench_pipeline(args: argparse.Namespace) -> int:
 
     if not args.no_stack:
         _stack().up()
-    figures = run(load_config(args.config), args.seconds, args.keys, args.change, say)
+    figures = run(
+        load_config(args.config), args.seconds, args.keys, args.change, say, args.interval
+    )
     return 0 if figures["converged"] else 1
 
 
@@ -335,6 +337,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench_pipeline.add_argument("--seconds", type=float, default=30.0)
     bench_pipeline.add_argument("--keys", type=int, default=10_000)
     bench_pipeline.add_argument("--change", type=float, default=0.1, help="share changed per tick")
+    bench_pipeline.add_argument("--interval", type=float, default=0.0,
+                                help="seconds between ticks (0: as fast as the producer can)")  # fmt: skip
     bench_pipeline.add_argument("--no-stack", action="store_true", help="use configured endpoints")
     bench_pipeline.set_defaults(func=cmd_bench_pipeline)
 
