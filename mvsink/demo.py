@@ -155,7 +155,8 @@ def service_env(config: Config) -> dict[str, str]:
     return env
 
 
-def _start_services(config: Config, logs: Path) -> list[subprocess.Popen[bytes]]:
+def start_services(config: Config, logs: Path) -> list[subprocess.Popen[bytes]]:
+    """Start mint, write and append for the sink of `config`, logging into `logs`."""
     env = service_env(config)
     logs.mkdir(parents=True, exist_ok=True)
     procs = []
@@ -205,7 +206,7 @@ def run_demo(config: Config, say: Say, ticks: int = 8, orders: int = 200) -> Non
     provision(config)
     shard = open_shard(config.shard_id, None, config.s3)
     logs = Path(os.environ.get("MVSINK_STATE_DIR", ".mvsink")) / "demo" / run
-    procs = _start_services(config, logs)
+    procs = start_services(config, logs)
     say(f"started mint, write (Spark), append; logs in {logs}")
     spark = spark_session(f"mvsink-view-{run}")
     try:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import random
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -22,6 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from mvsink.config import Config, Topics
+from mvsink.demo import start_services
 from mvsink.frontier import Frontier
 from mvsink.producer import DesiredProducer
 from mvsink.provision import provision
@@ -84,7 +83,9 @@ def run(config: Config, seconds: float, keys: int, change: float, say: Say,
     say(f"baseline: the producer alone for {seconds:.0f}s ({keys} keys, {change:.0%} per tick)")
     base_sent, _ = _publish(baseline, seconds, keys, change, lambda t, at: None)
     shard = open_shard(sink.shard_id, None, sink.s3)
-    procs = _start(sink, Path(os.environ.get("MVSINK_STATE_DIR", ".mvsink")) / "bench" / run_id)
+    procs = start_services(
+        sink, Path(os.environ.get("MVSINK_STATE_DIR", ".mvsink")) / "bench" / run_id
+    )
     advanced: dict[int, float] = {}
     reached: dict[int, float] = {}
     stop = threading.Event()
@@ -133,16 +134,3 @@ def run(config: Config, seconds: float, keys: int, change: float, say: Say,
     say(f"{'freshness p99':<44} {figures['freshness_p99_s']:>12.2f} s")
     say(f"{'ticks / converged':<44} {len(advanced):>12} / {final in reached}")
     return figures
-
-
-def _start(config: Config, logs: Path) -> list[subprocess.Popen[bytes]]:
-    from mvsink.demo import service_env
-
-    logs.mkdir(parents=True, exist_ok=True)
-    env = service_env(config)
-    procs = []
-    for name in ("mint", "write", "append"):
-        with (logs / f"{name}.log").open("ab") as out:
-            procs.append(subprocess.Popen([sys.executable, "-m", f"services.{name}"], env=env,
-                                          stdout=out, stderr=subprocess.STDOUT))  # fmt: skip
-    return procs

@@ -147,6 +147,25 @@ class Service:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
+def start(procs: list[Service], sink: Sink, name: str, label: str = "", **env: str) -> Service:
+    """Start `services.<name>` for `sink` (log `<name><label>.log`), recorded in `procs`."""
+    service = Service(name, sink.env(**env), sink.logs / f"{name}{label}.log").start()
+    procs.append(service)
+    return service
+
+
+def cli_env(bootstrap: str, s3: S3Settings, state_dir: Path) -> dict[str, str]:
+    """The environment of an `mvsink` command pointed at the session's services."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")}
+    env.update({
+        "MVSINK_STATE_DIR": str(state_dir), "MVSINK_KAFKA_BOOTSTRAP": bootstrap,
+        "MVSINK_S3_ENDPOINT": s3.endpoint, "MVSINK_S3_BUCKET": s3.bucket,
+        "MVSINK_S3_ACCESS_KEY": s3.access_key.reveal(),
+        "MVSINK_S3_SECRET_KEY": s3.secret_key.reveal(),
+    })  # fmt: skip
+    return env
+
+
 @dataclass
 class WriteRole:
     """Plays the write stage for the tests: for every new description, stage one part per

@@ -3,20 +3,18 @@ against real Kafka, MinIO and Spark."""
 
 from __future__ import annotations
 
-import os
 import random
 import subprocess
 import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
-from sinkkit import Service, Sink, wait_until
+from sinkkit import Service, Sink, cli_env, start, wait_until
 
 from mvsink.config import S3Settings
 from mvsink.frontier import Frontier
@@ -28,26 +26,6 @@ from mvsink.shard import Timing, open_shard
 
 pytestmark = pytest.mark.integration
 F = Frontier.at
-
-
-@pytest.fixture
-def sink(kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path) -> Sink:
-    return Sink.create(kafka_bootstrap, s3_settings, tmp_path)
-
-
-@pytest.fixture
-def procs(sink: Sink) -> Iterator[list[Service]]:
-    started: list[Service] = []
-    yield started
-    for service in started:
-        service.stop()
-        print(f"--- {service.log.name} ---\n{service.text()[-4000:]}")
-
-
-def start(procs: list[Service], sink: Sink, name: str, label: str = "", **env: str) -> Service:
-    service = Service(name, sink.env(**env), sink.logs / f"{name}{label}.log").start()
-    procs.append(service)
-    return service
 
 
 def updates(rows: list[tuple[str, int, int, int]]) -> pa.Table:
@@ -228,13 +206,7 @@ def test_the_demo_converges_and_corrects_a_foreign_write(
     kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path
 ) -> None:
     """README command (a) minus the stack start: `mvsink demo` on the session's services."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")}
-    env.update({
-        "MVSINK_STATE_DIR": str(tmp_path), "MVSINK_KAFKA_BOOTSTRAP": kafka_bootstrap,
-        "MVSINK_S3_ENDPOINT": s3_settings.endpoint, "MVSINK_S3_BUCKET": s3_settings.bucket,
-        "MVSINK_S3_ACCESS_KEY": s3_settings.access_key.reveal(),
-        "MVSINK_S3_SECRET_KEY": s3_settings.secret_key.reveal(),
-    })  # fmt: skip
+    env = cli_env(kafka_bootstrap, s3_settings, tmp_path)
     demo = subprocess.run([sys.executable, "-m", "mvsink.cli", "demo", "--no-stack", "--ticks", "3"],
                           env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert demo.returncode == 0, demo.stderr[-3000:]
@@ -285,13 +257,7 @@ def test_bench_pipeline_prints_measured_figures_and_baseline(
     kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path
 ) -> None:
     """The benchmark runs and reports (figures are printed, never asserted)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")}
-    env.update({
-        "MVSINK_STATE_DIR": str(tmp_path), "MVSINK_KAFKA_BOOTSTRAP": kafka_bootstrap,
-        "MVSINK_S3_ENDPOINT": s3_settings.endpoint, "MVSINK_S3_BUCKET": s3_settings.bucket,
-        "MVSINK_S3_ACCESS_KEY": s3_settings.access_key.reveal(),
-        "MVSINK_S3_SECRET_KEY": s3_settings.secret_key.reveal(),
-    })  # fmt: skip
+    env = cli_env(kafka_bootstrap, s3_settings, tmp_path)
     bench = subprocess.run(
         [sys.executable, "-m", "mvsink.cli", "bench", "pipeline", "--no-stack", "--seconds", "3",
          "--keys", "500"], env=env, capture_output=True, text=True, timeout=600,

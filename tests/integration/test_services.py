@@ -9,41 +9,17 @@ import subprocess
 import sys
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
-from sinkkit import Service, Sink, WriteRole, wait_until
+from sinkkit import Service, Sink, WriteRole, start, wait_until
 
-from mvsink.config import S3Settings
 from mvsink.frontier import Frontier
 from mvsink.kafka import client_config, poll_message, read_compacted, tail_consumer
 from mvsink.messages import ShardUpper
 
 pytestmark = pytest.mark.integration
 F = Frontier.at
-
-
-@pytest.fixture
-def sink(kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path) -> Sink:
-    return Sink.create(kafka_bootstrap, s3_settings, tmp_path)
-
-
-@pytest.fixture
-def procs(sink: Sink) -> Iterator[list[Service]]:
-    """Processes started by a test; stopped (and their logs shown on failure) afterwards."""
-    started: list[Service] = []
-    yield started
-    for service in started:
-        service.stop()
-        print(f"--- {service.log.name} ---\n{service.text()[-3000:]}")
-
-
-def start(procs: list[Service], sink: Sink, name: str, label: str = "", **env: str) -> Service:
-    service = Service(name, sink.env(**env), sink.logs / f"{name}{label}.log").start()
-    procs.append(service)
-    return service
 
 
 def _owned(service: Service) -> list[int]:

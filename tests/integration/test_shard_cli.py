@@ -4,13 +4,14 @@ the real S3 of the test session."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from sinkkit import cli_env
 
 from mvsink.config import S3Settings
 from mvsink.frontier import Frontier
@@ -21,25 +22,13 @@ pytestmark = pytest.mark.integration
 F = Frontier.at
 
 
-def _env(services_kafka: str, s3: S3Settings, tmp: str) -> dict[str, str]:
-    return {
-        **{k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")},
-        "MVSINK_STATE_DIR": tmp,
-        "MVSINK_KAFKA_BOOTSTRAP": services_kafka,
-        "MVSINK_S3_ENDPOINT": s3.endpoint,
-        "MVSINK_S3_BUCKET": s3.bucket,
-        "MVSINK_S3_ACCESS_KEY": s3.access_key.reveal(),
-        "MVSINK_S3_SECRET_KEY": s3.secret_key.reveal(),
-    }
-
-
 def _mvsink(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "mvsink.cli", *args], env=env, text=True,
                           capture_output=True, timeout=300)  # fmt: skip
 
 
 def test_shard_show_snapshot_sweep(
-    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: object
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path
 ) -> None:
     shard_id = f"cli-{uuid.uuid4().hex[:8]}"
     shard = open_shard(shard_id, pa.schema([("k", pa.string()), ("v", pa.int64())]), s3_settings)
@@ -47,7 +36,7 @@ def test_shard_show_snapshot_sweep(
         {"k": ["a", "b", "a"], "v": [1, 2, 1], "_time": [0, 1, 2], "_diff": [1, 1, -1]}
     )
     shard.compare_and_append([shard.stage(table, F(0), F(3), "w1")], F(0), F(3))
-    env = _env(kafka_bootstrap, s3_settings, str(tmp_path))
+    env = cli_env(kafka_bootstrap, s3_settings, tmp_path)
 
     show = _mvsink(["shard", "--shard", shard_id, "show"], env)
     assert show.returncode == 0, show.stderr
@@ -75,8 +64,8 @@ def test_shard_show_snapshot_sweep(
 
 
 def test_bench_shard_prints_measured_and_baseline(kafka_bootstrap: str, s3_settings: S3Settings,
-                                                  tmp_path: object) -> None:  # fmt: skip
-    env = _env(kafka_bootstrap, s3_settings, str(tmp_path))
+                                                  tmp_path: Path) -> None:  # fmt: skip
+    env = cli_env(kafka_bootstrap, s3_settings, tmp_path)
     bench = _mvsink(["bench", "shard", "--no-stack", "--rows", "20000", "--parts", "2",
                      "--appends", "5"], env)  # fmt: skip
     assert bench.returncode == 0, bench.stderr
