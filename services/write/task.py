@@ -186,7 +186,10 @@ def _checkpoint(spec: TaskSpec, state: PartitionState) -> bool:
 
 def _fold_desired(spec: TaskSpec, state: PartitionState) -> int:
     """Read the partition from `folded_offset` to its end; the number of records quarantined."""
-    consumer = Consumer(consumer_config(spec.bootstrap, extra={"enable.partition.eof": True}))
+    # A fetch at the end of the partition would otherwise wait fetch.wait.max.ms (500 ms) for
+    # data before reporting the end: the task only wants what is there now.
+    consumer = Consumer(consumer_config(spec.bootstrap, extra={
+        "enable.partition.eof": True, "fetch.wait.max.ms": 10}))  # fmt: skip
     decode_row = _row_decoder(spec.row_schema)
     dead, rows, errs, times, diffs = 0, [], [], [], []
     dead_producer: Producer | None = None
