@@ -111,9 +111,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     if not args.no_stack:
         _stack().up(timeout=args.timeout)
-    config = load_config(args.config)
-    _provision(config)
-    run_demo(config, say, ticks=args.ticks, orders=args.orders)
+    # run_demo provisions a sink of its own: the configured one is left alone.
+    run_demo(load_config(args.config), say, ticks=args.ticks, orders=args.orders)
     return 0
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import Producer
 
+from mvsink import Say
 from mvsink.config import Config, Topics
 from mvsink.errors import MvsinkError
 from mvsink.frontier import Frontier
@@ -37,7 +38,6 @@ from mvsink.shard import Appended, Shard, open_shard
 
 ROW_SCHEMA = "customer string not null, orders long, total double"
 KEYS = ["customer"]
-Say = Callable[[str], None]
 
 
 class ViewJob:

@@ -8,9 +8,10 @@ so a fenced or aborted producer's records are never acted on.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,10 +28,11 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from mvsink import codec
 from mvsink.config import Config
-from mvsink.errors import MvsinkError
+from mvsink.errors import DecodeError, MvsinkError
 from mvsink.messages import Record
 
 COMPACTED = {"cleanup.policy": "compact"}
+log = logging.getLogger("mvsink.kafka")
 
 
 class ProvisionError(MvsinkError):
@@ -182,6 +184,24 @@ def poll_message(
             on_eof(int(message.partition() or 0))
         return None
     raise KafkaException(error)
+
+
+def drain(
+    consumer: Consumer, first_timeout: float = 0.0, limit: int = 500
+) -> Iterator[tuple[Message, Record]]:
+    """The records available now (waiting up to `first_timeout` for the first), at most `limit`.
+    Undecodable ones are logged with topic/partition/offset and skipped: how followers of
+    `descs`, `frontiers` and `control` read, so bad input never stops them."""
+    timeout = first_timeout
+    for _ in range(limit):
+        message = poll_message(consumer, timeout)
+        if message is None:
+            return
+        timeout = 0.0
+        try:
+            yield message, codec.decode_message(message)
+        except DecodeError as error:
+            log.error("skipping bad record: %s", error)
 
 
 def last_record(

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from mvsink import codec
+from mvsink import Say, codec
 from mvsink.config import Config
 from mvsink.frontier import Frontier
 from mvsink.kafka import client_config, consumer_config, poll_message, produce
@@ -34,8 +33,6 @@ from mvsink.messages import (
     shard_upper_key,
 )
 from mvsink.s3 import PreconditionFailed, Written, conditional_put, s3_client
-
-Say = Callable[[str], None]
 
 
 @dataclass(frozen=True)

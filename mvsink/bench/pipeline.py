@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from mvsink import Say
 from mvsink.config import Config, Topics
 from mvsink.demo import start_services
 from mvsink.frontier import Frontier
@@ -28,7 +29,6 @@ from mvsink.rows import parse_row_schema
 from mvsink.shard import open_shard
 
 ROW_SCHEMA = "key string not null, value long"
-Say = Callable[[str], None]
 
 
 def _percentile(values: list[float], q: float) -> float:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mvsink import Say
 from mvsink.config import Config
 from mvsink.frontier import Frontier
 from mvsink.s3 import conditional_put, ensure_bucket, get_bytes, put_bytes, s3_client
@@ -24,7 +25,6 @@ from mvsink.shard import open_shard
 from mvsink.shard.parts import encode_part, normalize_updates
 
 ROWS = pa.schema([("key", pa.string()), ("value", pa.int64())])
-Say = Callable[[str], None]
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from mvsink import Say as Say  # re-exported for the stack modules
 from mvsink.errors import StackError
 
 LOOPBACK = "127.0.0.1"
-
-#: Progress output for long steps (builds, downloads, starts).
-Say = Callable[[str], None]
 
 
 def base_env() -> dict[str, str]:

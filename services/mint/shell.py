@@ -15,14 +15,13 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import Consumer, KafkaException, Producer
 from prometheus_client import Counter, Gauge
 
-from mvsink.codec import decode_message
 from mvsink.config import Config
 from mvsink.errors import DecodeError
 from mvsink.frontier import Frontier
-from mvsink.kafka import client_config, last_record, poll_message, produce, tail_consumer
+from mvsink.kafka import client_config, drain, last_record, produce, tail_consumer
 from mvsink.messages import BatchDescription, DesiredProgress, ShardUpper, SinkControl
 from mvsink.service import Stopping
 from mvsink.shard import Shard, open_shard
@@ -94,17 +93,8 @@ class MintShell:
             control.close()
         return 0
 
-    def _absorb(self, consumer: object, timeout: float) -> None:
-        for _ in range(500):
-            message = poll_message(consumer, timeout)  # type: ignore[arg-type]
-            if message is None:
-                return
-            timeout = 0.0
-            try:
-                record = decode_message(message)
-            except DecodeError as error:
-                log.error("skipping bad record: %s", error)
-                continue
+    def _absorb(self, consumer: Consumer, timeout: float) -> None:
+        for message, record in drain(consumer, timeout):
             self._on_record(message.key(), record)
 
     def _on_record(self, key: bytes | None, record: object) -> None:

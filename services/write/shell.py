@@ -15,10 +15,8 @@ from typing import Any
 from confluent_kafka import Consumer, Producer, TopicPartition
 from prometheus_client import Counter, Gauge
 
-from mvsink.codec import decode_message
 from mvsink.config import Config
-from mvsink.errors import DecodeError
-from mvsink.kafka import client_config, consumer_config, poll_message, produce, tail_consumer
+from mvsink.kafka import client_config, consumer_config, drain, produce, tail_consumer
 from mvsink.messages import BatchDescription, DesiredProgress, ShardUpper, SinkControl, StagedBatch
 from mvsink.rows import parse_row_schema
 from mvsink.s3 import s3_client
@@ -120,15 +118,7 @@ class WriteShell:
         return 0
 
     def _absorb(self, consumer: Consumer) -> None:
-        for _ in range(500):
-            message = poll_message(consumer, 0.0)
-            if message is None:
-                return
-            try:
-                record = decode_message(message)
-            except DecodeError as error:
-                log.error("skipping bad record: %s", error)
-                continue
+        for message, record in drain(consumer):
             match record:
                 case BatchDescription(sink_id=sink) if sink == self.config.sink_id:
                     self.state.absorb_batch_description(record)
