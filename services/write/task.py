@@ -30,7 +30,7 @@ from mvsink.codec import decode_message
 from mvsink.config import S3Settings
 from mvsink.errors import DecodeError
 from mvsink.frontier import Frontier, advance
-from mvsink.kafka import client_config, consumer_config, poll_message
+from mvsink.kafka import READ_TO_END, client_config, consumer_config, poll_message
 from mvsink.messages import Progress, Updates
 from mvsink.rows import avro_row_schema
 from mvsink.s3 import PreconditionFailed, conditional_put, get_bytes, s3_client
@@ -186,10 +186,7 @@ def _checkpoint(spec: TaskSpec, state: PartitionState) -> bool:
 
 def _fold_desired(spec: TaskSpec, state: PartitionState) -> int:
     """Read the partition from `folded_offset` to its end; the number of records quarantined."""
-    # A fetch at the end of the partition would otherwise wait fetch.wait.max.ms (500 ms) for
-    # data before reporting the end: the task only wants what is there now.
-    consumer = Consumer(consumer_config(spec.bootstrap, extra={
-        "enable.partition.eof": True, "fetch.wait.max.ms": 10}))  # fmt: skip
+    consumer = Consumer(consumer_config(spec.bootstrap, extra=READ_TO_END))
     decode_row = _row_decoder(spec.row_schema)
     dead, rows, errs, times, diffs = 0, [], [], [], []
     dead_producer: Producer | None = None
