@@ -42,6 +42,7 @@ from mvsink.messages import (
     StagedBatch,
     Update,
     Updates,
+    UpdatesArrow,
 )
 
 MAGIC = 0x6D
@@ -132,6 +133,8 @@ def to_datum(record: Record) -> tuple[str, Any]:
         case Updates(updates=updates):
             rows = [{"row": u.row, "err": u.err, "time": u.time, "diff": u.diff} for u in updates]
             return "DesiredRecord", ("mvsink.Updates", {"updates": rows})
+        case UpdatesArrow(ipc=ipc):
+            return "DesiredRecord", ("mvsink.UpdatesArrow", {"ipc": ipc})
         case Progress(frontier=frontier):
             return "DesiredRecord", ("mvsink.Progress", {"frontier": frontier.elements()})
         case DesiredProgress():
@@ -179,6 +182,8 @@ def from_datum(kind: str, datum: Any) -> Record:
             name, body = datum
             if name == "mvsink.Progress":
                 return Progress(_frontier(body["frontier"]))
+            if name == "mvsink.UpdatesArrow":
+                return UpdatesArrow(body["ipc"])
             return Updates(tuple(Update(**u) for u in body["updates"]))
         case "DesiredProgress":
             return DesiredProgress(

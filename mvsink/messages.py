@@ -69,8 +69,28 @@ class Progress:
     frontier: Frontier
 
 
+@dataclass(frozen=True, slots=True)
+class UpdatesArrow:
+    """A chunk of updates for one desired partition as one Arrow IPC stream (DesiredRecord v2).
+
+    The columns are the sink's row columns (nullable), `_err`, `_time` and `_diff`; what they must
+    hold is checked against the sink's row schema by `mvsink.shard.parts.updates_from_ipc`, the one
+    decoder, because only the sink knows its schema.
+    """
+
+    ipc: bytes
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.ipc, bytes) and bool(self.ipc), self, "empty ipc payload")
+
+    def __repr__(self) -> str:
+        from mvsink.shard.parts import describe_ipc
+
+        return f"UpdatesArrow({describe_ipc(self.ipc)})"
+
+
 #: A record of `<sink>.desired`.
-DesiredRecord = Updates | Progress
+DesiredRecord = Updates | UpdatesArrow | Progress
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +227,14 @@ class SinkControl:
 
 #: Every record type that travels on our topics.
 Record = (
-    Updates | Progress | DesiredProgress | ShardUpper | BatchDescription | StagedBatch | SinkControl
+    Updates
+    | UpdatesArrow
+    | Progress
+    | DesiredProgress
+    | ShardUpper
+    | BatchDescription
+    | StagedBatch
+    | SinkControl
 )
 
 

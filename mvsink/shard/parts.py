@@ -3,6 +3,10 @@ consolidated. Everything here is vectorised Arrow; nothing loops over rows in Py
 
 A part's columns are the shard's row columns (nullable) plus `_time int64`, `_diff int64` and
 `_err string` (null for a row update; set, with null row columns, for an error update).
+
+The same table travels on `<sink>.desired` as the Arrow IPC payload of `UpdatesArrow`
+(DesiredRecord v2): `updates_to_ipc` writes it, `updates_from_ipc` is the one reader and checks
+it against the sink's row schema.
 """
 
 from __future__ import annotations
@@ -13,7 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mvsink.frontier import Frontier
+from mvsink.errors import DecodeError
+from mvsink.frontier import MAX_TIME, Frontier
 from mvsink.shard.state import DIFF, ERR, TIME, InvalidUsage, part_schema
 
 
@@ -50,6 +55,56 @@ def normalize_updates(updates: pa.Table | pa.RecordBatch, row_schema: pa.Schema)
         if table.column(name).null_count:
             raise InvalidUsage(f"updates have null {name}")
     return pa.Table.from_arrays(columns, schema=target)
+
+
+def updates_to_ipc(table: pa.Table, compression: str | None = "lz4") -> bytes:
+    """`table` (part schema) as one Arrow IPC stream, buffers compressed with `compression`."""
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression=compression)
+    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue())
+
+
+def updates_from_ipc(ipc: bytes, row_schema: pa.Schema) -> pa.Table:
+    """The updates of an `UpdatesArrow` payload as a table of the part schema of `row_schema`.
+
+    Raises:
+        DecodeError: not an Arrow IPC stream, columns that do not fit the row schema, a null or
+            out-of-range `_time`, a zero or null `_diff`, or a row update (null `_err`) with a
+            null in a non-nullable row column.
+    """
+    try:
+        table = pa.ipc.open_stream(ipc).read_all()
+    except (pa.ArrowInvalid, OSError) as error:
+        raise DecodeError(f"UpdatesArrow payload is not an Arrow IPC stream: {error}") from error
+    try:
+        table = normalize_updates(table, row_schema)
+    except InvalidUsage as error:
+        raise DecodeError(f"UpdatesArrow payload does not fit the sink's rows: {error}") from error
+    if table.num_rows == 0:
+        return table
+    times, diffs = table.column(TIME), table.column(DIFF)
+    if pc.min(times).as_py() < 0 or pc.max(times).as_py() > MAX_TIME:
+        raise DecodeError("UpdatesArrow payload has a _time outside [0, 2^63)")
+    if not pc.all(pc.not_equal(diffs, 0)).as_py():
+        raise DecodeError("UpdatesArrow payload has a zero _diff")
+    ok = pc.is_null(table.column(ERR))
+    for field in row_schema:
+        if not field.nullable and pc.any(pc.and_(ok, pc.is_null(table.column(field.name)))).as_py():
+            raise DecodeError(f"UpdatesArrow payload has a row update with null {field.name!r}")
+    return table
+
+
+def describe_ipc(ipc: bytes) -> str:
+    """A one-line summary of an `UpdatesArrow` payload for humans (`mvsink inspect`)."""
+    try:
+        table = pa.ipc.open_stream(ipc).read_all()
+    except (pa.ArrowInvalid, OSError) as error:
+        return f"<{len(ipc)} bytes, not Arrow IPC: {error}>"
+    head = table.slice(0, 3).to_pylist()
+    more = f", ... {table.num_rows - 3} more" if table.num_rows > 3 else ""
+    return f"{table.num_rows} rows, {len(ipc)} bytes: {head}{more}"
 
 
 def check_bounds(table: pa.Table, lower: Frontier, upper: Frontier) -> None:

@@ -18,11 +18,13 @@ from __future__ import annotations
 import io
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
 import fastavro
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from confluent_kafka import Consumer, Producer, TopicPartition
 
@@ -31,10 +33,11 @@ from mvsink.config import S3Settings
 from mvsink.errors import DecodeError
 from mvsink.frontier import Frontier, advance
 from mvsink.kafka import READ_TO_END, client_config, consumer_config, poll_message
-from mvsink.messages import Progress, Updates
+from mvsink.messages import Progress, Updates, UpdatesArrow
 from mvsink.rows import avro_row_schema
 from mvsink.s3 import PreconditionFailed, conditional_put, get_bytes, s3_client
 from mvsink.shard import PartRef, Shard, open_shard
+from mvsink.shard.parts import updates_from_ipc
 from mvsink.shard.state import DIFF, ERR, TIME, part_schema
 from services.write.correction import Correction
 
@@ -187,8 +190,8 @@ def _checkpoint(spec: TaskSpec, state: PartitionState) -> bool:
 def _fold_desired(spec: TaskSpec, state: PartitionState) -> int:
     """Read the partition from `folded_offset` to its end; the number of records quarantined."""
     consumer = Consumer(consumer_config(spec.bootstrap, extra=READ_TO_END))
-    decode_row = _row_decoder(spec.row_schema)
-    dead, rows, errs, times, diffs = 0, [], [], [], []
+    decode_rows = _v1_decoder(spec.row_schema)
+    dead, tables = 0, []
     dead_producer: Producer | None = None
     try:
         consumer.assign([TopicPartition(spec.desired_topic, spec.partition, state.folded_offset)])
@@ -198,20 +201,21 @@ def _fold_desired(spec: TaskSpec, state: PartitionState) -> int:
             if message is None:
                 continue
             try:
-                record = decode_message(message, (Updates, Progress))
+                record = decode_message(message, (UpdatesArrow, Updates, Progress))
                 if isinstance(record, Progress):
                     state.desired_frontier = advance(
                         state.desired_frontier, record.frontier
                     ).frontier
                     continue
-                assert isinstance(record, Updates)
-                decoded = []
-                for update in record.updates:
-                    if not state.desired_frontier.less_equal_time(update.time):
-                        raise DecodeError(f"update at time {update.time} is below the partition's "
+                if isinstance(record, UpdatesArrow):
+                    table = updates_from_ipc(record.ipc, spec.row_schema)
+                else:
+                    table = decode_rows(cast(Updates, record))
+                if table.num_rows:
+                    low = pc.min(table.column(TIME)).as_py()
+                    if not state.desired_frontier.less_equal_time(low):
+                        raise DecodeError(f"update at time {low} is below the partition's "
                                           f"progress {state.desired_frontier}")  # fmt: skip
-                    decoded.append((decode_row(update.row) if update.row is not None else None,
-                                    update.err, update.time, update.diff))  # fmt: skip
             except DecodeError as error:
                 located = error.located(
                     spec.desired_topic, spec.partition, int(message.offset() or 0)
@@ -222,11 +226,7 @@ def _fold_desired(spec: TaskSpec, state: PartitionState) -> int:
                                       headers=[("mvsink-error", str(located).encode())])  # fmt: skip
                 dead += 1
                 continue
-            for row, err, time_, diff in decoded:
-                rows.append(row or {})
-                errs.append(err)
-                times.append(time_)
-                diffs.append(diff)
+            tables.append(table)
         position = consumer.position([TopicPartition(spec.desired_topic, spec.partition)])[0].offset
         if position >= 0:
             state.folded_offset = position
@@ -234,14 +234,26 @@ def _fold_desired(spec: TaskSpec, state: PartitionState) -> int:
         consumer.close()
         if dead_producer is not None:
             dead_producer.flush(30)
-    if rows:
-        nullable = pa.schema([f.with_nullable(True) for f in spec.row_schema])  # error rows
-        table = pa.Table.from_pylist(rows, schema=nullable)
-        table = table.append_column(TIME, pa.array(times, pa.int64()))
-        table = table.append_column(DIFF, pa.array(diffs, pa.int64()))
-        table = table.append_column(ERR, pa.array(errs, pa.string()))
-        state.correction.insert(table.cast(part_schema(spec.row_schema)))
+    if tables:
+        state.correction.insert(pa.concat_tables(tables))
     return dead
+
+
+def _v1_decoder(schema: pa.Schema) -> Callable[[Updates], pa.Table]:
+    """Decode a v1 `Updates` record (one Avro row per update) into the part schema."""
+    decode_row = _row_decoder(schema)
+    nullable = pa.schema([f.with_nullable(True) for f in schema])  # error rows
+    target = part_schema(schema)
+
+    def decode(record: Updates) -> pa.Table:
+        rows = [decode_row(u.row) if u.row is not None else {} for u in record.updates]
+        table = pa.Table.from_pylist(rows, schema=nullable)
+        table = table.append_column(TIME, pa.array([u.time for u in record.updates], pa.int64()))
+        table = table.append_column(DIFF, pa.array([u.diff for u in record.updates], pa.int64()))
+        table = table.append_column(ERR, pa.array([u.err for u in record.updates], pa.string()))
+        return table.cast(target)
+
+    return decode
 
 
 def _row_decoder(schema: pa.Schema) -> Any:

@@ -44,9 +44,9 @@ def contents(sink: Sink, as_of: int) -> dict[tuple[str, int], int]:
 class Upstream:
     """A view's changelog: per tick, half the keys change value (retraction + insertion)."""
 
-    def __init__(self, sink: Sink, keys: int = 6) -> None:
+    def __init__(self, sink: Sink, keys: int = 6, wire: str = "arrow") -> None:
         self.producer = DesiredProducer(sink.config, parse_row_schema(sink.config.row_schema),
-                                        f"test-{uuid.uuid4().hex[:6]}")  # fmt: skip
+                                        f"test-{uuid.uuid4().hex[:6]}", wire=wire)  # fmt: skip
         self.frontier = self.producer.start().time or 0
         self.model: Counter[tuple[str, int]] = Counter()
         self.values = {f"c{i}": 0 for i in range(keys)}
@@ -80,10 +80,15 @@ def converged(sink: Sink, upstream: Upstream) -> bool:
 
 
 def test_a_changelog_with_retractions_converges(sink: Sink, procs: list[Service]) -> None:
+    """Both desired wire forms fold the same: the upstream switches from v1 `Updates` (one Avro
+    row per update) to v2 `UpdatesArrow` mid-stream, as in a rolling upgrade."""
     for name in ("mint", "write", "append"):
         start(procs, sink, name)
-    upstream = Upstream(sink)
-    for _ in range(5):
+    upstream = Upstream(sink, wire="avro")
+    for _ in range(2):
+        upstream.tick()
+    upstream.producer.wire = "arrow"
+    for _ in range(3):
         upstream.tick()
     wait_until(lambda: sink.shard.upper() == F(upstream.frontier), 180, "the final upper")
     assert contents(sink, upstream.frontier) == upstream.expected()

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -22,9 +22,10 @@ from mvsink.config import S3Settings
 from mvsink.errors import ContractError
 from mvsink.frontier import Frontier
 from mvsink.kafka import poll_message, read_compacted, tail_consumer
-from mvsink.messages import DesiredProgress, Progress, Updates
+from mvsink.messages import DesiredProgress, Progress, Updates, UpdatesArrow
 from mvsink.producer import DesiredProducer, publish_dataframe
 from mvsink.rows import parse_row_schema, partition_of, row_encoder
+from mvsink.shard.parts import updates_from_ipc
 
 pytestmark = pytest.mark.integration
 F = Frontier.at
@@ -35,9 +36,9 @@ def sink(kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path) -> Sink:
     return Sink.create(kafka_bootstrap, s3_settings, tmp_path, partitions=3)
 
 
-def producer_for(sink: Sink, name: str | None = None) -> DesiredProducer:
+def producer_for(sink: Sink, name: str | None = None, wire: str = "arrow") -> DesiredProducer:
     producer = DesiredProducer(sink.config, parse_row_schema(sink.config.row_schema),
-                               name or f"t-{uuid.uuid4().hex[:6]}", chunk=4)  # fmt: skip
+                               name or f"t-{uuid.uuid4().hex[:6]}", chunk=4, wire=wire)  # fmt: skip
     producer.start()
     return producer
 
@@ -62,20 +63,34 @@ def read_desired(sink: Sink) -> list[tuple[int, Any]]:
     return seen
 
 
-def test_updates_land_on_their_rows_partition_with_progress(sink: Sink) -> None:
-    producer = producer_for(sink)
+def sent_rows(sink: Sink, records: list[tuple[int, Any]]) -> list[tuple[int, bytes]]:
+    """`(partition, Avro-encoded row)` of every update in either wire form, chunks of <= 4."""
+    schema = parse_row_schema(sink.config.row_schema)
+    encode, out = row_encoder(schema), []
+    for partition, record in records:
+        if isinstance(record, Updates):
+            assert len(record.updates) <= 4
+            out += [(partition, cast(bytes, u.row)) for u in record.updates]
+        elif isinstance(record, UpdatesArrow):
+            rows = updates_from_ipc(record.ipc, schema).select(schema.names).to_pylist()
+            assert len(rows) <= 4
+            out += [(partition, encode(row)) for row in rows]
+    return out
+
+
+@pytest.mark.parametrize("wire", ["arrow", "avro"])
+def test_updates_land_on_their_rows_partition_with_progress(sink: Sink, wire: str) -> None:
+    producer = producer_for(sink, wire=wire)
     rows = [(f"k{i}", i, 0, 1) for i in range(20)]
     assert producer.send(table([*rows, ("zero", 0, 0, 0)])) == 20  # zero diffs are dropped
     producer.advance_to(F(1))
     encode = row_encoder(parse_row_schema(sink.config.row_schema))
     records = read_desired(sink)
-    for partition, record in records:
-        if isinstance(record, Updates):
-            assert len(record.updates) <= 4  # chunked
-            for update in record.updates:
-                assert update.row is not None and partition_of(update.row, 3) == partition
-    sent = [u for _, r in records if isinstance(r, Updates) for u in r.updates]
-    assert sorted(u.row for u in sent) == sorted(encode({"k": k, "v": v}) for k, v, _, _ in rows)
+    expected_kind = UpdatesArrow if wire == "arrow" else Updates
+    assert {type(r) for _, r in records} == {expected_kind, Progress}
+    sent = sent_rows(sink, records)
+    assert all(partition_of(row, 3) == partition for partition, row in sent)
+    assert sorted(row for _, row in sent) == sorted(encode({"k": k, "v": v}) for k, v, _, _ in rows)
     progress = {p for p, r in records if isinstance(r, Progress) and r.frontier == F(1)}
     assert progress == {0, 1, 2}  # in-band on every partition, after the updates
     latest = read_compacted(sink.config.kafka_bootstrap, sink.config.topics.frontiers)
@@ -101,7 +116,7 @@ def test_restart_restores_the_frontier_and_fences_the_predecessor(sink: Sink) ->
     assert second.frontier == F(7)
     with pytest.raises(KafkaException):
         first.advance_to(F(8))
-    assert not any(isinstance(r, Updates) for _, r in read_desired(sink))
+    assert not sent_rows(sink, read_desired(sink))
 
 
 def test_publish_dataframe(sink: Sink, spark: Any) -> None:
@@ -111,7 +126,7 @@ def test_publish_dataframe(sink: Sink, spark: Any) -> None:
     )
     assert publish_dataframe(frame, producer) == 2
     producer.advance_to(F(1))
-    assert sum(len(r.updates) for _, r in read_desired(sink) if isinstance(r, Updates)) == 2
+    assert len(sent_rows(sink, read_desired(sink))) == 2
 
 
 def test_cli_desired_send_and_advance(sink: Sink, tmp_path: Path) -> None:
