@@ -36,6 +36,12 @@ CORRECTIONS = Gauge(
     "mvsink_write_corrections", "Correction rows per partition", ["sink", "partition"]
 )
 DEAD = Counter("mvsink_write_dead_letters", "Desired records quarantined", ["sink"])
+READ_BACK = Counter(
+    "mvsink_write_read_back_bytes", "Bytes of shard parts read back from object storage", ["sink"]
+)
+WRITTEN = Counter(
+    "mvsink_write_written_bytes", "Bytes written to object storage (parts, checkpoints)", ["sink"]
+)
 
 
 class WriteShell:
@@ -166,6 +172,8 @@ class WriteShell:
                 self.versions[result.partition] = result.version
             CORRECTIONS.labels(self.config.sink_id, str(result.partition)).set(result.corrections)
             DEAD.labels(self.config.sink_id).inc(result.dead_letters)
+            READ_BACK.labels(self.config.sink_id).inc(result.bytes_read_back)
+            WRITTEN.labels(self.config.sink_id).inc(result.bytes_written)
         return results
 
     def _stage(self, job: StageJob) -> None:

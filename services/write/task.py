@@ -6,7 +6,10 @@ Steps of `run_task`:
 2. fold in new desired records (Kafka offsets `[folded_offset, end)`, read_committed) as
    positive updates; quarantine invalid ones to the dead-letter topic;
 3. fold in the shard batches appended since the last fold as negative updates, advance
-   times to `since` = the shard's upper, consolidate;
+   times to `since` = the shard's upper, consolidate. A part this executor staged itself is
+   not read back: the task kept what it wrote (`PartitionState.staged`) and negates that, so in
+   steady state the read-back costs no object reads. Every other part (a racing replica's, a
+   foreign writer's, ours after a restart or a move to another executor) is read;
 4. for a batch description whose lower is the shard's upper: stage the corrections with
    time `< upper` as one part (none if there are none); written updates stay in the
    corrections until the read-back cancels them;
@@ -19,7 +22,7 @@ import io
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import fastavro
@@ -78,6 +81,10 @@ class TaskResult:
     persist_folded: Frontier
     corrections: int
     dead_letters: int
+    #: Bytes of shard parts read back from object storage (own kept parts excluded).
+    bytes_read_back: int
+    #: Bytes written to object storage: the staged part and the checkpoint.
+    bytes_written: int
     #: The shard moved past the description's lower: nothing was staged.
     outdated: bool
     #: Another owner checkpointed this partition first: this task's work is void.
@@ -93,6 +100,9 @@ class PartitionState:
     folded_offset: int
     desired_frontier: Frontier
     persist_folded: Frontier
+    #: Parts this executor staged, by key: (the batch's upper, the contents), kept until the
+    #: read-back passes that upper.
+    staged: dict[str, tuple[Frontier, pa.Table]] = field(default_factory=dict)
 
 
 _CACHE: dict[tuple[str, int], PartitionState] = {}
@@ -110,13 +120,21 @@ def run_task(spec: TaskSpec) -> TaskResult:
     dead = _fold_desired(spec, state)
     shard = _shard(spec)
     shard_state = shard.state()
+    bytes_read = 0
     if state.persist_folded.less_than(shard_state.upper):
         # Batches are contiguous and `persist_folded` is a past upper: exactly the new ones.
         selected = shard.parts_for(spec.partition, state.persist_folded, shard_state.upper,
                                    spec.partitions, shard_state)  # fmt: skip
-        read = shard.read_parts(selected, [spec.partition], spec.partitions)
-        state.correction.insert_negated(read)
+        kept = [state.staged[c.part.key][1] for c in selected if c.part.key in state.staged]
+        to_read = [c for c in selected if c.part.key not in state.staged]
+        read = shard.read_parts(to_read, [spec.partition], spec.partitions)
+        state.correction.insert_negated(pa.concat_tables([read, *kept]))
+        bytes_read = sum(c.part.bytes for c in to_read)
         state.persist_folded = shard_state.upper
+        # A kept part the shard's upper has passed was either read back just now or lost its
+        # batch to another writer: it will never be appended.
+        state.staged = {key: kept for key, kept in state.staged.items()
+                        if state.persist_folded.less_than(kept[0])}  # fmt: skip
     state.correction.advance_since(shard_state.upper)
     state.correction.consolidate()
     part, outdated = None, False
@@ -128,10 +146,12 @@ def run_task(spec: TaskSpec) -> TaskResult:
             if updates.num_rows:
                 part = shard.stage(updates, spec.lower, spec.upper, spec.writer_id,
                                    spec.partition, spec.partitions)  # fmt: skip
-    stale = not _checkpoint(spec, state)
+                state.staged[part.key] = (spec.upper, updates)
+    checkpointed = _checkpoint(spec, state)
     return TaskResult(spec.partition, state.version, part, state.folded_offset,
                       state.desired_frontier, state.persist_folded, len(state.correction),
-                      dead, outdated, stale)  # fmt: skip
+                      dead, bytes_read, (part.bytes if part else 0) + (checkpointed or 0),
+                      outdated, checkpointed is None)  # fmt: skip
 
 
 def _shard(spec: TaskSpec) -> Shard:
@@ -160,8 +180,8 @@ def _load(spec: TaskSpec) -> PartitionState:
                           Frontier.from_elements(meta["persist_folded"]))  # fmt: skip
 
 
-def _checkpoint(spec: TaskSpec, state: PartitionState) -> bool:
-    """Write the next version; whether it is ours (False: another owner wrote it first)."""
+def _checkpoint(spec: TaskSpec, state: PartitionState) -> int | None:
+    """Write the next version; its size, or None if another owner wrote it first."""
     version = state.version + 1
     meta = {
         "since": state.correction.since.elements(),
@@ -175,16 +195,17 @@ def _checkpoint(spec: TaskSpec, state: PartitionState) -> bool:
     pq.write_table(table.replace_schema_metadata({"mvsink.write": json.dumps(meta)}), buf)
     client = s3_client(spec.s3)
     key = checkpoint_key(spec.sink_id, spec.partition, version)
-    if isinstance(conditional_put(client, spec.s3.bucket, key, buf.getvalue()), PreconditionFailed):
+    data = buf.getvalue()
+    if isinstance(conditional_put(client, spec.s3.bucket, key, data), PreconditionFailed):
         _CACHE.pop((spec.sink_id, spec.partition), None)
-        return False
+        return None
     state.version = version
     _CACHE[(spec.sink_id, spec.partition)] = state
     if version >= 2:  # keep the previous version for a driver that has not seen this one
         client.remove_object(
             spec.s3.bucket, checkpoint_key(spec.sink_id, spec.partition, version - 2)
         )
-    return True
+    return len(data)
 
 
 def _fold_desired(spec: TaskSpec, state: PartitionState) -> int:
