@@ -2,7 +2,9 @@
 
     mvsink stack up|down|status|env   the embedded Kafka + MinIO on loopback
     mvsink shard show|snapshot|sweep  inspect and maintain a shard
-    mvsink bench shard                shard library vs raw S3 on the same bytes
+    mvsink bench [--quick] [--out D]  mvsink vs Structured Streaming peer vs raw limit
+    mvsink bench shard|pipeline       shard library vs raw S3; pipeline updates/s, freshness
+    mvsink bench restart|readonly     resume over a shard equal to desired; read-only state size
     mvsink desired send|advance       publish desired updates and progress (upstream side)
     mvsink promote SINK               switch a read-only sink replica to writing
     mvsink inspect TOPIC [-f]         decode and print any of mvsink's topics
@@ -286,6 +288,48 @@ def cmd_bench_pipeline(args: argparse.Namespace) -> int:
     return 0 if figures["converged"] else 1
 
 
+def cmd_bench_compare(args: argparse.Namespace) -> int:
+    from mvsink.bench.compare import SYSTEMS, Workload, run
+
+    if not args.no_stack:
+        _stack().up()
+    keys, ticks = (
+        (args.keys or 100_000, args.ticks or 6)
+        if args.quick
+        else (args.keys or 1_000_000, args.ticks or 10)
+    )
+    systems = tuple(s.strip() for s in args.systems.split(",")) if args.systems else SYSTEMS
+    unknown = set(systems) - set(SYSTEMS)
+    if unknown:
+        say(f"unknown system(s) {sorted(unknown)}: choose from {', '.join(SYSTEMS)}")
+        return 2
+    workload = Workload(keys, args.change, ticks, args.partitions)
+    figures = run(load_config(args.config), workload, Path(args.out), say, args.in_flight, systems,
+                  args.append_workers)  # fmt: skip
+    return 0 if figures.get("mvsink_shard_equals_desired") in (True, None) else 1
+
+
+def cmd_bench_restart(args: argparse.Namespace) -> int:
+    from mvsink.bench.steady import run_restart
+
+    if not args.no_stack:
+        _stack().up()
+    figures = run_restart(
+        load_config(args.config), args.updates, args.partitions, Path(args.out), say
+    )
+    return 0 if figures["cold_bytes_rewritten"] == 0 and figures["warm_bytes_rewritten"] == 0 else 1
+
+
+def cmd_bench_readonly(args: argparse.Namespace) -> int:
+    from mvsink.bench.steady import run_readonly
+
+    if not args.no_stack:
+        _stack().up()
+    run_readonly(load_config(args.config), args.keys, args.change, args.minutes, args.interval,
+                 args.partitions, Path(args.out), say)  # fmt: skip
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used by tests to check compose commands are real)."""
     parser = argparse.ArgumentParser(prog="mvsink", description=__doc__.split("\n\n")[0])
@@ -324,8 +368,23 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--keep-states", type=int, default=10)
     sweep.set_defaults(func=cmd_shard_sweep)
 
-    bench = commands.add_parser("bench", help="benchmarks against same-run baselines")
-    bench_commands = bench.add_subparsers(dest="bench_command", required=True, metavar="WHAT")
+    bench = commands.add_parser(
+        "bench", help="benchmarks against same-run baselines",
+        description="Without WHAT: mvsink vs the Structured Streaming peer vs the raw limit on "
+                    "one workload (see mvsink.bench.compare); WHAT runs a narrower benchmark.",
+    )  # fmt: skip
+    bench.add_argument("--quick", action="store_true", help="100k keys, 6 ticks (< 5 min)")
+    bench.add_argument("--out", default="bench-out", help="directory for bench.json, bench.png")
+    bench.add_argument("--keys", type=int, default=0, help="view size (default 1M, quick 100k)")
+    bench.add_argument("--ticks", type=int, default=0, help="ticks after the load (10, quick 6)")
+    bench.add_argument("--change", type=float, default=0.1, help="share of keys changed per tick")
+    bench.add_argument("--partitions", type=int, default=4, help="P (desired partitions)")
+    bench.add_argument("--append-workers", type=int, default=2, help="A (append workers)")
+    bench.add_argument("--in-flight", type=int, default=2, help="ticks published, not durable")
+    bench.add_argument("--systems", default="", help="comma list of mvsink,peer,raw (default all)")
+    bench.add_argument("--no-stack", action="store_true", help="use configured endpoints")
+    bench.set_defaults(func=cmd_bench_compare)
+    bench_commands = bench.add_subparsers(dest="bench_command", required=False, metavar="WHAT")
     bench_shard = bench_commands.add_parser("shard", help="shard library vs raw S3 calls")
     bench_shard.add_argument("--rows", type=int, default=1_000_000)
     bench_shard.add_argument("--parts", type=int, default=8)
@@ -340,6 +399,21 @@ def build_parser() -> argparse.ArgumentParser:
                                 help="seconds between ticks (0: as fast as the producer can)")  # fmt: skip
     bench_pipeline.add_argument("--no-stack", action="store_true", help="use configured endpoints")
     bench_pipeline.set_defaults(func=cmd_bench_pipeline)
+    restart = bench_commands.add_parser("restart", help="resume time over a shard equal to desired")
+    restart.add_argument("--updates", type=int, default=10_000_000, help="updates in the shard")
+    restart.add_argument("--partitions", type=int, default=4, help="P (desired partitions)")
+    restart.add_argument("--out", default="bench-out", help="directory for restart.json")
+    restart.add_argument("--no-stack", action="store_true", help="use configured endpoints")
+    restart.set_defaults(func=cmd_bench_restart)
+    readonly = bench_commands.add_parser("readonly", help="correction state of a read-only replica")
+    readonly.add_argument("--minutes", type=float, default=10.0)
+    readonly.add_argument("--keys", type=int, default=100_000)
+    readonly.add_argument("--change", type=float, default=0.1, help="share changed per tick")
+    readonly.add_argument("--interval", type=float, default=1.0, help="seconds between ticks")
+    readonly.add_argument("--partitions", type=int, default=4, help="P (desired partitions)")
+    readonly.add_argument("--out", default="bench-out", help="directory for readonly.json")
+    readonly.add_argument("--no-stack", action="store_true", help="use configured endpoints")
+    readonly.set_defaults(func=cmd_bench_readonly)
 
     desired = commands.add_parser("desired", help="publish desired updates and progress")
     desired.add_argument("--producer-id", help="transactional id (default cli.<sink>)")

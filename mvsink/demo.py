@@ -150,7 +150,7 @@ def service_env(config: Config) -> dict[str, str]:
         "MVSINK_KAFKA_BOOTSTRAP": config.kafka_bootstrap, "MVSINK_S3_ENDPOINT": config.s3.endpoint,
         "MVSINK_S3_BUCKET": config.s3.bucket, "MVSINK_S3_ACCESS_KEY": config.s3.access_key.reveal(),
         "MVSINK_S3_SECRET_KEY": config.s3.secret_key.reveal(),
-        "MVSINK_ROW_SCHEMA": config.row_schema,
+        "MVSINK_ROW_SCHEMA": config.row_schema, "MVSINK_READ_ONLY": str(config.read_only).lower(),
     })  # fmt: skip
     return env
 

@@ -123,6 +123,19 @@ class DesiredProducer:
         ]
         return records, int(table.num_rows)
 
+    def progress(
+        self, frontier: Frontier
+    ) -> list[tuple[str, int | None, Progress | DesiredProgress]]:
+        """What `advance_to(frontier)` produces: `(topic, partition, record)` in order."""
+        topics = self.config.topics
+        out: list[tuple[str, int | None, Progress | DesiredProgress]] = []
+        for partition in range(self.config.partitions):
+            out.append((topics.desired, partition, Progress(frontier)))
+            out.append(
+                (topics.frontiers, None, DesiredProgress(self.config.sink_id, partition, frontier))
+            )
+        return out
+
     def _records(self, table: pa.Table) -> list[Updates | UpdatesArrow]:
         """The updates of one partition in records of at most `chunk` updates and about
         `MAX_RECORD_BYTES`."""
@@ -164,11 +177,9 @@ class DesiredProducer:
         if not self.frontier.less_equal(frontier):
             raise ContractError(f"cannot move the frontier back from {self.frontier} to {frontier}")
         self._begin()
-        topics = self.config.topics
-        for partition in range(self.config.partitions):
-            produce(self.producer, topics.desired, str(partition), Progress(frontier), partition)
-            record = DesiredProgress(self.config.sink_id, partition, frontier)
-            produce(self.producer, topics.frontiers, record.key, record)
+        for topic, partition, record in self.progress(frontier):
+            key = str(partition) if isinstance(record, Progress) else record.key
+            produce(self.producer, topic, key, record, partition)
         self.producer.commit_transaction(timeout)
         self.in_transaction = False
         self.frontier = frontier

@@ -1,7 +1,7 @@
 """Embedded Kafka: the Apache Kafka broker from Maven Central, one KRaft node on loopback.
 
 * `ensure_libs` resolves `maven/kafka.pom.xml` (kafka_2.13 + the log4j2 SLF4J binding) into the
-  cache with `mvn dependency:copy-dependencies`, once.
+  cache with `mvsink.stack.jars.resolve`, once.
 * `KafkaNode.start` writes `server.properties` (combined broker+controller, static quorum on
   127.0.0.1), formats the storage with `kafka.tools.StorageTool` on first start, runs
   `kafka.Kafka`, and is ready when a metadata request succeeds.
@@ -14,35 +14,15 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from mvsink.stack import procs
+from mvsink.stack import jars, procs
 
-POM = Path(__file__).resolve().parent / "maven" / "kafka.pom.xml"
 KAFKA_VERSION = "4.1.1"
-_MARKER = f"kafka-{KAFKA_VERSION}.complete"
 
 
 def ensure_libs(cache: Path, say: procs.Say) -> Path:
     """The directory of broker jars, resolving them from Maven Central if not cached yet."""
-    libs = cache / "kafka" / KAFKA_VERSION / "libs"
-    marker = libs.parent / _MARKER
-    if marker.exists():
-        return libs
-    procs.require_tool("java", "install a JDK 17 (e.g. `apt-get install openjdk-17-jre-headless`)")
-    mvn = procs.require_tool("mvn", "install Maven (e.g. `apt-get install maven`)")
-    say(f"resolving Kafka {KAFKA_VERSION} broker jars from Maven Central into {libs} ...")
-    libs.mkdir(parents=True, exist_ok=True)
-    procs.run_checked(
-        [
-            mvn, "-B", "-q", "-f", str(POM),
-            "dependency:copy-dependencies",
-            f"-DoutputDirectory={libs}",
-            "-DincludeScope=runtime",
-        ],
-        log=libs.parent / "mvn.log",
-        what="resolving Kafka jars with Maven",
-    )  # fmt: skip
-    marker.write_text(KAFKA_VERSION)
-    return libs
+    return jars.resolve("kafka.pom.xml", cache / "kafka" / KAFKA_VERSION / "libs", say,
+                        f"Kafka {KAFKA_VERSION} broker jars")  # fmt: skip
 
 
 @dataclass

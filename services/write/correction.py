@@ -37,6 +37,17 @@ class Correction:
         if updates.num_rows:
             self.insert(self._replace(updates, DIFF, pc.negate(updates.column(DIFF))))
 
+    def retract_before(self, upper: Frontier) -> None:
+        """Drop the updates with time before `upper`. Equal to `insert_negated` of a part
+        staged from `updates_before(upper)` when nothing before `upper` changed since: what
+        the read-back of our own appended part does, without reading or consolidating it."""
+        if upper.time is None:
+            self._tables, self._consolidated = [], True
+            return
+        self._tables = [
+            t.filter(pc.greater_equal(t.column(TIME), upper.time)) for t in self._tables
+        ]
+
     def advance_since(self, since: Frontier) -> None:
         """Advance times before `since` to `since` (never moves back)."""
         if not self.since.less_than(since):

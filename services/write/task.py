@@ -21,6 +21,8 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -30,6 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from confluent_kafka import Consumer, Producer, TopicPartition
+from minio.error import S3Error
 
 from mvsink.codec import decode_message
 from mvsink.config import S3Settings
@@ -39,12 +42,16 @@ from mvsink.kafka import READ_TO_END, client_config, consumer_config, poll_messa
 from mvsink.messages import Progress, Updates, UpdatesArrow
 from mvsink.rows import avro_row_schema
 from mvsink.s3 import PreconditionFailed, conditional_put, get_bytes, s3_client
-from mvsink.shard import PartRef, Shard, open_shard
+from mvsink.shard import PartRef, SelectedPart, Shard, open_shard
 from mvsink.shard.parts import updates_from_ipc
 from mvsink.shard.state import DIFF, ERR, TIME, part_schema
+from mvsink.spark import trim_worker_path
 from services.write.correction import Correction
 
 log = logging.getLogger("mvsink.write.task")
+
+# Executors import this module to run the tasks: keep per-task overhead down (see the docs).
+trim_worker_path()
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,8 @@ class TaskResult:
     outdated: bool
     #: Another owner checkpointed this partition first: this task's work is void.
     stale: bool
+    #: Seconds per step (load, desired, persist, consolidate, stage, checkpoint): the profile.
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -103,21 +112,28 @@ class PartitionState:
     #: Parts this executor staged, by key: (the batch's upper, the contents), kept until the
     #: read-back passes that upper.
     staged: dict[str, tuple[Frontier, pa.Table]] = field(default_factory=dict)
+    #: Loaded from a Parquet checkpoint (written before checkpoints were Arrow IPC).
+    legacy: bool = False
 
 
 _CACHE: dict[tuple[str, int], PartitionState] = {}
 _SHARDS: dict[str, Shard] = {}
 
 
-def checkpoint_key(sink_id: str, partition: int, version: int) -> str:
-    """Object key of a correction checkpoint."""
-    return f"sinks/{sink_id}/write/p{partition}/{version:020d}.parquet"
+def checkpoint_key(sink_id: str, partition: int, version: int, suffix: str = "arrow") -> str:
+    """Object key of a correction checkpoint: an Arrow IPC file (LZ4), the state's metadata in
+    its schema metadata. Checkpoints written before were Parquet (`suffix="parquet"`) and are
+    still read."""
+    return f"sinks/{sink_id}/write/p{partition}/{version:020d}.{suffix}"
 
 
 def run_task(spec: TaskSpec) -> TaskResult:
     """One desired partition's step (see the module docs)."""
+    lap = _Laps()
     state = _load(spec)
+    lap("load")
     dead = _fold_desired(spec, state)
+    lap("desired")
     shard = _shard(spec)
     shard_state = shard.state()
     bytes_read = 0
@@ -125,7 +141,13 @@ def run_task(spec: TaskSpec) -> TaskResult:
         # Batches are contiguous and `persist_folded` is a past upper: exactly the new ones.
         selected = shard.parts_for(spec.partition, state.persist_folded, shard_state.upper,
                                    spec.partitions, shard_state)  # fmt: skip
-        kept = [state.staged[c.part.key][1] for c in selected if c.part.key in state.staged]
+        own = [c for c in selected if c.part.key in state.staged]
+        if _is_next_batch(own, selected, state.persist_folded):
+            # Our part of the first new batch holds exactly our corrections before its upper
+            # (nothing before it can change after staging): drop them, read the rest.
+            state.correction.retract_before(own[0].part.upper)
+            own, selected = [], selected[1:]
+        kept = [state.staged[c.part.key][1] for c in own]
         to_read = [c for c in selected if c.part.key not in state.staged]
         read = shard.read_parts(to_read, [spec.partition], spec.partitions)
         state.correction.insert_negated(pa.concat_tables([read, *kept]))
@@ -135,8 +157,10 @@ def run_task(spec: TaskSpec) -> TaskResult:
         # batch to another writer: it will never be appended.
         state.staged = {key: kept for key, kept in state.staged.items()
                         if state.persist_folded.less_than(kept[0])}  # fmt: skip
+    lap("persist")
     state.correction.advance_since(shard_state.upper)
     state.correction.consolidate()
+    lap("consolidate")
     part, outdated = None, False
     if spec.lower is not None and spec.upper is not None:
         if shard_state.upper != spec.lower:
@@ -147,11 +171,44 @@ def run_task(spec: TaskSpec) -> TaskResult:
                 part = shard.stage(updates, spec.lower, spec.upper, spec.writer_id,
                                    spec.partition, spec.partitions)  # fmt: skip
                 state.staged[part.key] = (spec.upper, updates)
+    lap("stage")
     checkpointed = _checkpoint(spec, state)
+    lap("checkpoint")
     return TaskResult(spec.partition, state.version, part, state.folded_offset,
                       state.desired_frontier, state.persist_folded, len(state.correction),
                       dead, bytes_read, (part.bytes if part else 0) + (checkpointed or 0),
-                      outdated, checkpointed is None)  # fmt: skip
+                      outdated, checkpointed is None, lap.seconds)  # fmt: skip
+
+
+def warm_up(_: object) -> int:
+    """A no-op task: unpickling it imports this module (Arrow, Kafka, S3 clients) into the
+    executor's Python worker, so the first real job after a start does not pay for that."""
+    return os.getpid()
+
+
+def run_tasks(specs: list[TaskSpec]) -> list[TaskResult]:
+    """`run_task` for each of `specs`, in order (one Spark task covering several partitions)."""
+    return [run_task(spec) for spec in specs]
+
+
+class _Laps:
+    """Wall-clock seconds per named step, for the driver's log."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.last = time.monotonic()
+
+    def __call__(self, step: str) -> None:
+        now = time.monotonic()
+        self.seconds[step] = round(now - self.last, 4)
+        self.last = now
+
+
+def _is_next_batch(own: list[SelectedPart], selected: list[SelectedPart], folded: Frontier) -> bool:
+    """Whether the first selected part is ours, alone in the first batch after `folded`."""
+    if not own or selected[0] is not own[0] or own[0].part.lower != folded:
+        return False
+    return all(not c.part.lower.less_than(own[0].part.upper) for c in selected[1:])
 
 
 def _shard(spec: TaskSpec) -> Shard:
@@ -169,15 +226,28 @@ def _load(spec: TaskSpec) -> PartitionState:
         since = Frontier.at(spec.as_of)
         return PartitionState(-1, Correction(spec.row_schema, since), 0, Frontier.minimum(),
                               Frontier.minimum())  # fmt: skip
-    data = get_bytes(s3_client(spec.s3), spec.s3.bucket,
-                     checkpoint_key(spec.sink_id, spec.partition, spec.version))  # fmt: skip
-    table = pq.read_table(io.BytesIO(data))
+    table, legacy = _read_checkpoint(spec)
     meta = json.loads(table.schema.metadata[b"mvsink.write"])
     table = table.replace_schema_metadata(None).cast(part_schema(spec.row_schema))
     since = Frontier.from_elements(meta["since"])
     return PartitionState(spec.version, Correction(spec.row_schema, since, table),
                           meta["folded_offset"], Frontier.from_elements(meta["desired_frontier"]),
-                          Frontier.from_elements(meta["persist_folded"]))  # fmt: skip
+                          Frontier.from_elements(meta["persist_folded"]), legacy=legacy)  # fmt: skip
+
+
+def _read_checkpoint(spec: TaskSpec) -> tuple[pa.Table, bool]:
+    """The checkpoint the spec expects, and whether it was a (legacy) Parquet one."""
+    client = s3_client(spec.s3)
+    try:
+        data = get_bytes(
+            client, spec.s3.bucket, checkpoint_key(spec.sink_id, spec.partition, spec.version)
+        )
+    except S3Error as error:
+        if error.code != "NoSuchKey":
+            raise
+        legacy = checkpoint_key(spec.sink_id, spec.partition, spec.version, "parquet")
+        return pq.read_table(io.BytesIO(get_bytes(client, spec.s3.bucket, legacy))), True
+    return pa.ipc.open_file(data).read_all(), False
 
 
 def _checkpoint(spec: TaskSpec, state: PartitionState) -> int | None:
@@ -191,11 +261,15 @@ def _checkpoint(spec: TaskSpec, state: PartitionState) -> int | None:
         "writer_id": spec.writer_id,
     }
     table = state.correction.consolidate()
-    buf = io.BytesIO()
-    pq.write_table(table.replace_schema_metadata({"mvsink.write": json.dumps(meta)}), buf)
+    table = table.replace_schema_metadata({"mvsink.write": json.dumps(meta)})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(
+        sink, table.schema, options=pa.ipc.IpcWriteOptions(compression="lz4")
+    ) as writer:
+        writer.write_table(table)
+    data = bytes(sink.getvalue())
     client = s3_client(spec.s3)
     key = checkpoint_key(spec.sink_id, spec.partition, version)
-    data = buf.getvalue()
     if isinstance(conditional_put(client, spec.s3.bucket, key, data), PreconditionFailed):
         _CACHE.pop((spec.sink_id, spec.partition), None)
         return None
@@ -205,6 +279,12 @@ def _checkpoint(spec: TaskSpec, state: PartitionState) -> int | None:
         client.remove_object(
             spec.s3.bucket, checkpoint_key(spec.sink_id, spec.partition, version - 2)
         )
+    if state.legacy:  # the first Arrow checkpoint after Parquet ones: those are garbage now
+        for old in (version - 1, version - 2):
+            client.remove_object(
+                spec.s3.bucket, checkpoint_key(spec.sink_id, spec.partition, old, "parquet")
+            )
+        state.legacy = False
     return len(data)
 
 

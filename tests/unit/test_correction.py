@@ -82,3 +82,29 @@ def test_matches_a_counter_model(
     assert dict(as_counter(correction.consolidate())) == expected
     before = {key: d for key, d in expected.items() if key[1] < upper}
     assert dict(as_counter(correction.updates_before(F(upper)))) == before
+
+
+updates_lists = st.lists(st.tuples(st.sampled_from("abcd"), st.integers(0, 9), st.integers(-3, 3).filter(bool)),
+                         max_size=20)  # fmt: skip
+
+
+@given(updates_lists, updates_lists, st.integers(1, 10))
+def test_retract_before_equals_reading_back_our_own_part(
+    before: list[tuple[str, int, int]], after: list[tuple[str, int, int]], upper: int
+) -> None:
+    """The write task drops its corrections before `upper` instead of negating the part it
+    staged from them, once that part is appended: both must leave the same corrections, given
+    that desired updates arriving after staging are at times >= upper (desired progress)."""
+    staged_from = Correction(ROWS, F(0))
+    staged_from.insert(table(before))
+    part = staged_from.updates_before(F(upper))
+    arriving = table([(k, upper + t, d) for k, t, d in after])
+    negated, dropped = (
+        Correction(ROWS, F(0), staged_from.consolidate()),
+        Correction(ROWS, F(0), staged_from.consolidate()),
+    )
+    for correction in (negated, dropped):
+        correction.insert(arriving)
+    negated.insert_negated(part)
+    dropped.retract_before(F(upper))
+    assert as_counter(negated.consolidate()) == as_counter(dropped.consolidate())

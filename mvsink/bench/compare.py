@@ -1,0 +1,607 @@
+"""`mvsink bench`: mvsink side by side with the peer a user would build instead and with the raw
+limit, on the same workload, in one run.
+
+Workload: a view of `keys` rows `(key string, value long)`; tick 0 inserts every key, each later
+tick changes `change` of the keys (a retraction and an insertion each). The ticks are generated
+and encoded once (`DesiredRecord` v2 chunks, partitioned as the producer does) before anything
+is timed, and the *same bytes* are published to each system's own desired topic, followed by
+the in-band `Progress` of the tick (and, for mvsink, `DesiredProgress` in `frontiers`).
+
+Ticks go "as fast as the system takes them": closed loop, at most `in_flight` ticks published
+and not yet durable. Durable means: mvsink's shard upper passed the tick; the peer finished
+the micro-batch holding the tick's progress record; the raw loops wrote the tick's Parquet.
+
+Systems, one after the other (never two at once on this box):
+1. mvsink: mint + write (Spark) + append, P partitions, A append workers;
+2. peer: Structured Streaming, Kafka source -> `foreachBatch` -> Parquet (`mvsink.bench.systems`);
+3. raw: a consume-and-write loop per partition (`mvsink.bench.systems`).
+
+Tick 0 (the initial load) is waited for and timed on its own, untimed in the figures; the
+steady-state ticks 1..N give updates/s and freshness (tick published -> durable) p50/p99. Also
+measured: peak RSS of every process tree, bytes read back per byte written (mvsink's write
+metrics; the others never read back), and whether the shard equals desired at the end.
+Writes `bench.json` and `bench.png` into `--out`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from confluent_kafka import KafkaError, Message, Producer
+
+from mvsink import Say
+from mvsink.codec import SCHEMA_HEADER, encode, schema_header
+from mvsink.config import Config, Topics, state_dir
+from mvsink.demo import service_env, start_services
+from mvsink.errors import MvsinkError
+from mvsink.frontier import Frontier
+from mvsink.kafka import client_config, drain, tail_consumer
+from mvsink.messages import DesiredProgress, Progress, ShardUpper
+from mvsink.producer import DesiredProducer
+from mvsink.provision import provision
+from mvsink.rows import parse_row_schema
+from mvsink.shard import open_shard
+
+ROW_SCHEMA = "key string not null, value long"
+SYSTEMS = ("mvsink", "peer", "raw")
+
+
+class BenchError(MvsinkError):
+    """A system under benchmark failed or stopped making progress."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The generated changelog (see the module docs)."""
+
+    keys: int
+    change: float
+    ticks: int  # steady-state ticks after the initial load
+    partitions: int
+    seed: int = 1
+
+    @property
+    def changed(self) -> int:
+        """Keys changed per steady-state tick."""
+        return max(1, int(self.keys * self.change))
+
+    def generate(self) -> tuple[list[pa.Table], pa.Table]:
+        """The update tables of ticks 0..N and the final contents `(key, value)`."""
+        rng = np.random.default_rng(self.seed)
+        names = pa.array([f"key-{i}" for i in range(self.keys)], pa.string())
+        values = np.ones(self.keys, dtype=np.int64)
+        ticks = [_updates(names, values, 0, np.ones(self.keys, dtype=np.int64))]
+        for tick in range(1, self.ticks + 1):
+            chosen = rng.choice(self.keys, self.changed, replace=False)
+            old = values[chosen].copy()
+            values[chosen] += 1
+            chosen_names = names.take(pa.array(chosen))
+            retract = _updates(chosen_names, old, tick, -np.ones(len(chosen), dtype=np.int64))
+            insert = _updates(
+                chosen_names, values[chosen], tick, np.ones(len(chosen), dtype=np.int64)
+            )
+            ticks.append(pa.concat_tables([retract, insert]))
+        return ticks, pa.table({"key": names, "value": values})
+
+
+def _updates(names: pa.Array, values: np.ndarray, tick: int, diffs: np.ndarray) -> pa.Table:
+    # A copy: Arrow would share the numpy buffer that later ticks change in place.
+    return pa.table({"key": names, "value": pa.array(values.copy()), "_time": pa.array(np.full(len(values), tick)),
+                     "_diff": pa.array(diffs)})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EncodedTick:
+    """One tick as published: `(partition, framed DesiredRecord)` and the progress after it."""
+
+    time: int
+    updates: int
+    records: list[tuple[int, bytes]]
+    progress: bytes
+
+
+def encode_ticks(
+    config: Config, workload: Workload, say: Say
+) -> tuple[list[EncodedTick], pa.Table]:
+    """Generate and encode the workload once (untimed)."""
+    started = time.monotonic()
+    tables, final = workload.generate()
+    producer = DesiredProducer(
+        config, parse_row_schema(ROW_SCHEMA), f"bench-encode-{uuid.uuid4().hex[:6]}"
+    )
+    out = []
+    for tick, table in enumerate(tables):
+        records, count = producer.records(table)
+        out.append(EncodedTick(tick, count, [(p, encode(r)) for p, r in records],
+                               encode(Progress(Frontier.at(tick + 1)))))  # fmt: skip
+    total = sum(t.updates for t in out)
+    say(f"workload: {workload.keys:,} keys, {workload.changed:,} changed per tick "
+        f"({2 * workload.changed:,} updates), {workload.ticks} ticks after the initial load; "
+        f"{total:,} updates, {sum(len(v) for t in out for _, v in t.records) / 1e6:.1f} MB encoded "
+        f"in {time.monotonic() - started:.1f}s")  # fmt: skip
+    return out, final
+
+
+class Feeder:
+    """Publishes encoded ticks; returns each tick's end offsets per partition."""
+
+    def __init__(self, bootstrap: str) -> None:
+        self.producer = Producer(client_config(bootstrap, **{"linger.ms": 5}))
+        self.header: list[tuple[str, str | bytes | None]] = [
+            (SCHEMA_HEADER, schema_header(Progress(Frontier.at(0))).encode())
+        ]
+
+    def feed(self, config: Config, tick: EncodedTick) -> dict[int, int]:
+        ends: dict[int, int] = {}
+
+        def delivered(error: KafkaError | None, message: Message) -> None:
+            if error is not None:
+                raise BenchError(f"publishing to {message.topic()} failed: {error}")
+            partition, offset = int(message.partition() or 0), int(message.offset() or 0)
+            ends[partition] = max(ends.get(partition, 0), offset + 1)
+
+        desired = config.topics.desired
+        for partition, value in tick.records:
+            self._produce(desired, partition, value)
+        for partition in range(config.partitions):
+            self._produce(desired, partition, tick.progress, delivered)
+            record = DesiredProgress(config.sink_id, partition, Frontier.at(tick.time + 1))
+            self.producer.produce(config.topics.frontiers, key=record.key.encode(), value=encode(record),
+                                  headers=self.header)  # fmt: skip
+        if self.producer.flush(60) != 0:
+            raise BenchError("the broker did not take a tick within 60 s")
+        return ends
+
+    def _produce(self, topic: str, partition: int, value: bytes,
+                 on_delivery: Callable[[KafkaError | None, Message], None] | None = None) -> None:  # fmt: skip
+        while True:
+            try:
+                self.producer.produce(topic, key=str(partition).encode(), value=value, partition=partition,
+                                      headers=self.header, on_delivery=on_delivery)  # fmt: skip
+                return
+            except BufferError:
+                self.producer.poll(0.1)
+
+
+# -- processes ------------------------------------------------------------------------------
+
+
+def _process_table() -> dict[int, tuple[int, int]]:
+    """pid -> (ppid, rss bytes) of every process."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            table[int(entry)] = (int(fields[1]), int(fields[21]) * page)
+        except (OSError, IndexError, ValueError):
+            continue
+    return table
+
+
+class RssSampler:
+    """Peak RSS of process trees (a process and all its descendants), sampled 4x a second."""
+
+    def __init__(self, roots: dict[str, int]) -> None:
+        self.roots = roots
+        self.peak = dict.fromkeys(roots, 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            table = _process_table()
+            children: dict[int, list[int]] = {}
+            for pid, (ppid, _) in table.items():
+                children.setdefault(ppid, []).append(pid)
+            for label, root in self.roots.items():
+                total, stack = 0, [root]
+                while stack:
+                    pid = stack.pop()
+                    total += table.get(pid, (0, 0))[1]
+                    stack.extend(children.get(pid, []))
+                self.peak[label] = max(self.peak[label], total)
+
+    def stop(self) -> dict[str, float]:
+        """Stop; the peaks in MiB."""
+        self._stop.set()
+        self._thread.join(2)
+        return {label: round(peak / 2**20, 1) for label, peak in self.peak.items()}
+
+
+# -- systems ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """What one system did with the workload."""
+
+    name: str
+    initial_load_s: float = 0.0
+    steady_s: float = 0.0
+    steady_updates: int = 0
+    freshness: list[float] = field(default_factory=list)
+    batch_seconds: list[float] = field(default_factory=list)
+    peak_rss_mib: dict[str, float] = field(default_factory=dict)
+    bytes_written: int = 0
+    bytes_read_back: int = 0
+    correct: bool | None = None
+    detail: str = ""
+
+    @property
+    def updates_per_s(self) -> float:
+        return self.steady_updates / self.steady_s if self.steady_s else 0.0
+
+
+class System:
+    """A system under benchmark: started, fed, asked how many ticks are durable, stopped."""
+
+    name = ""
+
+    def __init__(self, config: Config, logs: Path) -> None:
+        self.config = config
+        self.logs = logs
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.ends: dict[int, dict[int, int]] = {}
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def durable(self) -> int:
+        """How many ticks (0..n-1) are durable."""
+        raise NotImplementedError
+
+    def check_alive(self) -> None:
+        for label, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise BenchError(f"{self.name} process {label} exited with {proc.returncode}; "
+                                 f"log {self.logs / (label + '.log')}")  # fmt: skip
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    def finish(self, run: Run, final: pa.Table) -> None:
+        """Fill in what is only known at the end (correctness, bytes)."""
+
+
+class MvsinkSystem(System):
+    name = "mvsink"
+
+    def start(self) -> None:
+        for proc, label in zip(
+            start_services(self.config, self.logs), ("mint", "write", "append"), strict=True
+        ):
+            self.procs[label] = proc
+        self.upper = 0
+        self._frontiers = tail_consumer(self.config.kafka_bootstrap, self.config.topics.frontiers)
+
+    def durable(self) -> int:
+        for _, record in drain(self._frontiers):
+            if isinstance(record, ShardUpper) and record.shard_id == self.config.shard_id:
+                self.upper = max(self.upper, record.upper.time or 0)
+        return self.upper
+
+    def stop(self) -> None:
+        self._frontiers.close()
+        super().stop()
+
+    def finish(self, run: Run, final: pa.Table) -> None:
+        shard = open_shard(self.config.shard_id, None, self.config.s3)
+        snapshot = shard.snapshot(self.upper)
+        expected = {
+            (k, v)
+            for k, v in zip(
+                final.column("key").to_pylist(), final.column("value").to_pylist(), strict=True
+            )
+        }
+        got = snapshot.select(["key", "value", "_diff"]).to_pylist()
+        run.correct = (
+            all(r["_diff"] == 1 for r in got) and {(r["key"], r["value"]) for r in got} == expected
+        )
+        metrics = scrape(self.logs / "write.log")
+        run.bytes_written = int(metrics.get("mvsink_write_written_bytes_total", 0))
+        run.bytes_read_back = int(metrics.get("mvsink_write_read_back_bytes_total", 0))
+        run.detail = f"shard {len(got):,} rows at upper {{{self.upper}}}"
+
+
+def scrape(log: Path) -> dict[str, float]:
+    """The write service's Prometheus metrics (its port is in its log), summed over labels."""
+    found = re.search(r"metrics on (http://\S+/metrics)", log.read_text(errors="replace"))
+    if not found:
+        return {}
+    text = urllib.request.urlopen(found.group(1), timeout=10).read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.split("{")[0].split(" ")[0], float(line.rsplit(" ", 1)[1])
+            out[name] = out.get(name, 0.0) + value
+    return out
+
+
+class OffsetSystem(System):
+    """A `mvsink.bench.systems` process reporting durable offsets as JSON lines."""
+
+    def start(self) -> None:
+        prefix = f"bench/{self.config.sink_id}"
+        cmd = [sys.executable, "-m", "mvsink.bench.systems", self.name, self.config.topics.desired,
+               str(self.config.partitions), prefix, str(self.logs / "work")]  # fmt: skip
+        self.logs.mkdir(parents=True, exist_ok=True)
+        with (self.logs / f"{self.name}.log").open("ab") as err:
+            self.procs[self.name] = subprocess.Popen(cmd, env=service_env(self.config), stdout=subprocess.PIPE,
+                                                     stderr=err)  # fmt: skip
+        self.offsets: dict[int, int] = {}
+        self.batch_seconds: list[float] = []
+        self.rows = 0
+        self._lines = threading.Thread(target=self._read, daemon=True)
+        self._lines.start()
+
+    def _read(self) -> None:
+        stdout = self.procs[self.name].stdout
+        assert stdout is not None
+        for raw in stdout:
+            line = json.loads(raw)
+            if "batch" in line:
+                for partition, offset in line["offsets"].items():
+                    self.offsets[int(partition)] = max(self.offsets.get(int(partition), 0), offset)
+                self.batch_seconds.append(line["seconds"])
+            else:
+                self.offsets[line["partition"]] = max(
+                    self.offsets.get(line["partition"], 0), line["offset"]
+                )
+            self.rows += line["rows"]
+
+    def durable(self) -> int:
+        done = 0
+        while done in self.ends and all(
+            self.offsets.get(p, 0) >= o for p, o in self.ends[done].items()
+        ):
+            done += 1
+        return done
+
+    def finish(self, run: Run, final: pa.Table) -> None:
+        run.batch_seconds = list(self.batch_seconds)
+        run.correct = None  # neither corrects anything; what they wrote is counted instead
+        run.detail = f"{self.rows:,} updates written as Parquet, nothing read back"
+
+
+class PeerSystem(OffsetSystem):
+    name = "peer"
+
+
+class RawSystem(OffsetSystem):
+    name = "raw"
+
+
+def drive(system: System, feeder: Feeder, ticks: list[EncodedTick], in_flight: int, say: Say,
+          stall: float = 300.0) -> Run:  # fmt: skip
+    """Publish the ticks closed-loop and time them (see the module docs)."""
+    run = Run(system.name)
+    sent: dict[int, float] = {}
+    reached: dict[int, float] = {}
+    last_progress = time.monotonic()
+
+    def wait_for(count: int) -> None:
+        nonlocal last_progress
+        while True:
+            durable = system.durable()
+            now = time.monotonic()
+            for t in range(len(reached), min(durable, len(sent))):
+                reached[t] = now
+                last_progress = now
+            if len(reached) >= count:
+                return
+            system.check_alive()
+            if now - last_progress > stall:
+                raise BenchError(f"{system.name} made no progress for {stall:.0f}s at tick {len(reached)} "
+                                 f"(logs in {system.logs})")  # fmt: skip
+            time.sleep(0.005)
+
+    started = time.monotonic()
+    system.ends[0] = feeder.feed(system.config, ticks[0])
+    sent[0] = time.monotonic()
+    last_progress = sent[0]
+    wait_for(1)
+    run.initial_load_s = reached[0] - started
+    say(f"  {system.name}: initial load of {ticks[0].updates:,} updates durable in {run.initial_load_s:.1f}s "
+        f"(includes process start)")  # fmt: skip
+    steady_start = time.monotonic()
+    for tick in ticks[1:]:
+        wait_for(tick.time - in_flight + 1)
+        system.ends[tick.time] = feeder.feed(system.config, tick)
+        sent[tick.time] = time.monotonic()
+    wait_for(len(ticks))
+    run.steady_s = reached[len(ticks) - 1] - steady_start
+    run.steady_updates = sum(t.updates for t in ticks[1:])
+    run.freshness = [reached[t] - sent[t] for t in range(1, len(ticks))]
+    return run
+
+
+# -- the run --------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def run(config: Config, workload: Workload, out: Path, say: Say, in_flight: int = 2,
+        systems: tuple[str, ...] = SYSTEMS, append_workers: int = 2) -> dict[str, Any]:  # fmt: skip
+    """Run the benchmark; the figures (also written to `out/bench.json` and `out/bench.png`)."""
+    run_id = f"cmp-{uuid.uuid4().hex[:6]}"
+    logs = state_dir() / "bench" / run_id
+    base = replace(
+        config, row_schema=ROW_SCHEMA, partitions=workload.partitions, append_workers=append_workers
+    )
+    ticks, final = encode_ticks(base, workload, say)
+    if "peer" in systems:
+        from mvsink.bench.systems import peer_jars
+
+        peer_jars(say)  # resolve before timing anything
+    feeder = Feeder(config.kafka_bootstrap)
+    runs: dict[str, Run] = {}
+    kinds = {"mvsink": MvsinkSystem, "peer": PeerSystem, "raw": RawSystem}
+    for name in systems:
+        sink_id = f"{run_id}-{name}"
+        sink = replace(
+            base,
+            sink_id=sink_id,
+            shard_id=sink_id,
+            topics=Topics.for_sink(sink_id, config.topics.frontiers),
+        )
+        provision(sink)
+        system = kinds[name](sink, logs / name)
+        say(f"{name}: starting ...")
+        system.start()
+        sampler = RssSampler({label: proc.pid for label, proc in system.procs.items()})
+        try:
+            result = drive(system, feeder, ticks, in_flight, say)
+            result.peak_rss_mib = sampler.stop()
+            system.finish(result, final)  # while its processes still serve their metrics
+        finally:
+            sampler.stop()
+            system.stop()
+        runs[name] = result
+        say(f"  {name}: {result.updates_per_s:,.0f} updates/s; freshness p50 {percentile(result.freshness, 50):.2f}s "
+            f"p99 {percentile(result.freshness, 99):.2f}s; {result.detail}")  # fmt: skip
+    figures = _figures(workload, in_flight, append_workers, runs)
+    _report(figures, say)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(figures, indent=2) + "\n")
+    _chart(figures, out / "bench.png")
+    say(f"wrote {out / 'bench.json'} and {out / 'bench.png'} (logs in {logs})")
+    return figures
+
+
+def _figures(
+    workload: Workload, in_flight: int, append_workers: int, runs: dict[str, Run]
+) -> dict[str, Any]:
+    def rate(name: str) -> float | None:
+        return round(runs[name].updates_per_s, 1) if name in runs else None
+
+    mv, peer, raw = rate("mvsink"), rate("peer"), rate("raw")
+    figures: dict[str, Any] = {
+        "mvsink_updates_per_s": mv,
+        "peer_updates_per_s": peer,
+        "raw_updates_per_s": raw,
+        "ratio_vs_peer": round(mv / peer, 3) if mv and peer else None,
+        "ratio_vs_raw": round(mv / raw, 3) if mv and raw else None,
+        "freshness_p50_s": None,
+        "freshness_p99_s": None,
+    }
+    for name, result in runs.items():
+        prefix = "" if name == "mvsink" else f"{name}_"
+        figures[f"{prefix}freshness_p50_s"] = round(percentile(result.freshness, 50), 3)
+        figures[f"{prefix}freshness_p99_s"] = round(percentile(result.freshness, 99), 3)
+        figures[f"{name}_initial_load_s"] = round(result.initial_load_s, 2)
+        figures[f"{name}_peak_rss_mib"] = result.peak_rss_mib
+        figures[f"{name}_bytes_read_back_per_byte_written"] = (
+            round(result.bytes_read_back / result.bytes_written, 4) if result.bytes_written else 0.0
+        )
+        if result.batch_seconds:
+            figures[f"{name}_batch_latency_p50_s"] = round(percentile(result.batch_seconds, 50), 3)
+            figures[f"{name}_batch_latency_p99_s"] = round(percentile(result.batch_seconds, 99), 3)
+    if "mvsink" in runs:
+        figures["mvsink_bytes_written"] = runs["mvsink"].bytes_written
+        figures["mvsink_bytes_read_back"] = runs["mvsink"].bytes_read_back
+        figures["mvsink_shard_equals_desired"] = runs["mvsink"].correct
+    figures["workload"] = {
+        "keys": workload.keys, "change": workload.change, "ticks": workload.ticks,
+        "updates_per_tick": 2 * workload.changed, "partitions": workload.partitions,
+        "append_workers": append_workers, "in_flight": in_flight, "cores": os.cpu_count(),
+    }  # fmt: skip
+    return figures
+
+
+def _report(figures: dict[str, Any], say: Say) -> None:
+    def show(value: Any, unit: str = "") -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, dict):
+            return " ".join(f"{k}={v:,.0f}" for k, v in value.items()) + unit
+        return f"{value:,.2f}{unit}" if isinstance(value, float) else f"{value}{unit}"
+
+    say("")
+    say(f"{'':<34} {'mvsink':>18} {'peer (Spark SS)':>18} {'raw limit':>18}")
+    rows = [
+        ("updates/s (steady ticks)", "{}updates_per_s", ""),
+        ("freshness p50", "{}freshness_p50_s", " s"),
+        ("freshness p99", "{}freshness_p99_s", " s"),
+        ("micro-batch latency p50", "{}batch_latency_p50_s", " s"),
+        ("micro-batch latency p99", "{}batch_latency_p99_s", " s"),
+        ("initial load (incl. start)", "{}initial_load_s", " s"),
+        ("bytes read back / byte written", "{}bytes_read_back_per_byte_written", ""),
+    ]
+    for label, key, unit in rows:
+        cells = []
+        for name in SYSTEMS:
+            k = key.format(f"{name}_")
+            if name == "mvsink" and k not in figures:
+                k = key.format("")
+            cells.append(show(figures.get(k), unit))
+        say(f"{label:<34} {cells[0]:>18} {cells[1]:>18} {cells[2]:>18}")
+    for name in SYSTEMS:
+        if f"{name}_peak_rss_mib" in figures:
+            say(f"peak RSS {name:<25} {show(figures[f'{name}_peak_rss_mib'], ' MiB')}")
+    say(f"ratio mvsink/peer {show(figures['ratio_vs_peer'])}   ratio mvsink/raw {show(figures['ratio_vs_raw'])}"
+        f"   shard equals desired: {figures.get('mvsink_shard_equals_desired')}")  # fmt: skip
+
+
+def _chart(figures: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [n for n in SYSTEMS if figures.get(f"{n}_updates_per_s") is not None]
+    fig, (rate, fresh, rss) = plt.subplots(1, 3, figsize=(12, 3.6))
+    rate.bar(
+        names,
+        [figures[f"{n}_updates_per_s"] for n in names],
+        color=["#3b6", "#69c", "#aaa"][: len(names)],
+    )
+    rate.set_title("updates/s (steady ticks)")
+    width = 0.38
+    xs = np.arange(len(names))
+    for offset, q in ((-width / 2, "p50"), (width / 2, "p99")):
+        values = [
+            figures.get(f"freshness_{q}_s" if n == "mvsink" else f"{n}_freshness_{q}_s") or 0
+            for n in names
+        ]
+        fresh.bar(xs + offset, values, width, label=q)
+    fresh.set_xticks(xs, names)
+    fresh.set_title("freshness: tick published -> durable (s)")
+    fresh.legend()
+    rss.bar(names, [sum(figures[f"{n}_peak_rss_mib"].values()) for n in names], color="#c96")
+    rss.set_title("peak RSS, all processes (MiB)")
+    workload = figures["workload"]
+    fig.suptitle(f"mvsink bench: {workload['keys']:,} keys, {workload['updates_per_tick']:,} updates/tick, "
+                 f"P={workload['partitions']}, A={workload['append_workers']}, {workload['cores']} cores")  # fmt: skip
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

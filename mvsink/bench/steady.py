@@ -1,0 +1,218 @@
+"""Two benchmarks of mvsink's correction state, each with a same-run baseline.
+
+`mvsink bench restart`: a shard of `updates` updates already equal to desired, then the write
+service restarts, (a) warm: from its checkpoints, (b) cold: its checkpoints deleted (a new
+deployment or a lost state), so it must fold all of desired and read the whole shard back.
+Measured per case: the first staging job after the restart (the resume work) and process start
+to the next upper, against the baseline of one plain read of the shard (GET + Parquet decode of
+every part); and the part bytes written by the resume, whose goal is 0 (nothing rewritten).
+
+`mvsink bench readonly`: a writing replica and a read-only replica of one sink on one shard,
+fed the same ticks at a fixed pace for `minutes`; the read-only replica's correction state
+(its `mvsink_write_corrections` gauge, summed over partitions) is sampled against the updates
+in flight (published but not yet under the shard's upper). Goal: flat, <= 2x in flight.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from mvsink import Say
+from mvsink.bench.compare import (
+    ROW_SCHEMA,
+    BenchError,
+    EncodedTick,
+    Feeder,
+    MvsinkSystem,
+    Workload,
+    encode_ticks,
+    scrape,
+)
+from mvsink.codec import encode
+from mvsink.config import Config, Topics, state_dir
+from mvsink.frontier import Frontier
+from mvsink.messages import Progress
+from mvsink.provision import provision
+from mvsink.s3 import get_bytes, s3_client
+from mvsink.shard import open_shard
+from services.write.shell import FOLD_INTERVAL
+
+
+def _sink(config: Config, name: str, partitions: int, **changes: Any) -> Config:
+    return replace(config, sink_id=name, shard_id=changes.pop("shard_id", name), row_schema=ROW_SCHEMA,
+                   partitions=partitions, topics=Topics.for_sink(name, config.topics.frontiers),
+                   **changes)  # fmt: skip
+
+
+def _wait_upper(system: MvsinkSystem, upper: int, what: str, timeout: float = 900) -> float:
+    deadline = time.monotonic() + timeout
+    while system.durable() < upper:
+        system.check_alive()
+        if time.monotonic() > deadline:
+            raise BenchError(f"{what}: the shard did not reach {{{upper}}} in {timeout:.0f}s")
+        time.sleep(0.01)
+    return time.monotonic()
+
+
+def _empty_tick(time_: int) -> EncodedTick:
+    return EncodedTick(time_, 0, [], encode(Progress(Frontier.at(time_ + 1))))
+
+
+def _first_job(log: Path, after: int) -> tuple[float, int]:
+    """(seconds, updates) of the first staging job logged after byte offset `after`."""
+    text = log.read_text(errors="replace")[after:]
+    for line in text.splitlines():
+        if "staged desc" in line:
+            updates = int(line.split(" parts, ")[1].split(" updates")[0])
+            return float(line.split(" updates in ")[1].split("s")[0]), updates
+    return float("nan"), -1
+
+
+def run_restart(
+    config: Config, updates: int, partitions: int, out: Path, say: Say
+) -> dict[str, Any]:
+    """The restart benchmark (module docs); figures also in `out/restart.json`."""
+    run_id = f"restart-{uuid.uuid4().hex[:6]}"
+    sink = _sink(config, run_id, partitions)
+    provision(sink)
+    ticks, _ = encode_ticks(sink, Workload(updates, 0.0, 0, partitions), say)
+    feeder = Feeder(config.kafka_bootstrap)
+    logs = state_dir() / "bench" / run_id
+    system = MvsinkSystem(sink, logs)
+    say(f"loading {updates:,} updates into shard {run_id} ...")
+    system.start()
+    started = time.monotonic()
+    try:
+        system.ends[0] = feeder.feed(sink, ticks[0])
+        _wait_upper(system, 1, "the initial load")
+        say(
+            f"  loaded in {time.monotonic() - started:.1f}s (includes process start); idling "
+            f"{FOLD_INTERVAL + 3:.0f}s so the write service folds the read-back as a running sink does"
+        )
+        time.sleep(FOLD_INTERVAL + 3)
+    finally:
+        system.stop()
+    shard = open_shard(sink.shard_id, None, sink.s3)
+    baseline = _read_once(shard, sink)
+    say(f"baseline: one read of the shard ({baseline['parts']} parts, {baseline['bytes'] / 2**20:.1f} MiB): "
+        f"{baseline['seconds']:.2f}s")  # fmt: skip
+    figures: dict[str, Any] = {"updates": updates, "partitions": partitions,
+                               "shard_read_once_s": round(baseline["seconds"], 3),
+                               "shard_bytes": baseline["bytes"]}  # fmt: skip
+    for case, tick in (("warm", 1), ("cold", 2)):
+        if case == "cold":
+            client = s3_client(sink.s3)
+            for item in client.list_objects(
+                sink.s3.bucket, prefix=f"sinks/{sink.sink_id}/write/", recursive=True
+            ):
+                client.remove_object(sink.s3.bucket, item.object_name)
+        write_log = system.logs / "write.log"
+        offset = write_log.stat().st_size
+        parts_before = _part_bytes(shard)
+        restarted = time.monotonic()
+        system.start()
+        try:
+            system.ends[tick] = feeder.feed(sink, _empty_tick(tick))
+            reached = _wait_upper(system, tick + 1, f"the {case} restart")
+            seconds, rewritten_updates = _first_job(write_log, offset)
+        finally:
+            system.stop()
+        rewritten = _part_bytes(shard) - parts_before
+        figures[f"{case}_resume_job_s"] = round(seconds, 3)
+        figures[f"{case}_start_to_upper_s"] = round(reached - restarted, 2)
+        figures[f"{case}_resume_vs_read_once"] = round(seconds / baseline["seconds"], 2)
+        figures[f"{case}_bytes_rewritten"] = rewritten
+        say(f"{case} restart: resume job {seconds:.2f}s = x{seconds / baseline['seconds']:.2f} one read of the "
+            f"shard (goal <= x2); process start to next upper {reached - restarted:.1f}s; "
+            f"{rewritten} bytes rewritten ({max(rewritten_updates, 0)} updates; goal 0)")  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "restart.json").write_text(json.dumps(figures, indent=2) + "\n")
+    say(f"wrote {out / 'restart.json'} (logs in {logs})")
+    return figures
+
+
+def _part_bytes(shard: Any) -> int:
+    return sum(p.bytes for b in shard.state().batches for p in b.parts)
+
+
+def _read_once(shard: Any, config: Config) -> dict[str, float]:
+    """GET and decode every part of the shard, 8 in parallel, as any reader would."""
+    keys = [p.key for b in shard.state().batches for p in b.parts]
+    client = s3_client(config.s3)
+
+    def load(key: str) -> int:
+        data = get_bytes(client, config.s3.bucket, key)
+        pq.read_table(io.BytesIO(data))
+        return len(data)
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:
+        total = sum(pool.map(load, keys))
+    return {"seconds": time.monotonic() - started, "bytes": float(total), "parts": float(len(keys))}
+
+
+def run_readonly(config: Config, keys: int, change: float, minutes: float, interval: float,
+                 partitions: int, out: Path, say: Say) -> dict[str, Any]:  # fmt: skip
+    """The read-only benchmark (module docs); figures also in `out/readonly.json`."""
+    run_id = f"ro-{uuid.uuid4().hex[:6]}"
+    leader = _sink(config, f"{run_id}-leader", partitions, shard_id=run_id)
+    follower = _sink(config, f"{run_id}-ro", partitions, shard_id=run_id, read_only=True)
+    ticks_needed = int(minutes * 60 / interval) + 1
+    for each in (leader, follower):
+        provision(each)
+    workload = Workload(keys, change, ticks_needed, partitions)
+    ticks, _ = encode_ticks(leader, workload, say)
+    feeder = Feeder(config.kafka_bootstrap)
+    logs = state_dir() / "bench" / run_id
+    systems = [MvsinkSystem(leader, logs / "leader"), MvsinkSystem(follower, logs / "ro")]
+    for system in systems:
+        system.start()
+    samples: list[dict[str, float]] = []
+    started = time.monotonic()
+    say(f"read-only replica beside a writing one: {minutes:g} min, one tick every {interval:g}s, "
+        f"{2 * workload.changed:,} updates per tick")  # fmt: skip
+    try:
+        for tick in ticks:
+            due = started + tick.time * interval
+            while time.monotonic() < due:
+                time.sleep(min(0.2, max(0.0, due - time.monotonic())))
+            for system in systems:
+                system.ends[tick.time] = feeder.feed(system.config, tick)
+            upper = systems[0].durable()
+            for system in systems:
+                system.check_alive()
+            if tick.time % max(1, int(10 / interval)) == 0:
+                gauge = scrape(logs / "ro" / "write.log").get("mvsink_write_corrections", 0.0)
+                in_flight = sum(t.updates for t in ticks[upper : tick.time + 1])
+                sample = {"t_s": round(time.monotonic() - started, 1), "corrections": gauge,
+                          "in_flight": float(in_flight), "tick": float(tick.time), "upper": float(upper)}  # fmt: skip
+                samples.append(sample)
+                say(f"  {sample['t_s']:>6.0f}s tick {tick.time:>5} upper {upper:>5}: read-only corrections "
+                    f"{gauge:>10,.0f}, updates in flight {in_flight:>10,}")  # fmt: skip
+    finally:
+        for system in systems:
+            system.stop()
+    steady = [s for s in samples if s["t_s"] >= 30] or samples
+    ratio = max(s["corrections"] / max(s["in_flight"], 2 * workload.changed) for s in steady)
+    figures = {
+        "minutes": minutes, "interval_s": interval, "updates_per_tick": 2 * workload.changed,
+        "corrections_first": steady[0]["corrections"], "corrections_last": steady[-1]["corrections"],
+        "corrections_max": max(s["corrections"] for s in steady),
+        "max_ratio_to_in_flight": round(ratio, 2), "samples": samples,
+    }  # fmt: skip
+    say(f"read-only corrections after warm-up: first {figures['corrections_first']:,.0f}, "
+        f"last {figures['corrections_last']:,.0f}, max {figures['corrections_max']:,.0f}; "
+        f"max ratio to the updates in flight x{ratio:.2f} (goal <= x2)")  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "readonly.json").write_text(json.dumps(figures, indent=2) + "\n")
+    say(f"wrote {out / 'readonly.json'} (logs in {logs})")
+    return figures

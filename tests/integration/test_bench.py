@@ -1,0 +1,66 @@
+"""`mvsink bench` end to end on the real stack (small workloads): the three systems run, the
+figures land in JSON and a PNG, the shard equals desired; the restart and read-only benchmarks
+run and report. Figures are printed, never asserted (DEVELOPERS.md: ratios, not timings)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sinkkit import cli_env
+
+from mvsink.config import S3Settings
+
+pytestmark = pytest.mark.integration
+
+
+def bench(kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, *args: str) -> str:
+    env = cli_env(kafka_bootstrap, s3_settings, tmp_path)
+    done = subprocess.run([sys.executable, "-m", "mvsink.cli", "bench", *args, "--no-stack"], env=env,
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    return done.stderr
+
+
+def test_bench_compares_mvsink_peer_and_raw(
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    text = bench(
+        kafka_bootstrap, s3_settings, tmp_path, "--keys", "3000", "--ticks", "3", "--out", str(out)
+    )
+    figures = json.loads((out / "bench.json").read_text())
+    for key in ("mvsink_updates_per_s", "peer_updates_per_s", "raw_updates_per_s", "ratio_vs_peer",
+                "ratio_vs_raw", "freshness_p50_s", "freshness_p99_s"):  # fmt: skip
+        assert isinstance(figures[key], float) and figures[key] > 0, key
+    assert figures["mvsink_shard_equals_desired"] is True
+    assert set(figures["mvsink_peak_rss_mib"]) == {"mint", "write", "append"}
+    assert figures["peer_batch_latency_p50_s"] > 0
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "ratio mvsink/peer" in text and "updates/s (steady ticks)" in text
+
+
+def test_bench_restart_rewrites_nothing(
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    bench(
+        kafka_bootstrap, s3_settings, tmp_path, "restart", "--updates", "20000", "--out", str(out)
+    )
+    figures = json.loads((out / "restart.json").read_text())
+    assert figures["warm_bytes_rewritten"] == 0 and figures["cold_bytes_rewritten"] == 0
+    assert figures["cold_resume_job_s"] > 0 and figures["shard_read_once_s"] > 0
+
+
+def test_bench_readonly_samples_the_replicas_corrections(
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    bench(kafka_bootstrap, s3_settings, tmp_path, "readonly", "--minutes", "0.75", "--keys", "2000",
+          "--out", str(out))  # fmt: skip
+    figures = json.loads((out / "readonly.json").read_text())
+    assert len(figures["samples"]) >= 3
+    assert figures["samples"][-1]["upper"] > 0  # the writing replica kept appending
