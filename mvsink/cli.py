@@ -305,7 +305,7 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
         return 2
     workload = Workload(keys, args.change, ticks, args.partitions)
     figures = run(load_config(args.config), workload, Path(args.out), say, args.in_flight, systems,
-                  args.append_workers)  # fmt: skip
+                  args.append_workers, args.wire)  # fmt: skip
     return 0 if figures.get("mvsink_shard_equals_desired") in (True, None) else 1
 
 
@@ -382,6 +382,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--append-workers", type=int, default=2, help="A (append workers)")
     bench.add_argument("--in-flight", type=int, default=2, help="ticks published, not durable")
     bench.add_argument("--systems", default="", help="comma list of mvsink,peer,raw (default all)")
+    bench.add_argument(
+        "--wire",
+        choices=("arrow", "avro"),
+        default="arrow",
+        help="desired records: v2 UpdatesArrow (default) or v1 Avro rows",
+    )
     bench.add_argument("--no-stack", action="store_true", help="use configured endpoints")
     bench.set_defaults(func=cmd_bench_compare)
     bench_commands = bench.add_subparsers(dest="bench_command", required=False, metavar="WHAT")

@@ -13,12 +13,15 @@ from __future__ import annotations
 import hashlib
 import io
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import fastavro
 import pyarrow as pa
 
 from mvsink.errors import ContractError
+
+if TYPE_CHECKING:
+    from mvsink.messages import Updates
 
 _ERR_PREFIX = b"\x00err:"
 
@@ -101,6 +104,43 @@ def row_encoder(schema: pa.Schema) -> Callable[[dict[str, Any]], bytes]:
         return buf.getvalue()
 
     return encode
+
+
+def row_decoder(schema: pa.Schema) -> Callable[[bytes], dict[str, Any]]:
+    """A function decoding one Avro-encoded row; corrupt bytes raise `DecodeError`."""
+    from mvsink.errors import DecodeError
+
+    parsed = fastavro.parse_schema(avro_row_schema(schema), named_schemas={})
+
+    def decode(data: bytes) -> dict[str, Any]:
+        try:
+            return cast(dict[str, Any], fastavro.schemaless_reader(io.BytesIO(data), parsed, None))
+        except Exception as error:  # corrupt row bytes in an otherwise valid record
+            raise DecodeError(
+                f"row is not valid Avro for the sink's row schema: {error!r}"
+            ) from error
+
+    return decode
+
+
+def updates_decoder(schema: pa.Schema) -> Callable[[Updates], pa.Table]:
+    """A function decoding a v1 `Updates` record (one Avro row per update, decoded row by row)
+    into a table of the part schema; v2 `UpdatesArrow` is `shard.parts.updates_from_ipc`."""
+    from mvsink.shard.state import DIFF, ERR, TIME, part_schema
+
+    decode_row = row_decoder(schema)
+    nullable = pa.schema([f.with_nullable(True) for f in schema])  # error rows
+    target = part_schema(schema)
+
+    def decode(record: Updates) -> pa.Table:
+        rows = [decode_row(u.row) if u.row is not None else {} for u in record.updates]
+        table = pa.Table.from_pylist(rows, schema=nullable)
+        table = table.append_column(TIME, pa.array([u.time for u in record.updates], pa.int64()))
+        table = table.append_column(DIFF, pa.array([u.diff for u in record.updates], pa.int64()))
+        table = table.append_column(ERR, pa.array([u.err for u in record.updates], pa.string()))
+        return table.cast(target)
+
+    return decode
 
 
 def partition_of(key: bytes, partitions: int) -> int:

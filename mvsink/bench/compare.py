@@ -115,14 +115,13 @@ class EncodedTick:
 
 
 def encode_ticks(
-    config: Config, workload: Workload, say: Say
+    config: Config, workload: Workload, say: Say, wire: str = "arrow"
 ) -> tuple[list[EncodedTick], pa.Table]:
-    """Generate and encode the workload once (untimed)."""
+    """Generate and encode the workload once (untimed), in desired wire form `wire`."""
     started = time.monotonic()
     tables, final = workload.generate()
-    producer = DesiredProducer(
-        config, parse_row_schema(ROW_SCHEMA), f"bench-encode-{uuid.uuid4().hex[:6]}"
-    )
+    name = f"bench-encode-{uuid.uuid4().hex[:6]}"
+    producer = DesiredProducer(config, parse_row_schema(ROW_SCHEMA), name, wire=wire)
     out = []
     for tick, table in enumerate(tables):
         records, count = producer.records(table)
@@ -451,14 +450,14 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run(config: Config, workload: Workload, out: Path, say: Say, in_flight: int = 2,
-        systems: tuple[str, ...] = SYSTEMS, append_workers: int = 2) -> dict[str, Any]:  # fmt: skip
+        systems: tuple[str, ...] = SYSTEMS, append_workers: int = 2, wire: str = "arrow") -> dict[str, Any]:  # fmt: skip
     """Run the benchmark; the figures (also written to `out/bench.json` and `out/bench.png`)."""
     run_id = f"cmp-{uuid.uuid4().hex[:6]}"
     logs = state_dir() / "bench" / run_id
     base = replace(
         config, row_schema=ROW_SCHEMA, partitions=workload.partitions, append_workers=append_workers
     )
-    ticks, final = encode_ticks(base, workload, say)
+    ticks, final = encode_ticks(base, workload, say, wire)
     if "peer" in systems:
         from mvsink.bench.systems import peer_jars
 
@@ -490,6 +489,7 @@ def run(config: Config, workload: Workload, out: Path, say: Say, in_flight: int 
         say(f"  {name}: {result.updates_per_s:,.0f} updates/s; freshness p50 {percentile(result.freshness, 50):.2f}s "
             f"p99 {percentile(result.freshness, 99):.2f}s; {result.detail}")  # fmt: skip
     figures = _figures(workload, in_flight, append_workers, runs)
+    figures["workload"]["wire"] = wire
     _report(figures, say)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(figures, indent=2) + "\n")

@@ -35,8 +35,8 @@ import pyarrow.parquet as pq
 from mvsink import Say
 from mvsink.codec import decode
 from mvsink.config import Config, S3Settings, cache_dir, load_config
-from mvsink.messages import Progress, UpdatesArrow
-from mvsink.rows import parse_row_schema
+from mvsink.messages import Progress, Record, Updates, UpdatesArrow
+from mvsink.rows import parse_row_schema, updates_decoder
 from mvsink.shard.parts import updates_from_ipc
 
 #: The artifacts of `maven/spark-kafka.pom.xml` passed as `spark.jars`.
@@ -59,12 +59,19 @@ def peer_jars(say: Say) -> list[str]:
 
 
 def decode_updates(values: Iterable[bytes], row_schema: pa.Schema) -> pa.Table | None:
-    """The updates in desired records `values` (progress records skipped); None if none."""
-    tables = []
-    for value in values:
-        record = decode(value, (UpdatesArrow, Progress))
+    """The updates in framed desired records `values` (progress records skipped)."""
+    return updates_of([decode(v, (UpdatesArrow, Updates, Progress)) for v in values], row_schema)
+
+
+def updates_of(records: Iterable[Record], row_schema: pa.Schema) -> pa.Table | None:
+    """The updates in desired records of either wire form (others skipped), decoded as
+    mvsink's write tasks do; None if none."""
+    tables, from_v1 = [], updates_decoder(row_schema)
+    for record in records:
         if isinstance(record, UpdatesArrow):
             tables.append(updates_from_ipc(record.ipc, row_schema))
+        elif isinstance(record, Updates):
+            tables.append(from_v1(record))
     return pa.concat_tables(tables) if tables else None
 
 
@@ -155,21 +162,23 @@ def run_raw(config: Config, topic: str, partitions: int, prefix: str) -> None:
     def loop(partition: int) -> None:
         consumer = Consumer(consumer_config(config.kafka_bootstrap, extra=READ_TO_END))
         consumer.assign([TopicPartition(topic, partition, 0)])
-        pending: list[pa.Table] = []
+        pending: list[Record] = []
         try:
             while not stop.is_set():
                 for message in consumer.consume(1000, 0.1):
                     value = message.value()
                     if message.error() or value is None:
                         continue
-                    record = decode(value, (UpdatesArrow, Progress))
-                    if isinstance(record, UpdatesArrow):
-                        pending.append(updates_from_ipc(record.ipc, row_schema))
+                    record = decode(value, (UpdatesArrow, Updates, Progress))
+                    if not isinstance(record, Progress):
+                        pending.append(record)
                         continue
-                    rows = sum(t.num_rows for t in pending)
-                    if rows:
-                        key = f"{prefix}/p{partition}/{uuid.uuid4()}.parquet"
-                        put_parquet(settings, key, pa.concat_tables(pending))
+                    updates = updates_of(pending, row_schema)
+                    rows = 0 if updates is None else updates.num_rows
+                    if updates is not None:
+                        put_parquet(
+                            settings, f"{prefix}/p{partition}/{uuid.uuid4()}.parquet", updates
+                        )
                     _emit(
                         {
                             "partition": partition,

@@ -23,11 +23,9 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
-import fastavro
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -40,11 +38,11 @@ from mvsink.errors import DecodeError
 from mvsink.frontier import Frontier, advance
 from mvsink.kafka import READ_TO_END, client_config, consumer_config, poll_message
 from mvsink.messages import Progress, Updates, UpdatesArrow
-from mvsink.rows import avro_row_schema
+from mvsink.rows import updates_decoder
 from mvsink.s3 import PreconditionFailed, conditional_put, get_bytes, s3_client
 from mvsink.shard import PartRef, SelectedPart, Shard, open_shard
 from mvsink.shard.parts import updates_from_ipc
-from mvsink.shard.state import DIFF, ERR, TIME, part_schema
+from mvsink.shard.state import TIME, part_schema
 from mvsink.spark import trim_worker_path
 from services.write.correction import Correction
 
@@ -291,7 +289,7 @@ def _checkpoint(spec: TaskSpec, state: PartitionState) -> int | None:
 def _fold_desired(spec: TaskSpec, state: PartitionState) -> int:
     """Read the partition from `folded_offset` to its end; the number of records quarantined."""
     consumer = Consumer(consumer_config(spec.bootstrap, extra=READ_TO_END))
-    decode_rows = _v1_decoder(spec.row_schema)
+    decode_rows = updates_decoder(spec.row_schema)
     dead, tables = 0, []
     dead_producer: Producer | None = None
     try:
@@ -338,34 +336,3 @@ def _fold_desired(spec: TaskSpec, state: PartitionState) -> int:
     if tables:
         state.correction.insert(pa.concat_tables(tables))
     return dead
-
-
-def _v1_decoder(schema: pa.Schema) -> Callable[[Updates], pa.Table]:
-    """Decode a v1 `Updates` record (one Avro row per update) into the part schema."""
-    decode_row = _row_decoder(schema)
-    nullable = pa.schema([f.with_nullable(True) for f in schema])  # error rows
-    target = part_schema(schema)
-
-    def decode(record: Updates) -> pa.Table:
-        rows = [decode_row(u.row) if u.row is not None else {} for u in record.updates]
-        table = pa.Table.from_pylist(rows, schema=nullable)
-        table = table.append_column(TIME, pa.array([u.time for u in record.updates], pa.int64()))
-        table = table.append_column(DIFF, pa.array([u.diff for u in record.updates], pa.int64()))
-        table = table.append_column(ERR, pa.array([u.err for u in record.updates], pa.string()))
-        return table.cast(target)
-
-    return decode
-
-
-def _row_decoder(schema: pa.Schema) -> Any:
-    parsed = fastavro.parse_schema(avro_row_schema(schema), named_schemas={})
-
-    def decode(data: bytes) -> dict[str, Any]:
-        try:
-            return cast(dict[str, Any], fastavro.schemaless_reader(io.BytesIO(data), parsed, None))
-        except Exception as error:  # corrupt row bytes in an otherwise valid record
-            raise DecodeError(
-                f"row is not valid Avro for the sink's row schema: {error!r}"
-            ) from error
-
-    return decode

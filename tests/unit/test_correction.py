@@ -108,3 +108,25 @@ def test_retract_before_equals_reading_back_our_own_part(
     negated.insert_negated(part)
     dropped.retract_before(F(upper))
     assert as_counter(negated.consolidate()) == as_counter(dropped.consolidate())
+
+
+@given(st.lists(st.tuples(st.booleans(), st.sampled_from("ab"), st.integers(0, 3), st.integers(-2, 2).filter(bool)),
+                max_size=30))  # fmt: skip
+def test_consolidate_sums_row_and_error_updates_separately(
+    updates: list[tuple[bool, str, int, int]],
+) -> None:
+    """Row updates and error updates with the same text never merge; each sums by itself."""
+    correction = Correction(ROWS, F(0))
+    correction.insert(normalize_updates(pa.table({
+        "k": pa.array([None if err else name for err, name, _, _ in updates], pa.string()),
+        "_err": pa.array([name if err else None for err, name, _, _ in updates], pa.string()),
+        "_time": pa.array([t for _, _, t, _ in updates], pa.int64()),
+        "_diff": pa.array([d for _, _, _, d in updates], pa.int64()),
+    }), ROWS))  # fmt: skip
+    model: Counter[tuple[bool, str, int]] = Counter()
+    for err, name, t, d in updates:
+        model[(err, name, t)] += d
+    got = {(r["_err"] is not None, r["_err"] or r["k"], r["_time"]): r["_diff"]
+           for r in correction.consolidate().to_pylist()}  # fmt: skip
+    assert got == {k: d for k, d in model.items() if d}
+    assert correction.consolidate().schema == correction.schema
