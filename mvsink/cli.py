@@ -296,7 +296,7 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
     keys, ticks = (
         (args.keys or 100_000, args.ticks or 6)
         if args.quick
-        else (args.keys or 1_000_000, args.ticks or 10)
+        else (args.keys or 1_000_000, args.ticks or 20)
     )
     systems = tuple(s.strip() for s in args.systems.split(",")) if args.systems else SYSTEMS
     unknown = set(systems) - set(SYSTEMS)
@@ -376,7 +376,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="100k keys, 6 ticks (< 5 min)")
     bench.add_argument("--out", default="bench-out", help="directory for bench.json, bench.png")
     bench.add_argument("--keys", type=int, default=0, help="view size (default 1M, quick 100k)")
-    bench.add_argument("--ticks", type=int, default=0, help="ticks after the load (10, quick 6)")
+    bench.add_argument("--ticks", type=int, default=0, help="ticks after the load (20, quick 6)")
     bench.add_argument("--change", type=float, default=0.1, help="share of keys changed per tick")
     bench.add_argument("--partitions", type=int, default=4, help="P (desired partitions)")
     bench.add_argument("--append-workers", type=int, default=2, help="A (append workers)")
