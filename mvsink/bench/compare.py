@@ -34,6 +34,7 @@ import threading
 import time
 import urllib.request
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -250,7 +251,7 @@ class Run:
         return self.steady_updates / self.steady_s if self.steady_s else 0.0
 
 
-class System:
+class System(ABC):
     """A system under benchmark: started, fed, asked how many ticks are durable, stopped."""
 
     name = ""
@@ -261,12 +262,13 @@ class System:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.ends: dict[int, dict[int, int]] = {}
 
+    @abstractmethod
     def start(self) -> None:
-        raise NotImplementedError
+        """Start the system's processes."""
 
+    @abstractmethod
     def durable(self) -> int:
         """How many ticks (0..n-1) are durable."""
-        raise NotImplementedError
 
     def check_alive(self) -> None:
         for label, proc in self.procs.items():
@@ -283,6 +285,7 @@ class System:
             except subprocess.TimeoutExpired:
                 proc.kill()
 
+    @abstractmethod
     def finish(self, run: Run, final: pa.Table) -> None:
         """Fill in what is only known at the end (correctness, bytes)."""
 
@@ -464,7 +467,11 @@ def run(config: Config, workload: Workload, out: Path, say: Say, in_flight: int 
         peer_jars(say)  # resolve before timing anything
     feeder = Feeder(config.kafka_bootstrap)
     runs: dict[str, Run] = {}
-    kinds = {"mvsink": MvsinkSystem, "peer": PeerSystem, "raw": RawSystem}
+    kinds: dict[str, type[MvsinkSystem | PeerSystem | RawSystem]] = {
+        "mvsink": MvsinkSystem,
+        "peer": PeerSystem,
+        "raw": RawSystem,
+    }
     for name in systems:
         sink_id = f"{run_id}-{name}"
         sink = replace(
