@@ -37,8 +37,10 @@ def test_ticks_do_not_share_buffers_with_later_ticks() -> None:
     assert set(tables[0].column("value").to_pylist()) == {1}
 
 
-def test_durable_ticks_need_every_partition_past_the_ticks_end() -> None:
-    system = OffsetSystem(load_config(env={}), Path("."))
+def test_durable_ticks_need_every_partition_past_the_ticks_end(tmp_path: Path) -> None:
+    env = {"MVSINK_KAFKA_BOOTSTRAP": "127.0.0.1:9", "MVSINK_S3_ENDPOINT": "127.0.0.1:9",
+           "MVSINK_S3_ACCESS_KEY": "k", "MVSINK_S3_SECRET_KEY": "s", "MVSINK_STATE_DIR": str(tmp_path)}  # fmt: skip
+    system = OffsetSystem(load_config(env=env), tmp_path)
     system.ends = {0: {0: 5, 1: 3}, 1: {0: 9, 1: 7}, 2: {0: 12, 1: 7}}
     system.offsets = {0: 9, 1: 3}
     assert system.durable() == 1
