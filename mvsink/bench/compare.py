@@ -498,11 +498,18 @@ def run(config: Config, workload: Workload, out: Path, say: Say, in_flight: int 
     figures = _figures(workload, in_flight, append_workers, runs)
     figures["workload"]["wire"] = wire
     _report(figures, say)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(figures, indent=2) + "\n")
-    _chart(figures, out / "bench.png")
-    say(f"wrote {out / 'bench.json'} and {out / 'bench.png'} (logs in {logs})")
+    _chart(figures, save_figures(out, "bench", figures, say, logs).with_suffix(".png"))
+    say(f"wrote {out / 'bench.png'}")
     return figures
+
+
+def save_figures(out: Path, name: str, figures: dict[str, Any], say: Say, logs: Path) -> Path:
+    """Write `figures` to `out/<name>.json` (creating `out`); the path."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.json"
+    path.write_text(json.dumps(figures, indent=2) + "\n")
+    say(f"wrote {path} (logs in {logs})")
+    return path
 
 
 def _figures(

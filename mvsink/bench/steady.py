@@ -16,7 +16,6 @@ in flight (published but not yet under the shard's upper). Goal: flat, <= 2x in 
 from __future__ import annotations
 
 import io
-import json
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +34,7 @@ from mvsink.bench.compare import (
     MvsinkSystem,
     Workload,
     encode_ticks,
+    save_figures,
     scrape,
 )
 from mvsink.codec import encode
@@ -134,9 +134,7 @@ def run_restart(
         say(f"{case} restart: resume job {seconds:.2f}s = x{seconds / baseline['seconds']:.2f} one read of the "
             f"shard (goal <= x2); process start to next upper {reached - restarted:.1f}s; "
             f"{rewritten} bytes rewritten ({max(rewritten_updates, 0)} updates; goal 0)")  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "restart.json").write_text(json.dumps(figures, indent=2) + "\n")
-    say(f"wrote {out / 'restart.json'} (logs in {logs})")
+    save_figures(out, "restart", figures, say, logs)
     return figures
 
 
@@ -212,7 +210,5 @@ def run_readonly(config: Config, keys: int, change: float, minutes: float, inter
     say(f"read-only corrections after warm-up: first {figures['corrections_first']:,.0f}, "
         f"last {figures['corrections_last']:,.0f}, max {figures['corrections_max']:,.0f}; "
         f"max ratio to the updates in flight x{ratio:.2f} (goal <= x2)")  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "readonly.json").write_text(json.dumps(figures, indent=2) + "\n")
-    say(f"wrote {out / 'readonly.json'} (logs in {logs})")
+    save_figures(out, "readonly", figures, say, logs)
     return figures
