@@ -15,15 +15,11 @@ in flight (published but not yet under the shard's upper). Goal: flat, <= 2x in 
 
 from __future__ import annotations
 
-import io
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-
-import pyarrow.parquet as pq
 
 from mvsink import Say
 from mvsink.bench.compare import (
@@ -42,8 +38,8 @@ from mvsink.config import Config, Topics, state_dir
 from mvsink.frontier import Frontier
 from mvsink.messages import Progress
 from mvsink.provision import provision
-from mvsink.s3 import get_bytes, s3_client
-from mvsink.shard import open_shard
+from mvsink.s3 import s3_client
+from mvsink.shard import Shard, open_shard
 from services.write.shell import FOLD_INTERVAL
 
 
@@ -102,7 +98,7 @@ def run_restart(
     finally:
         system.stop()
     shard = open_shard(sink.shard_id, None, sink.s3)
-    baseline = _read_once(shard, sink)
+    baseline = _read_once(shard)
     say(f"baseline: one read of the shard ({baseline['parts']} parts, {baseline['bytes'] / 2**20:.1f} MiB): "
         f"{baseline['seconds']:.2f}s")  # fmt: skip
     figures: dict[str, Any] = {"updates": updates, "partitions": partitions,
@@ -138,24 +134,19 @@ def run_restart(
     return figures
 
 
-def _part_bytes(shard: Any) -> int:
+def _part_bytes(shard: Shard) -> int:
     return sum(p.bytes for b in shard.state().batches for p in b.parts)
 
 
-def _read_once(shard: Any, config: Config) -> dict[str, float]:
-    """GET and decode every part of the shard, 8 in parallel, as any reader would."""
-    keys = [p.key for b in shard.state().batches for p in b.parts]
-    client = s3_client(config.s3)
-
-    def load(key: str) -> int:
-        data = get_bytes(client, config.s3.bucket, key)
-        pq.read_table(io.BytesIO(data))
-        return len(data)
-
+def _read_once(shard: Shard) -> dict[str, float]:
+    """Read every part of the shard once, as any reader does (`Shard.read_parts`: parallel GETs
+    and Parquet decode), without consolidating."""
+    state = shard.state()
+    selected = shard.parts_for(None, Frontier.minimum(), state.upper, state=state)
     started = time.monotonic()
-    with ThreadPoolExecutor(8) as pool:
-        total = sum(pool.map(load, keys))
-    return {"seconds": time.monotonic() - started, "bytes": float(total), "parts": float(len(keys))}
+    shard.read_parts(selected)
+    return {"seconds": time.monotonic() - started, "bytes": float(sum(c.part.bytes for c in selected)),
+            "parts": float(len(selected))}  # fmt: skip
 
 
 def run_readonly(config: Config, keys: int, change: float, minutes: float, interval: float,
