@@ -41,7 +41,7 @@ from mvsink.messages import Progress, Updates, UpdatesArrow
 from mvsink.rows import updates_decoder
 from mvsink.s3 import PreconditionFailed, conditional_put, get_bytes, s3_client
 from mvsink.shard import PartRef, SelectedPart, Shard, open_shard
-from mvsink.shard.parts import updates_from_ipc
+from mvsink.shard.parts import updates_from_ipc, updates_to_ipc
 from mvsink.shard.state import TIME, part_schema
 from mvsink.spark import trim_worker_path
 from services.write.correction import Correction
@@ -119,8 +119,8 @@ _SHARDS: dict[str, Shard] = {}
 
 
 def checkpoint_key(sink_id: str, partition: int, version: int, suffix: str = "arrow") -> str:
-    """Object key of a correction checkpoint: an Arrow IPC file (LZ4), the state's metadata in
-    its schema metadata. Checkpoints written before were Parquet (`suffix="parquet"`) and are
+    """Object key of a correction checkpoint: an Arrow IPC stream (LZ4, `updates_to_ipc`), the
+    state's metadata in its schema metadata. Checkpoints written before were Parquet (`suffix="parquet"`) and are
     still read."""
     return f"sinks/{sink_id}/write/p{partition}/{version:020d}.{suffix}"
 
@@ -246,7 +246,7 @@ def _read_checkpoint(spec: TaskSpec) -> tuple[pa.Table, bool]:
             raise
         legacy = checkpoint_key(spec.sink_id, spec.partition, spec.version, "parquet")
         return pq.read_table(io.BytesIO(get_bytes(client, spec.s3.bucket, legacy))), True
-    return pa.ipc.open_file(data).read_all(), False
+    return pa.ipc.open_stream(data).read_all(), False
 
 
 def _checkpoint(spec: TaskSpec, state: PartitionState) -> int | None:
@@ -260,13 +260,7 @@ def _checkpoint(spec: TaskSpec, state: PartitionState) -> int | None:
         "writer_id": spec.writer_id,
     }
     table = state.correction.consolidate()
-    table = table.replace_schema_metadata({"mvsink.write": json.dumps(meta)})
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_file(
-        sink, table.schema, options=pa.ipc.IpcWriteOptions(compression="lz4")
-    ) as writer:
-        writer.write_table(table)
-    data = bytes(sink.getvalue())
+    data = updates_to_ipc(table.replace_schema_metadata({"mvsink.write": json.dumps(meta)}))
     client = s3_client(spec.s3)
     key = checkpoint_key(spec.sink_id, spec.partition, version)
     if isinstance(conditional_put(client, spec.s3.bucket, key, data), PreconditionFailed):
