@@ -38,11 +38,13 @@ from mvsink.messages import (
     UpdatesArrow,
     desired_progress_key,
 )
-from mvsink.rows import partitions_of_table, row_encoder
+from mvsink.rows import partition_keys, partition_of
 from mvsink.shard.parts import normalize_updates, updates_to_ipc
 from mvsink.shard.state import DIFF, ERR, TIME
 
 log = logging.getLogger("mvsink.producer")
+#: Column holding the Avro-encoded row (the partition key) while v1 `Updates` are built.
+_AVRO_ROW = "_avro_row"
 
 
 class DesiredProducer:
@@ -63,7 +65,6 @@ class DesiredProducer:
         self.row_schema = row_schema
         self.chunk = chunk
         self.wire = wire
-        self.encode = row_encoder(row_schema)
         self.producer = Producer(client_config(config.kafka_bootstrap, **{
             "transactional.id": producer_id, "linger.ms": 20}))  # fmt: skip
         self.frontier = Frontier.minimum()
@@ -115,7 +116,10 @@ class DesiredProducer:
                 f"update at time {low} is before the frontier {self.frontier} of sink "
                 f"{self.config.sink_id}: it was already advanced past"
             )
-        partitions = partitions_of_table(table, self.row_schema, self.config.partitions)
+        keys = partition_keys(table, self.row_schema)  # the Avro rows: v1 sends them as they are
+        partitions = pa.array([partition_of(k, self.config.partitions) for k in keys], pa.int32())
+        if self.wire == "avro":
+            table = table.append_column(_AVRO_ROW, pa.array(keys, pa.binary()))
         records = [
             (partition, record)
             for partition in sorted(pc.unique(partitions).to_pylist())
@@ -158,13 +162,10 @@ class DesiredProducer:
         return [*self._record(table.slice(0, half)), *self._record(table.slice(half))]
 
     def _avro_updates(self, table: pa.Table) -> list[Update]:
-        rows = table.select(self.row_schema.names).to_pylist()
-        columns = zip(rows, table.column(ERR).to_pylist(), table.column(TIME).to_pylist(),
-                      table.column(DIFF).to_pylist(), strict=True)  # fmt: skip
+        columns = zip(table.column(_AVRO_ROW).to_pylist(), table.column(ERR).to_pylist(),
+                      table.column(TIME).to_pylist(), table.column(DIFF).to_pylist(), strict=True)  # fmt: skip
         return [
-            Update.ok(self.encode(row), time_, diff)
-            if err is None
-            else Update.error(err, time_, diff)
+            Update.ok(row, time_, diff) if err is None else Update.error(err, time_, diff)
             for row, err, time_, diff in columns
         ]
 

@@ -154,17 +154,24 @@ def error_key(err: str) -> bytes:
     return _ERR_PREFIX + err.encode()
 
 
+def partition_keys(table: pa.Table, schema: pa.Schema) -> list[bytes]:
+    """The partitioning key of every update in `table` (row columns of `schema` plus `_err`):
+    the Avro-encoded row, or `error_key(err)`. Encodes row by row."""
+    encode = row_encoder(schema)
+    rows = table.select(schema.names).to_pylist()
+    errs = table.column("_err").to_pylist()
+    return [
+        error_key(err) if err is not None else encode(row)
+        for row, err in zip(rows, errs, strict=True)
+    ]
+
+
 def partitions_of_table(table: pa.Table, schema: pa.Schema, partitions: int) -> pa.Array:
     """The desired partition of every update in `table` (row columns of `schema` plus `_err`).
 
     This encodes row by row, so it is for the rare parts whose partition is unknown (foreign
-    writers, another P); parts staged by mvsink record their partition and skip it.
+    writers, another P) and for the producer; parts staged by mvsink record their partition.
     """
-    encode = row_encoder(schema)
-    rows = table.select(schema.names).to_pylist()
-    errs = table.column("_err").to_pylist()
-    out = [
-        partition_of(error_key(err) if err is not None else encode(row), partitions)
-        for row, err in zip(rows, errs, strict=True)
-    ]
-    return pa.array(out, pa.int32())
+    return pa.array(
+        [partition_of(key, partitions) for key in partition_keys(table, schema)], pa.int32()
+    )
