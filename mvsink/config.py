@@ -20,14 +20,15 @@ import os
 import re
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from mvsink.errors import ConfigError
+from mvsink.errors import ConfigError, ContractError
+from mvsink.settings import S3Settings, Secret, Timing
 
-if TYPE_CHECKING:
-    from mvsink.shard import Timing
+__all__ = ["FIELDS", "REPO_ROOT", "Config", "S3Settings", "Secret", "Timing", "Topics",
+           "cache_dir", "load_config", "state_dir"]  # fmt: skip
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
@@ -46,22 +47,6 @@ def cache_dir(env: Mapping[str, str] | None = None) -> Path:
     """
     env = os.environ if env is None else env
     return Path(env.get("MVSINK_CACHE_DIR") or state_dir(env) / "cache").resolve()
-
-
-@dataclass(frozen=True)
-class Secret:
-    """A credential: compares and hashes by value, never prints it."""
-
-    value: str = field(repr=False)
-
-    def __repr__(self) -> str:
-        return "Secret(****)"
-
-    __str__ = __repr__
-
-    def reveal(self) -> str:
-        """The secret itself, for the one call that needs it."""
-        return self.value
 
 
 @dataclass(frozen=True)
@@ -86,18 +71,6 @@ class Topics:
             frontiers=frontiers,
             dead_letter=f"{sink_id}.dead-letter",
         )
-
-
-@dataclass(frozen=True)
-class S3Settings:
-    """Where the shard lives: any S3 endpoint that honours conditional writes."""
-
-    endpoint: str
-    bucket: str
-    region: str
-    access_key: Secret
-    secret_key: Secret
-    secure: bool
 
 
 @dataclass(frozen=True)
@@ -133,8 +106,6 @@ class Config:
 
     def shard_timing(self) -> Timing:
         """The shard library's `Timing` of this configuration."""
-        from mvsink.shard import Timing
-
         return Timing(self.shard_max_attempt_age, self.shard_max_part_age, self.shard_min_grace)
 
     def __post_init__(self) -> None:
@@ -156,8 +127,6 @@ class Config:
             raise ConfigError(f"metrics_port {self.metrics_port} is not a TCP port")
         if self.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
             raise ConfigError(f"log_level {self.log_level!r}: use DEBUG, INFO, WARNING or ERROR")
-        from mvsink.errors import ContractError
-
         try:
             self.shard_timing()
         except ContractError as error:

@@ -49,6 +49,11 @@ class DecodeError(MvsinkError):
         return f"cannot decode record at {where}: {self.reason}"
 
 
+class InvalidUsage(MvsinkError, ValueError):
+    """A call that can never succeed as made (persist's `InvalidUsage`): bad bounds, parts staged
+    for other bounds, a part appended twice, updates outside their batch."""
+
+
 class ConfigError(MvsinkError, ValueError):
     """Invalid or incomplete configuration."""
 

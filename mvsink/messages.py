@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from mvsink.errors import ContractError
 from mvsink.frontier import MAX_TIME, Frontier
+from mvsink.updates import describe_ipc
 
 INT32_MAX = 2**31 - 1
 
@@ -84,8 +85,6 @@ class UpdatesArrow:
         _require(isinstance(self.ipc, bytes) and bool(self.ipc), self, "empty ipc payload")
 
     def __repr__(self) -> str:
-        from mvsink.shard.parts import describe_ipc
-
         return f"UpdatesArrow({describe_ipc(self.ipc)})"
 
 

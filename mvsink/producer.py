@@ -39,8 +39,7 @@ from mvsink.messages import (
     desired_progress_key,
 )
 from mvsink.rows import partition_keys, partition_of
-from mvsink.shard.parts import normalize_updates, updates_to_ipc
-from mvsink.shard.state import DIFF, ERR, TIME
+from mvsink.updates import DIFF, ERR, TIME, normalize_updates, updates_to_ipc
 
 log = logging.getLogger("mvsink.producer")
 #: Column holding the Avro-encoded row (the partition key) while v1 `Updates` are built.

@@ -19,6 +19,7 @@ import fastavro
 import pyarrow as pa
 
 from mvsink.errors import ContractError
+from mvsink.updates import DIFF, ERR, TIME, part_schema
 
 if TYPE_CHECKING:
     from mvsink.messages import Updates
@@ -125,9 +126,7 @@ def row_decoder(schema: pa.Schema) -> Callable[[bytes], dict[str, Any]]:
 
 def updates_decoder(schema: pa.Schema) -> Callable[[Updates], pa.Table]:
     """A function decoding a v1 `Updates` record (one Avro row per update, decoded row by row)
-    into a table of the part schema; v2 `UpdatesArrow` is `shard.parts.updates_from_ipc`."""
-    from mvsink.shard.state import DIFF, ERR, TIME, part_schema
-
+    into a table of the part schema; v2 `UpdatesArrow` is `updates.updates_from_ipc`."""
     decode_row = row_decoder(schema)
     nullable = pa.schema([f.with_nullable(True) for f in schema])  # error rows
     target = part_schema(schema)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mvsink.config import S3Settings
+from mvsink.settings import S3Settings
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

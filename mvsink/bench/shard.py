@@ -22,7 +22,8 @@ from mvsink.config import Config
 from mvsink.frontier import Frontier
 from mvsink.s3 import conditional_put, ensure_bucket, get_bytes, put_bytes, s3_client
 from mvsink.shard import open_shard
-from mvsink.shard.parts import encode_part, normalize_updates
+from mvsink.shard.parts import encode_part
+from mvsink.updates import normalize_updates
 
 ROWS = pa.schema([("key", pa.string()), ("value", pa.int64())])
 

@@ -37,7 +37,7 @@ from mvsink.codec import decode
 from mvsink.config import Config, S3Settings, cache_dir, load_config
 from mvsink.messages import Progress, Record, Updates, UpdatesArrow
 from mvsink.rows import parse_row_schema, updates_decoder
-from mvsink.shard.parts import updates_from_ipc
+from mvsink.updates import updates_from_ipc
 
 #: The artifacts of `maven/spark-kafka.pom.xml` passed as `spark.jars`.
 PEER_ARTIFACTS = (

@@ -48,12 +48,12 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from mvsink.config import S3Settings
+from mvsink.errors import InvalidUsage
 from mvsink.s3 import s3_client
+from mvsink.settings import S3Settings, Timing
 from mvsink.shard.parts import UpdateBeyondUpper, UpdateNotBeyondLower, consolidate_at
 from mvsink.shard.state import (
     BatchRecord,
-    InvalidUsage,
     PartRef,
     SchemaMismatch,
     ShardState,
@@ -67,7 +67,6 @@ from mvsink.shard.store import (
     SelectedPart,
     Shard,
     SweepResult,
-    Timing,
     UpperMismatch,
 )
 

@@ -1,13 +1,6 @@
-"""Staged parts: update tables checked against their batch bounds, encoded as Parquet, and
-consolidated. Everything here is vectorised Arrow; nothing loops over rows in Python.
-
-A part's columns are the shard's row columns (nullable) plus `_time int64`, `_diff int64` and
-`_err string` (null for a row update; set, with null row columns, for an error update).
-
-The same table travels on `<sink>.desired` as the Arrow IPC payload of `UpdatesArrow`
-(DesiredRecord v2): `updates_to_ipc` writes it, `updates_from_ipc` is the one reader and checks
-it against the sink's row schema.
-"""
+"""Staged parts: update tables (`mvsink.updates`) checked against their batch bounds, encoded as
+Parquet, and consolidated for readers and merges. Everything here is vectorised Arrow; nothing
+loops over rows in Python."""
 
 from __future__ import annotations
 
@@ -17,9 +10,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mvsink.errors import DecodeError
-from mvsink.frontier import MAX_TIME, Frontier
-from mvsink.shard.state import DIFF, ERR, TIME, InvalidUsage, part_schema
+from mvsink.errors import InvalidUsage
+from mvsink.frontier import Frontier
+from mvsink.updates import TIME, advance_times, consolidate, normalize_updates
 
 
 class UpdateNotBeyondLower(InvalidUsage):
@@ -28,83 +21,6 @@ class UpdateNotBeyondLower(InvalidUsage):
 
 class UpdateBeyondUpper(InvalidUsage):
     """An update's time is not before its batch's `upper`."""
-
-
-def normalize_updates(updates: pa.Table | pa.RecordBatch, row_schema: pa.Schema) -> pa.Table:
-    """The updates as a table of the part schema: row columns cast to the shard's types, `_err`
-    added as nulls if absent, columns in schema order.
-
-    Raises:
-        InvalidUsage: a missing column, an uncastable type, or a null `_time`/`_diff`.
-    """
-    table = pa.Table.from_batches([updates]) if isinstance(updates, pa.RecordBatch) else updates
-    target = part_schema(row_schema)
-    columns = []
-    for field in target:
-        if field.name in table.column_names:
-            column = table.column(field.name)
-        elif field.name == ERR:
-            column = pa.nulls(table.num_rows, pa.string())
-        else:
-            raise InvalidUsage(f"updates lack column {field.name!r} (have {table.column_names})")
-        try:
-            columns.append(column.cast(field.type))
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
-            raise InvalidUsage(f"column {field.name!r} is not {field.type}: {error}") from error
-    for name in (TIME, DIFF):
-        if table.column(name).null_count:
-            raise InvalidUsage(f"updates have null {name}")
-    return pa.Table.from_arrays(columns, schema=target)
-
-
-def updates_to_ipc(table: pa.Table, compression: str | None = "lz4") -> bytes:
-    """`table` (part schema) as one Arrow IPC stream, buffers compressed with `compression`."""
-    sink = pa.BufferOutputStream()
-    options = pa.ipc.IpcWriteOptions(compression=compression)
-    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
-        writer.write_table(table)
-    return bytes(sink.getvalue())
-
-
-def updates_from_ipc(ipc: bytes, row_schema: pa.Schema) -> pa.Table:
-    """The updates of an `UpdatesArrow` payload as a table of the part schema of `row_schema`.
-
-    Raises:
-        DecodeError: not an Arrow IPC stream, columns that do not fit the row schema, a null or
-            out-of-range `_time`, a zero or null `_diff`, or a row update (null `_err`) with a
-            null in a non-nullable row column.
-    """
-    try:
-        table = pa.ipc.open_stream(ipc).read_all()
-    except (pa.ArrowInvalid, OSError) as error:
-        raise DecodeError(f"UpdatesArrow payload is not an Arrow IPC stream: {error}") from error
-    try:
-        table = normalize_updates(table, row_schema)
-    except InvalidUsage as error:
-        raise DecodeError(f"UpdatesArrow payload does not fit the sink's rows: {error}") from error
-    if table.num_rows == 0:
-        return table
-    times, diffs = table.column(TIME), table.column(DIFF)
-    if pc.min(times).as_py() < 0 or pc.max(times).as_py() > MAX_TIME:
-        raise DecodeError("UpdatesArrow payload has a _time outside [0, 2^63)")
-    if not pc.all(pc.not_equal(diffs, 0)).as_py():
-        raise DecodeError("UpdatesArrow payload has a zero _diff")
-    ok = pc.is_null(table.column(ERR))
-    for field in row_schema:
-        if not field.nullable and pc.any(pc.and_(ok, pc.is_null(table.column(field.name)))).as_py():
-            raise DecodeError(f"UpdatesArrow payload has a row update with null {field.name!r}")
-    return table
-
-
-def describe_ipc(ipc: bytes) -> str:
-    """A one-line summary of an `UpdatesArrow` payload for humans (`mvsink inspect`)."""
-    try:
-        table = pa.ipc.open_stream(ipc).read_all()
-    except (pa.ArrowInvalid, OSError) as error:
-        return f"<{len(ipc)} bytes, not Arrow IPC: {error}>"
-    head = table.slice(0, 3).to_pylist()
-    more = f", ... {table.num_rows - 3} more" if table.num_rows > 3 else ""
-    return f"{table.num_rows} rows, {len(ipc)} bytes: {head}{more}"
 
 
 def check_bounds(table: pa.Table, lower: Frontier, upper: Frontier) -> None:
@@ -150,14 +66,7 @@ def consolidate_at(table: pa.Table, row_schema: pa.Schema, as_of: Frontier) -> p
         return table
     if as_of.time is not None and not pc.max(table.column(TIME)).as_py() < as_of.time:
         table = table.filter(pc.less(table.column(TIME), as_of.time))  # copy only if needed
-    keys = [*row_schema.names, ERR]
-    # Single-threaded: measured faster than the threaded hash aggregation on 2 cores.
-    summed = table.group_by(keys, use_threads=False).aggregate([(DIFF, "sum")])
-    summed = summed.filter(pc.not_equal(summed.column(f"{DIFF}_sum"), 0))
-    time_value = as_of.time - 1 if as_of.time is not None else pc.max(table.column(TIME)).as_py()
-    times = pa.repeat(pa.scalar(time_value, pa.int64()), summed.num_rows)
-    out = {name: summed.column(name) for name in row_schema.names}
-    out[TIME] = times
-    out[DIFF] = summed.column(f"{DIFF}_sum").cast(pa.int64())
-    out[ERR] = summed.column(ERR)
-    return pa.Table.from_pydict(out, schema=part_schema(row_schema))
+        if table.num_rows == 0:
+            return table
+    last = as_of.time - 1 if as_of.time is not None else pc.max(table.column(TIME)).as_py()
+    return consolidate(advance_times(table, last + 1, last), row_schema)

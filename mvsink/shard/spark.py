@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mvsink.config import S3Settings
+from mvsink.errors import InvalidUsage
 from mvsink.frontier import Frontier
+from mvsink.settings import S3Settings
 from mvsink.shard import open_shard
 from mvsink.shard.parts import decode_part
-from mvsink.shard.state import DIFF, ERR, TIME, InvalidUsage, part_schema
 from mvsink.spark import map_objects
+from mvsink.updates import DIFF, ERR, TIME, part_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -24,19 +24,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from mvsink.errors import ContractError, MvsinkError
+from mvsink.errors import InvalidUsage, MvsinkError
 from mvsink.frontier import Frontier
 from mvsink.messages import Part, StagedBatch
+from mvsink.updates import check_row_schema
 
 FORMAT = 1
-#: Columns every part carries besides the row columns.
-TIME, DIFF, ERR = "_time", "_diff", "_err"
-RESERVED = (TIME, DIFF, ERR)
-
-
-class InvalidUsage(MvsinkError, ValueError):
-    """A call that can never succeed as made (persist's `InvalidUsage`): bad bounds, parts staged
-    for other bounds, a part appended twice, updates outside their batch."""
 
 
 class SchemaMismatch(MvsinkError):
@@ -249,23 +242,6 @@ def apply_append(
     return replace(
         state, seqno=state.seqno + 1, upper=new_upper, batches=batches, appended=batch, nonce=nonce
     )
-
-
-def check_row_schema(schema: pa.Schema) -> None:
-    """A row schema must not use the reserved column names."""
-    clash = [name for name in schema.names if name in RESERVED]
-    if clash:
-        raise ContractError(f"row schema uses reserved column names {clash}")
-
-
-def part_schema(row_schema: pa.Schema) -> pa.Schema:
-    """The schema of a part: the row columns (nullable: error updates have no row) plus
-    `_time int64`, `_diff int64`, `_err string`."""
-    fields = [f.with_nullable(True) for f in row_schema]
-    return pa.schema(
-        [*fields, pa.field(TIME, pa.int64(), False), pa.field(DIFF, pa.int64(), False),
-         pa.field(ERR, pa.string(), True)]
-    )  # fmt: skip
 
 
 def schema_to_json(schema: pa.Schema) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from minio import Minio
 from minio.error import S3Error
 
-from mvsink.errors import ContractError, MvsinkError
+from mvsink.errors import InvalidUsage, MvsinkError
 from mvsink.frontier import Frontier
 from mvsink.rows import partitions_of_table
 from mvsink.s3 import (
@@ -31,44 +31,21 @@ from mvsink.s3 import (
     get_bytes,
     put_bytes,
 )
+from mvsink.settings import Timing
 from mvsink.shard import parts as partio
 from mvsink.shard.state import (
-    InvalidUsage,
     PartRef,
     SchemaMismatch,
     ShardState,
     apply_append,
     initial_state,
-    part_schema,
     same_schema,
 )
+from mvsink.updates import normalize_updates, part_schema
 
 PARQUET = "application/vnd.apache.parquet"
 _STATE_CACHE = 16
 _INDEFINITE_RETRIES = 5
-
-
-@dataclass(frozen=True)
-class Timing:
-    """Time bounds that make deletion safe (see the package docs, "Deleting").
-
-    * `max_attempt_age`: a compare-and-append never writes version `n+1` later than this after
-      reading version `n`; it starts over instead.
-    * `max_part_age`: compare-and-append refuses parts staged longer ago than this.
-    * `min_grace`: `sweep` refuses a grace period below this; it must exceed both bounds above.
-    """
-
-    max_attempt_age: float = 30.0
-    max_part_age: float = 600.0
-    min_grace: float = 900.0
-    poll_interval: float = 0.05
-
-    def __post_init__(self) -> None:
-        if self.min_grace <= self.max_part_age + self.max_attempt_age:
-            raise ContractError(
-                f"min_grace {self.min_grace}s must exceed max_part_age {self.max_part_age}s "
-                f"+ max_attempt_age {self.max_attempt_age}s"
-            )
 
 
 @dataclass(frozen=True)
@@ -244,7 +221,7 @@ class Shard:
             raise InvalidUsage("give both partition and partitions_total, or neither")
         if not writer_id or "/" in writer_id:
             raise InvalidUsage(f"writer id {writer_id!r} must be non-empty without '/'")
-        table = partio.normalize_updates(updates, self.schema)
+        table = normalize_updates(updates, self.schema)
         partio.check_bounds(table, lower, upper)
         data = partio.encode_part(table, {
             "mvsink.lower": str(lower.elements()), "mvsink.upper": str(upper.elements()),

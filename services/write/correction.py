@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mvsink.frontier import Frontier
-from mvsink.shard.state import DIFF, ERR, TIME, part_schema
+from mvsink.updates import DIFF, TIME, consolidate, part_schema
 
 
 class Correction:
@@ -75,32 +75,9 @@ class Correction:
         if not self._consolidated:
             table = pa.concat_tables(self._tables) if self._tables else self.schema.empty_table()
             if table.num_rows:
-                table = self._sum(table)
+                table = consolidate(table, self.row_schema)
             self._tables, self._consolidated = [table], True
         return self._tables[0]
-
-    def _sum(self, table: pa.Table) -> pa.Table:
-        # Row updates (null `_err`, nearly all of them) are grouped without the `_err` key: an
-        # all-null string key made Arrow's group-by 2-3x slower (measured, 2M rows).
-        errors = table.column(ERR)
-        if errors.null_count == table.num_rows:
-            parts = [self._group(table, [*self.row_schema.names, TIME])]
-        else:
-            is_ok = pc.is_null(errors)
-            parts = [self._group(table.filter(is_ok), [*self.row_schema.names, TIME]),
-                     self._group(table.filter(pc.invert(is_ok)), [*self.row_schema.names, ERR, TIME])]  # fmt: skip
-        return pa.concat_tables(parts)
-
-    def _group(self, table: pa.Table, keys: list[str]) -> pa.Table:
-        summed = table.group_by(keys, use_threads=False).aggregate([(DIFF, "sum")])
-        summed = summed.filter(pc.not_equal(summed.column(f"{DIFF}_sum"), 0))
-        columns = {
-            name: summed.column(f"{DIFF}_sum" if name == DIFF else name)
-            if name in keys or name == DIFF
-            else pa.nulls(summed.num_rows, self.schema.field(name).type)
-            for name in self.schema.names
-        }
-        return pa.table(columns, schema=self.schema)
 
     def updates_before(self, upper: Frontier) -> pa.Table:
         """The consolidated corrections with time before `upper` (what a batch must write)."""

@@ -33,17 +33,16 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from minio.error import S3Error
 
 from mvsink.codec import decode_message
-from mvsink.config import S3Settings
 from mvsink.errors import DecodeError
 from mvsink.frontier import Frontier, advance
 from mvsink.kafka import READ_TO_END, client_config, consumer_config, poll_message
 from mvsink.messages import Progress, Updates, UpdatesArrow
 from mvsink.rows import updates_decoder
 from mvsink.s3 import PreconditionFailed, conditional_put, get_bytes, s3_client
+from mvsink.settings import S3Settings
 from mvsink.shard import PartRef, SelectedPart, Shard, open_shard
-from mvsink.shard.parts import updates_from_ipc, updates_to_ipc
-from mvsink.shard.state import TIME, part_schema
 from mvsink.spark import trim_worker_path
+from mvsink.updates import TIME, part_schema, updates_from_ipc, updates_to_ipc
 from services.write.correction import Correction
 
 log = logging.getLogger("mvsink.write.task")

@@ -25,7 +25,7 @@ from mvsink.kafka import poll_message, read_compacted, tail_consumer
 from mvsink.messages import DesiredProgress, Progress, Updates, UpdatesArrow
 from mvsink.producer import DesiredProducer, publish_dataframe
 from mvsink.rows import parse_row_schema, partition_of, row_encoder
-from mvsink.shard.parts import updates_from_ipc
+from mvsink.updates import updates_from_ipc
 
 pytestmark = pytest.mark.integration
 F = Frontier.at

@@ -28,8 +28,8 @@ from mvsink.shard import (
     UpperMismatch,
     open_shard,
 )
-from mvsink.shard.parts import normalize_updates
 from mvsink.shard.state import ShardState
+from mvsink.updates import normalize_updates
 
 pytestmark = pytest.mark.integration
 

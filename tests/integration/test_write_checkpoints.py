@@ -15,7 +15,7 @@ from mvsink.config import S3Settings
 from mvsink.frontier import Frontier
 from mvsink.rows import parse_row_schema
 from mvsink.s3 import ensure_bucket, s3_client
-from mvsink.shard.parts import normalize_updates
+from mvsink.updates import normalize_updates
 from services.write import task
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mvsink.frontier import Frontier
-from mvsink.shard.parts import normalize_updates
+from mvsink.updates import normalize_updates
 from services.write.correction import Correction
 
 ROWS = pa.schema([("k", pa.string())])

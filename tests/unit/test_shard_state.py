@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mvsink.errors import ContractError
+from mvsink.errors import ContractError, InvalidUsage
 from mvsink.frontier import Frontier
 from mvsink.rows import avro_row_schema, error_key, partition_of, partitions_of_table, row_encoder
 from mvsink.shard.parts import (
@@ -19,9 +19,9 @@ from mvsink.shard.parts import (
     consolidate_at,
     decode_part,
     encode_part,
-    normalize_updates,
 )
-from mvsink.shard.state import InvalidUsage, PartRef, ShardState, apply_append, initial_state
+from mvsink.shard.state import PartRef, ShardState, apply_append, initial_state
+from mvsink.updates import normalize_updates
 
 ROWS = pa.schema([("k", pa.string()), ("v", pa.int64())])
 F = Frontier.at

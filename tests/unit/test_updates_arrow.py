@@ -10,7 +10,7 @@ from mvsink import codec
 from mvsink.errors import ContractError, DecodeError
 from mvsink.messages import UpdatesArrow
 from mvsink.rows import parse_row_schema
-from mvsink.shard.parts import describe_ipc, normalize_updates, updates_from_ipc, updates_to_ipc
+from mvsink.updates import describe_ipc, normalize_updates, updates_from_ipc, updates_to_ipc
 
 SCHEMA = parse_row_schema("key string not null, value long")
 
