@@ -28,9 +28,9 @@ from minio import Minio
 from minio.error import S3Error
 
 from mvsink.errors import MvsinkError
-from mvsink.settings import S3Settings
+from mvsink.settings import HTTP_READ_TIMEOUT, S3Settings
 
-_TIMEOUT = urllib3.Timeout(connect=5.0, read=30.0)
+_TIMEOUT = urllib3.Timeout(connect=5.0, read=HTTP_READ_TIMEOUT)
 _http = urllib3.PoolManager(retries=False, timeout=_TIMEOUT, maxsize=16)
 
 

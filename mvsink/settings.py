@@ -39,18 +39,29 @@ class S3Settings:
 
 @dataclass(frozen=True)
 class Timing:
-    """Time bounds that make deletion safe (see the package docs, "Deleting").
+    """Time bounds that make deletion safe (see `mvsink.shard`, "Deleting").
 
-    * `max_attempt_age`: a compare-and-append never writes version `n+1` later than this after
+    * `max_attempt_age`: a compare-and-set never writes version `n+1` later than this after
       reading version `n`; it starts over instead.
-    * `max_part_age`: compare-and-append refuses parts staged longer ago than this.
-    * `min_grace`: `sweep` refuses a grace period below this; it must exceed both bounds above.
+    * `max_part_age`: compare-and-append and compare-and-merge refuse parts staged longer ago
+      than this.
+    * `min_grace`: the sweeper deletes a never-referenced part only when it is older than a grace
+      of at least this; it must exceed both bounds above.
+    * `part_grace`: a part a merge replaced is deleted this long after the merge (readers still
+      reading the replaced version finish within it, or start over from the latest one).
+    * `version_grace`: a superseded state version is pruned this long after it was superseded;
+      it must exceed `max_attempt_age` plus the HTTP read timeout (30 s), so no slow writer can
+      re-create a pruned seqno.
+    * `reader_lease`: how long a reader's hold on `since` lives without renewal.
     """
 
     max_attempt_age: float = 30.0
     max_part_age: float = 600.0
     min_grace: float = 900.0
     poll_interval: float = 0.05
+    part_grace: float = 10.0
+    version_grace: float = 90.0
+    reader_lease: float = 900.0
 
     def __post_init__(self) -> None:
         if self.min_grace <= self.max_part_age + self.max_attempt_age:
@@ -58,3 +69,38 @@ class Timing:
                 f"min_grace {self.min_grace}s must exceed max_part_age {self.max_part_age}s "
                 f"+ max_attempt_age {self.max_attempt_age}s"
             )
+        if self.version_grace <= self.max_attempt_age + HTTP_READ_TIMEOUT:
+            raise ContractError(
+                f"version_grace {self.version_grace}s must exceed max_attempt_age "
+                f"{self.max_attempt_age}s + the {HTTP_READ_TIMEOUT:.0f}s HTTP read timeout"
+            )
+        if self.part_grace < 0 or self.reader_lease <= 0:
+            raise ContractError("part_grace must be >= 0 and reader_lease > 0")
+
+
+#: The read timeout of every S3 request (`mvsink.s3`): bounds how late a create can land.
+HTTP_READ_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class CompactionPolicy:
+    """When live batches merge (`mvsink.shard.state.maybe_merge`): size-tiered, so live batches
+    stay logarithmic in history and bytes stay within `1 + max_amplification` of the oldest.
+
+    * `max_amplification`: merge everything once the newer batches hold this many times the
+      updates of the oldest one;
+    * `size_ratio`, `min_merge`: merge a run of at least `min_merge` batches of similar size
+      (each older one at most `1 + size_ratio` times the newer run);
+    * `max_batches`: never keep more live batches than this.
+    """
+
+    max_amplification: float = 1.0
+    size_ratio: float = 1.0
+    min_merge: int = 4
+    max_batches: int = 16
+
+    def __post_init__(self) -> None:
+        if self.max_amplification <= 0 or self.size_ratio < 0:
+            raise ContractError("max_amplification must be > 0 and size_ratio >= 0")
+        if self.min_merge < 2 or self.max_batches < 2:
+            raise ContractError("min_merge and max_batches must be >= 2")

@@ -56,6 +56,7 @@ from mvsink.shard.state import (
     BatchRecord,
     PartRef,
     SchemaMismatch,
+    SelectedPart,
     ShardState,
 )
 from mvsink.shard.store import (
@@ -64,7 +65,6 @@ from mvsink.shard.store import (
     DeleteResult,
     IndefiniteAppend,
     PartTooOld,
-    SelectedPart,
     Shard,
     SweepResult,
     UpperMismatch,

@@ -70,3 +70,16 @@ def consolidate_at(table: pa.Table, row_schema: pa.Schema, as_of: Frontier) -> p
             return table
     last = as_of.time - 1 if as_of.time is not None else pc.max(table.column(TIME)).as_py()
     return consolidate(advance_times(table, last + 1, last), row_schema)
+
+
+def merge_updates(table: pa.Table, row_schema: pa.Schema, advance_before: Frontier) -> pa.Table:
+    """The updates of a merged batch from its inputs' (`MergeRequest.advance_before`): every
+    time before `advance_before` advanced to the last time before it (for `{}`, the largest time
+    present), then diffs summed per `(row, err, time)`, zero sums dropped. The contents at every
+    frontier `>= advance_before` are unchanged (invariant 5 of `mvsink.shard.state`)."""
+    if table.num_rows == 0:
+        return table
+    before = advance_before.time
+    if before is None:
+        before = pc.max(table.column(TIME)).as_py() + 1
+    return consolidate(advance_times(table, before, before - 1), row_schema)

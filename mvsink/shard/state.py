@@ -1,18 +1,33 @@
 """Shard state versions as data: immutable models and the pure functions that change them.
 
 A state version is what `state/<seqno:020d>` holds (JSON). A change is computed by a pure
-function from the previous version (`apply_append`), in the manner of a commit-as-data table
-format: the I/O shell (`mvsink.shard.store`) only reads a version, calls the function, and
-writes the result conditionally.
+function from the previous version, in the manner of a commit-as-data table format: the I/O
+shell (`mvsink.shard.store`) only reads a version, calls the function, and writes the result
+conditionally. The changes:
 
-Invariants of a chain of versions `0, 1, 2, ...` (checked by `apply_append`):
+* `apply_append`: one batch `[expected_upper, new_upper)` (possibly without parts);
+* `apply_merge`: compare-and-merge, a contiguous run of live batches replaced by one batch
+  holding the same updates with the times before `since` advanced and consolidated, made only
+  if every input batch is still live (`None` otherwise: the merge lost a race);
+* `apply_lease` / `apply_release`: a reader's hold on `since`, with an expiry;
+* `apply_retain_history`: how far `since` trails the upper.
+
+Every change also settles `since` (`settle`): expired leases are dropped and `since` advances to
+the meet of `upper - retain_history` and every live lease's hold, never backwards. With
+`retain_history = None` (a shard opened without a retention policy) `since` never advances.
+
+Invariants of a chain of versions `0, 1, 2, ...` (checked by the functions):
 
 1. `seqno` increases by exactly one from a version to the next;
 2. `upper` never regresses, and an append moves it from exactly `expected_upper`;
-3. every batch in `batches` has `lower < upper`, batches are contiguous in time
-   (each batch's `lower` is the previous batch's `upper`, gaps allowed only where the upper was
-   advanced without data), and a part key appears at most once in the whole chain;
-4. `since <= upper` (this version never advances `since`; compaction will).
+3. the live `batches` are ordered and disjoint (each batch's `lower` is at or after the previous
+   batch's `upper`; a gap is a stretch the upper crossed without data), every batch has
+   `lower < upper`, and a part key, once dropped from the live batches, never returns;
+4. `since <= upper` and `since` never regresses; no live lease holds below `since`;
+5. for every frontier `as_of` with `since <= as_of <= upper`, the contents at `as_of` (updates
+   with time `< as_of`, consolidated) are the same in every later version: merges only advance
+   times before `since` and consolidate;
+6. a version's size is O(live batches + leases), not O(history).
 """
 
 from __future__ import annotations
@@ -27,13 +42,21 @@ import pyarrow as pa
 from mvsink.errors import InvalidUsage, MvsinkError
 from mvsink.frontier import Frontier
 from mvsink.messages import Part, StagedBatch
+from mvsink.settings import CompactionPolicy
 from mvsink.updates import check_row_schema
 
-FORMAT = 1
+#: The format written; format 1 (every batch ever appended, no leases) is still read.
+FORMAT = 2
+READS = (1, 2)
 
 
 class SchemaMismatch(MvsinkError):
     """The shard exists with another row schema than the caller's."""
+
+
+class AsOfBeforeSince(InvalidUsage):
+    """A read or a hold at a frontier before the shard's `since`: the history it needs was
+    compacted away (persist's `SnapshotErr::AsOfHistoricalDistinctionsLost`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +65,7 @@ class PartRef:
 
     `partition`/`partitions_total` are the desired partition all its rows hash to, under P =
     `partitions_total`; both `None` for a part of unknown partitioning (a foreign writer).
+    `lower`/`upper` are the bounds it was staged for (its batch's, in a state version).
     """
 
     key: str
@@ -54,11 +78,9 @@ class PartRef:
     partitions_total: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """JSON form inside a state version."""
+        """JSON form inside a state version (the bounds are the batch's)."""
         return {
             "key": self.key,
-            "lower": self.lower.elements(),
-            "upper": self.upper.elements(),
             "writer_id": self.writer_id,
             "updates": self.updates,
             "bytes": self.bytes,
@@ -78,12 +100,12 @@ class PartRef:
                    part.partition, part.partitions_total)  # fmt: skip
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> PartRef:
-        """Inverse of `to_json`."""
+    def from_json(cls, raw: dict[str, Any], lower: Frontier, upper: Frontier) -> PartRef:
+        """Inverse of `to_json`, in a batch `[lower, upper)`."""
         return cls(
             key=raw["key"],
-            lower=Frontier.from_elements(raw["lower"]),
-            upper=Frontier.from_elements(raw["upper"]),
+            lower=lower,
+            upper=upper,
             writer_id=raw["writer_id"],
             updates=raw["updates"],
             bytes=raw["bytes"],
@@ -94,12 +116,22 @@ class PartRef:
 
 @dataclass(frozen=True, slots=True)
 class BatchRecord:
-    """One appended batch: its bounds, the version that appended it, and its parts."""
+    """One live batch: its bounds, the version that made it (appended or merged), its parts."""
 
     lower: Frontier
     upper: Frontier
     seqno: int
     parts: tuple[PartRef, ...]
+
+    @property
+    def updates(self) -> int:
+        """Updates in its parts."""
+        return sum(p.updates for p in self.parts)
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of its parts."""
+        return sum(p.bytes for p in self.parts)
 
     def to_json(self) -> dict[str, Any]:
         """JSON form inside a state version."""
@@ -112,23 +144,93 @@ class BatchRecord:
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> BatchRecord:
+        """Inverse of `to_json` (format 1 parts carry their own bounds)."""
+        lower = Frontier.from_elements(raw["lower"])
+        upper = Frontier.from_elements(raw["upper"])
+        parts = tuple(
+            PartRef.from_json(p, Frontier.from_elements(p.get("lower", raw["lower"])),
+                              Frontier.from_elements(p.get("upper", raw["upper"])))
+            for p in raw["parts"]
+        )  # fmt: skip
+        return cls(lower, upper, raw["seqno"], parts)
+
+
+@dataclass(frozen=True, slots=True)
+class ReaderLease:
+    """A reader's hold: `since` does not pass `since` while the lease lives (until
+    `expires_at`, unix seconds). Renewed and moved forward by `apply_lease`."""
+
+    reader_id: str
+    since: Frontier
+    expires_at: float
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form inside a state version."""
+        return {"reader_id": self.reader_id, "since": self.since.elements(),
+                "expires_at": self.expires_at}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> ReaderLease:
         """Inverse of `to_json`."""
-        return cls(
-            lower=Frontier.from_elements(raw["lower"]),
-            upper=Frontier.from_elements(raw["upper"]),
-            seqno=raw["seqno"],
-            parts=tuple(PartRef.from_json(p) for p in raw["parts"]),
-        )
+        return cls(raw["reader_id"], Frontier.from_elements(raw["since"]), raw["expires_at"])
+
+
+@dataclass(frozen=True, slots=True)
+class MergeRequest:
+    """A planned merge: the contiguous run of live batches `inputs`, to be replaced by one
+    batch `[inputs[0].lower, inputs[-1].upper)` whose updates are the inputs' with every time
+    before `min(since, upper)` advanced to the last time before it, consolidated. Outputs are
+    one part per desired partition under `partitions_total` (one part if `None`)."""
+
+    inputs: tuple[BatchRecord, ...]
+    since: Frontier
+    partitions_total: int | None
+    reason: str
+
+    def __post_init__(self) -> None:
+        if not self.inputs:
+            raise InvalidUsage("a merge needs at least one input batch")
+
+    @property
+    def lower(self) -> Frontier:
+        """Lower of the merged batch."""
+        return self.inputs[0].lower
+
+    @property
+    def upper(self) -> Frontier:
+        """Upper of the merged batch."""
+        return self.inputs[-1].upper
+
+    @property
+    def advance_before(self) -> Frontier:
+        """Times before this frontier are advanced to the last time before it."""
+        return self.since.meet(self.upper)
+
+    @property
+    def input_keys(self) -> frozenset[str]:
+        """Keys of every input part."""
+        return frozenset(p.key for b in self.inputs for p in b.parts)
+
+    @property
+    def updates(self) -> int:
+        """Updates in the inputs."""
+        return sum(b.updates for b in self.inputs)
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the inputs."""
+        return sum(b.bytes for b in self.inputs)
 
 
 @dataclass(frozen=True)
 class ShardState:
     """One version of a shard's state.
 
-    `batches` holds every batch with data (empty appends only move `upper` and are not kept);
-    `appended` is the batch this very version appended (possibly without parts), `None` for
-    version 0. `nonce` makes the bytes of every written version unique to its writer's attempt,
-    so a retried conditional create can be recognised as its own (see `mvsink.s3`).
+    `batches` holds the live batches with data (empty appends only move `upper`; merged inputs
+    are gone); `change` names what this version did (`create`, `append`, `merge`, `lease`,
+    `release`, `retain`); `appended` is the batch an `append` version appended (possibly
+    without parts). `nonce` makes the bytes of every written version unique to its writer's
+    attempt, so a retried conditional create can be recognised as its own (see `mvsink.s3`).
     """
 
     shard_id: str
@@ -139,6 +241,10 @@ class ShardState:
     batches: tuple[BatchRecord, ...] = ()
     appended: BatchRecord | None = None
     nonce: str = ""
+    #: How far `since` trails the upper, in times; `None`: `since` never advances.
+    retain_history: int | None = None
+    readers: tuple[ReaderLease, ...] = ()
+    change: str = "create"
     _part_keys: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -151,16 +257,20 @@ class ShardState:
         return self._part_keys
 
     def parts(self) -> list[PartRef]:
-        """Every part this version references, in append order."""
+        """Every part this version references, in batch order."""
         return [p for b in self.batches for p in b.parts]
 
     def total_bytes(self) -> int:
         """Sum of the referenced parts' sizes."""
-        return sum(p.bytes for p in self.parts())
+        return sum(b.bytes for b in self.batches)
 
     def total_updates(self) -> int:
         """Sum of the referenced parts' update counts."""
-        return sum(p.updates for p in self.parts())
+        return sum(b.updates for b in self.batches)
+
+    def lease(self, reader_id: str) -> ReaderLease | None:
+        """The lease of `reader_id`, if it holds one."""
+        return next((r for r in self.readers if r.reader_id == reader_id), None)
 
     # -- serialisation ----------------------------------------------------------------------
 
@@ -172,8 +282,11 @@ class ShardState:
             "seqno": self.seqno,
             "upper": self.upper.elements(),
             "since": self.since.elements(),
+            "retain_history": self.retain_history,
             "schema": schema_to_json(self.schema),
             "batches": [b.to_json() for b in self.batches],
+            "readers": [r.to_json() for r in self.readers],
+            "change": self.change,
             "appended": None if self.appended is None else self.appended.to_json(),
             "nonce": self.nonce,
         }
@@ -181,15 +294,15 @@ class ShardState:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> ShardState:
-        """Parse a stored state version.
+        """Parse a stored state version (format 1 or 2).
 
         Raises:
             MvsinkError: not a state document of a format this code reads.
         """
         try:
             raw = json.loads(data)
-            if raw.get("format") != FORMAT:
-                raise MvsinkError(f"shard state format {raw.get('format')!r} is not {FORMAT}")
+            if raw.get("format") not in READS:
+                raise MvsinkError(f"shard state format {raw.get('format')!r} is not one of {READS}")
             return cls(
                 shard_id=raw["shard_id"],
                 seqno=raw["seqno"],
@@ -201,15 +314,55 @@ class ShardState:
                 if raw["appended"] is None
                 else BatchRecord.from_json(raw["appended"]),
                 nonce=raw["nonce"],
+                retain_history=raw.get("retain_history"),
+                readers=tuple(ReaderLease.from_json(r) for r in raw.get("readers", [])),
+                change=raw.get("change", "append" if raw["appended"] is not None else "create"),
             )
         except (KeyError, TypeError, ValueError) as error:
             raise MvsinkError(f"corrupt shard state document: {error!r}") from error
 
 
-def initial_state(shard_id: str, schema: pa.Schema, nonce: str) -> ShardState:
+def initial_state(
+    shard_id: str, schema: pa.Schema, nonce: str, retain_history: int | None = None
+) -> ShardState:
     """Version 0: `upper = since = {0}`, no batches."""
     check_row_schema(schema)
-    return ShardState(shard_id, 0, Frontier.minimum(), Frontier.minimum(), schema, nonce=nonce)
+    _check_retain(retain_history)
+    return ShardState(shard_id, 0, Frontier.minimum(), Frontier.minimum(), schema, nonce=nonce,
+                      retain_history=retain_history)  # fmt: skip
+
+
+# -- since ------------------------------------------------------------------------------------
+
+
+def since_target(state: ShardState, now: float) -> Frontier:
+    """Where `since` may go now: the meet of `upper - retain_history` and every live lease's
+    hold, never before the current `since`. A closed upper (`{}`) keeps `since` where it is."""
+    if state.retain_history is None or state.upper.time is None:
+        return state.since
+    target = Frontier.at(max(0, state.upper.time - state.retain_history))
+    for lease in state.readers:
+        if lease.expires_at > now:
+            target = target.meet(lease.since)
+    return state.since.join(target)
+
+
+def settle(state: ShardState, now: float) -> ShardState:
+    """Drop expired leases and advance `since` (invariant 4). Part of every change."""
+    readers = tuple(r for r in state.readers if r.expires_at > now)
+    settled = replace(state, readers=readers)
+    return replace(settled, since=since_target(settled, now))
+
+
+def _successor(
+    state: ShardState, change: str, nonce: str, now: float, **changes: Any
+) -> ShardState:
+    following = replace(state, seqno=state.seqno + 1, change=change, appended=None, nonce=nonce,
+                        **changes)  # fmt: skip
+    return settle(following, now)
+
+
+# -- changes ----------------------------------------------------------------------------------
 
 
 def apply_append(
@@ -218,6 +371,7 @@ def apply_append(
     expected_upper: Frontier,
     new_upper: Frontier,
     nonce: str,
+    now: float = 0.0,
 ) -> ShardState:
     """The version after appending `parts` as one batch `[expected_upper, new_upper)`.
 
@@ -239,9 +393,183 @@ def apply_append(
         raise InvalidUsage(f"a part is appended twice: {sorted(keys)}")
     batch = BatchRecord(expected_upper, new_upper, state.seqno + 1, parts)
     batches = (*state.batches, batch) if parts else state.batches
-    return replace(
-        state, seqno=state.seqno + 1, upper=new_upper, batches=batches, appended=batch, nonce=nonce
-    )
+    following = _successor(state, "append", nonce, now, upper=new_upper, batches=batches)
+    return replace(following, appended=batch)
+
+
+def apply_merge(
+    state: ShardState, request: MergeRequest, parts: tuple[PartRef, ...], nonce: str, now: float
+) -> ShardState | None:
+    """Compare-and-merge: the version with `request.inputs` replaced by one batch of `parts`,
+    or `None` if the inputs are no longer all live (another merge took some: the result must
+    be discarded).
+
+    Raises:
+        InvalidUsage: outputs staged for other bounds, or reusing a key.
+    """
+    position = _find_run(state.batches, request.inputs)
+    if position is None:
+        return None
+    for part in parts:
+        if (part.lower, part.upper) != (request.lower, request.upper):
+            raise InvalidUsage(f"merge output {part.key} was staged for [{part.lower}, "
+                               f"{part.upper}), not [{request.lower}, {request.upper})")  # fmt: skip
+    keys = [p.key for p in parts]
+    if len(set(keys)) != len(keys) or state.part_keys & set(keys):
+        raise InvalidUsage(f"a merge output reuses a part key: {sorted(keys)}")
+    merged = BatchRecord(request.lower, request.upper, state.seqno + 1, parts)
+    end = position + len(request.inputs)
+    batches = (*state.batches[:position], *((merged,) if parts else ()), *state.batches[end:])
+    return _successor(state, "merge", nonce, now, batches=batches)
+
+
+def _find_run(batches: tuple[BatchRecord, ...], inputs: tuple[BatchRecord, ...]) -> int | None:
+    """Where the run `inputs` starts in `batches` (every input still live, same parts)."""
+    for position, batch in enumerate(batches):
+        if batch == inputs[0]:
+            return position if batches[position : position + len(inputs)] == inputs else None
+    return None
+
+
+def apply_lease(
+    state: ShardState,
+    reader_id: str,
+    hold: Frontier | None,
+    expires_at: float,
+    nonce: str,
+    now: float,
+) -> ShardState:
+    """Take or renew `reader_id`'s lease until `expires_at`, holding `since` at `hold` (at the
+    current `since` if `None`; a renewal never moves a hold backwards).
+
+    Raises:
+        AsOfBeforeSince: `hold` is before `since` (that history is gone) or the lease expired
+            and `since` passed its hold.
+        InvalidUsage: an empty reader id, or an expiry not after `now`.
+    """
+    if not reader_id:
+        raise InvalidUsage("a reader lease needs a reader id")
+    if expires_at <= now:
+        raise InvalidUsage(f"lease of {reader_id} would expire at {expires_at}, not after {now}")
+    settled = settle(state, now)
+    current = settled.lease(reader_id)
+    wanted = hold if hold is not None else current.since if current else settled.since
+    if current is not None:
+        wanted = current.since.join(wanted)
+    if not settled.since.less_equal(wanted):
+        raise AsOfBeforeSince(f"reader {reader_id} cannot hold {wanted}: shard {state.shard_id} "
+                              f"is compacted to since {settled.since}")  # fmt: skip
+    readers = (*(r for r in settled.readers if r.reader_id != reader_id),
+               ReaderLease(reader_id, wanted, expires_at))  # fmt: skip
+    return _successor(settled, "lease", nonce, now, readers=readers)
+
+
+def apply_release(state: ShardState, reader_id: str, nonce: str, now: float) -> ShardState:
+    """Drop `reader_id`'s lease (a no-op change if it holds none)."""
+    readers = tuple(r for r in state.readers if r.reader_id != reader_id)
+    return _successor(state, "release", nonce, now, readers=readers)
+
+
+def apply_retain_history(
+    state: ShardState, retain_history: int | None, nonce: str, now: float
+) -> ShardState:
+    """Set how far `since` trails the upper (`None`: keep all history from now on)."""
+    _check_retain(retain_history)
+    return _successor(state, "retain", nonce, now, retain_history=retain_history)
+
+
+def _check_retain(retain_history: int | None) -> None:
+    if retain_history is not None and (isinstance(retain_history, bool) or retain_history < 0):
+        raise InvalidUsage(f"retain_history must be >= 0 or None, got {retain_history!r}")
+
+
+# -- readers ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SelectedPart:
+    """A part a reader of some partition must read, and whether its rows must be filtered by
+    partition (its partitioning is unknown or differs from the reader's)."""
+
+    part: PartRef
+    needs_filter: bool
+
+
+def select_parts(
+    batches: tuple[BatchRecord, ...], partition: int | None, partitions_total: int | None
+) -> list[SelectedPart]:
+    """Parts of `batches` that hold updates of desired `partition` under P =
+    `partitions_total` (every part, unfiltered, if `partition` is None)."""
+    selected = []
+    for part in (p for b in batches for p in b.parts):
+        if partition is None:
+            selected.append(SelectedPart(part, needs_filter=False))
+        elif part.partitions_total != partitions_total or part.partition is None:
+            selected.append(SelectedPart(part, needs_filter=True))
+        elif part.partition == partition:
+            selected.append(SelectedPart(part, needs_filter=False))
+    return selected
+
+
+def overlapping(
+    batches: tuple[BatchRecord, ...], lower: Frontier, upper: Frontier
+) -> tuple[BatchRecord, ...]:
+    """The batches holding updates at times in `[lower, upper)`."""
+    return tuple(b for b in batches if b.lower.less_than(upper) and lower.less_than(b.upper))
+
+
+# -- merge policy -----------------------------------------------------------------------------
+
+
+def maybe_merge(state: ShardState, policy: CompactionPolicy) -> MergeRequest | None:
+    """The merge the shard needs now, if any: a size-tiered policy (RocksDB's and Paimon's
+    universal compaction) that keeps live batches logarithmic in history and bytes bounded.
+
+    Over the live batches, oldest first, sizes in updates:
+
+    1. amplification: the newer batches together reach `max_amplification` times the oldest
+       -> merge all (this is what collapses churn back to the size of the view);
+    2. size ratio: from the newest, take older batches while each is at most
+       `1 + size_ratio` times the run so far; a run of `min_merge` or more -> merge it;
+    3. count: more than `max_batches` -> merge the adjacent run of the smallest total size that
+       brings the count back to `max_batches`.
+    """
+    batches = state.batches
+    if len(batches) < 2:
+        return None
+    sizes = [max(b.updates, 1) for b in batches]
+    if sum(sizes[1:]) >= policy.max_amplification * sizes[0]:
+        return _request(state, batches, "amplification")
+    start, total = len(batches) - 1, sizes[-1]
+    while start > 0 and sizes[start - 1] <= total * (1 + policy.size_ratio):
+        start -= 1
+        total += sizes[start]
+    if len(batches) - start >= policy.min_merge:
+        return _request(state, batches[start:], "size ratio")
+    if len(batches) > policy.max_batches:
+        width = len(batches) - policy.max_batches + 1
+        best = min(range(len(batches) - width + 1), key=lambda i: sum(sizes[i : i + width]))
+        return _request(state, batches[best : best + width], "count")
+    return None
+
+
+def merge_all(state: ShardState) -> MergeRequest | None:
+    """A merge of every live batch (a forced compaction), if there is anything to gain: two or
+    more batches, or one whose times before `since` may still be consolidated."""
+    if not state.batches or (len(state.batches) == 1 and state.since == Frontier.minimum()):
+        return None
+    return _request(state, state.batches, "forced")
+
+
+def _request(state: ShardState, inputs: tuple[BatchRecord, ...], reason: str) -> MergeRequest:
+    """Outputs keep the partitioning most of the input updates have (foreign parts are split
+    by row hash into it), so a write task still reads only its own partition."""
+    weights: dict[int | None, int] = {}
+    for part in (p for b in inputs for p in b.parts):
+        weights[part.partitions_total] = weights.get(part.partitions_total, 0) + part.updates + 1
+    partitioned = {k: v for k, v in weights.items() if k is not None}
+    total = max(partitioned, key=lambda k: partitioned[k]) if partitioned else None
+    return MergeRequest(inputs, state.since, total, reason)
 
 
 def schema_to_json(schema: pa.Schema) -> dict[str, Any]:

@@ -36,10 +36,13 @@ from mvsink.shard import parts as partio
 from mvsink.shard.state import (
     PartRef,
     SchemaMismatch,
+    SelectedPart,
     ShardState,
     apply_append,
     initial_state,
+    overlapping,
     same_schema,
+    select_parts,
 )
 from mvsink.updates import normalize_updates, part_schema
 
@@ -86,15 +89,6 @@ class SweepResult:
     parts_kept_young: int
     parts_referenced: int
     states_pruned: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class SelectedPart:
-    """A part a reader of some partition must read, and whether its rows must be filtered by
-    partition (its partitioning is unknown or differs from the reader's)."""
-
-    part: PartRef
-    needs_filter: bool
 
 
 class IndefiniteAppend(MvsinkError):
@@ -372,20 +366,10 @@ class Shard:
         state: ShardState | None = None,
     ) -> list[SelectedPart]:
         """Parts of batches overlapping `[lower, upper)` that hold updates of desired partition
-        `partition` under P = `partitions_total` (every part if `partition` is None)."""
+        `partition` under P = `partitions_total` (every part if `partition` is None). A merged
+        batch may also hold updates before `lower`: a reader of changes filters by time."""
         state = state or self.state()
-        selected = []
-        for batch in state.batches:
-            if not (batch.lower.less_than(upper) and lower.less_than(batch.upper)):
-                continue
-            for part in batch.parts:
-                if partition is None:
-                    selected.append(SelectedPart(part, needs_filter=False))
-                elif part.partitions_total != partitions_total or part.partition is None:
-                    selected.append(SelectedPart(part, needs_filter=True))
-                elif part.partition == partition:
-                    selected.append(SelectedPart(part, needs_filter=False))
-        return selected
+        return select_parts(overlapping(state.batches, lower, upper), partition, partitions_total)
 
     def read_part(self, part: PartRef) -> pa.Table:
         """The updates of one part."""
