@@ -198,7 +198,7 @@ def cmd_shard_snapshot(args: argparse.Namespace) -> int:
 
 def cmd_shard_sweep(args: argparse.Namespace) -> int:
     shard = _open_shard(args)
-    result = shard.sweep(grace=args.grace, keep_states=args.keep_states)
+    result = shard.sweep(grace=args.grace)
     print(f"parts deleted:     {len(result.parts_deleted)}")
     for key in result.parts_deleted:
         print(f"  {key}")
@@ -365,7 +365,6 @@ def build_parser() -> argparse.ArgumentParser:
     snapshot.set_defaults(func=cmd_shard_snapshot)
     sweep = shard_commands.add_parser("sweep", help="delete leaked parts, prune old versions")
     sweep.add_argument("--grace", type=float, required=True, help="seconds (>= the minimum)")
-    sweep.add_argument("--keep-states", type=int, default=10)
     sweep.set_defaults(func=cmd_shard_sweep)
 
     bench = commands.add_parser(

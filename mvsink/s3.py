@@ -28,9 +28,9 @@ from minio import Minio
 from minio.error import S3Error
 
 from mvsink.errors import MvsinkError
-from mvsink.settings import HTTP_READ_TIMEOUT, S3Settings
+from mvsink.settings import S3Settings
 
-_TIMEOUT = urllib3.Timeout(connect=5.0, read=HTTP_READ_TIMEOUT)
+_TIMEOUT = urllib3.Timeout(connect=5.0, read=30.0)
 _http = urllib3.PoolManager(retries=False, timeout=_TIMEOUT, maxsize=16)
 
 
@@ -91,9 +91,10 @@ def conditional_put(
     data: bytes,
     *,
     if_match: str | None = None,
+    timeout: float | None = None,
 ) -> ConditionalResult:
     """Write `data` to `bucket/key` only if the key is absent, or if `if_match` is given, only if
-    its current etag equals `if_match`.
+    its current etag equals `if_match`. `timeout` is the read timeout (default 30 s).
 
     Never retried at the HTTP level; see the module docs for how each outcome is settled.
 
@@ -108,7 +109,8 @@ def conditional_put(
     else:
         headers["If-Match"] = if_match
     try:
-        response = _http.request("PUT", url, body=data, headers=headers)
+        wait = _TIMEOUT if timeout is None else urllib3.Timeout(connect=5.0, read=timeout)
+        response = _http.request("PUT", url, body=data, headers=headers, timeout=wait)
     except (urllib3.exceptions.HTTPError, OSError) as error:
         raise IndefiniteWrite(f"PUT {bucket}/{key}: outcome unknown: {error!r}") from error
     if response.status == 200:

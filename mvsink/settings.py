@@ -50,9 +50,10 @@ class Timing:
     * `part_grace`: a part a merge replaced is deleted this long after the merge (readers still
       reading the replaced version finish within it, or start over from the latest one).
     * `version_grace`: a superseded state version is pruned this long after it was superseded;
-      it must exceed `max_attempt_age` plus the HTTP read timeout (30 s), so no slow writer can
-      re-create a pruned seqno.
+      it must exceed `max_attempt_age + request_timeout`, so no slow writer can re-create a
+      pruned seqno.
     * `reader_lease`: how long a reader's hold on `since` lives without renewal.
+    * `request_timeout`: the read timeout of a conditional create (bounds how late one lands).
     """
 
     max_attempt_age: float = 30.0
@@ -62,6 +63,7 @@ class Timing:
     part_grace: float = 10.0
     version_grace: float = 90.0
     reader_lease: float = 900.0
+    request_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         if self.min_grace <= self.max_part_age + self.max_attempt_age:
@@ -69,17 +71,13 @@ class Timing:
                 f"min_grace {self.min_grace}s must exceed max_part_age {self.max_part_age}s "
                 f"+ max_attempt_age {self.max_attempt_age}s"
             )
-        if self.version_grace <= self.max_attempt_age + HTTP_READ_TIMEOUT:
+        if self.version_grace <= self.max_attempt_age + self.request_timeout:
             raise ContractError(
                 f"version_grace {self.version_grace}s must exceed max_attempt_age "
-                f"{self.max_attempt_age}s + the {HTTP_READ_TIMEOUT:.0f}s HTTP read timeout"
+                f"{self.max_attempt_age}s + request_timeout {self.request_timeout}s"
             )
         if self.part_grace < 0 or self.reader_lease <= 0:
             raise ContractError("part_grace must be >= 0 and reader_lease > 0")
-
-
-#: The read timeout of every S3 request (`mvsink.s3`): bounds how late a create can land.
-HTTP_READ_TIMEOUT = 30.0
 
 
 @dataclass(frozen=True)

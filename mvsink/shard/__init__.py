@@ -1,6 +1,7 @@
 """A persist-style shard on object storage alone: staged Parquet parts plus a linearizable log
 of immutable state versions (the seed's `persist`: Blob + Consensus, done with S3 conditional
-writes). No Kafka or Spark in this package's core; `mvsink.shard.spark` is the Spark reader.
+writes), kept small forever by `since`, merges and garbage collection. No Kafka or Spark in this
+package's core; `mvsink.shard.spark` is the Spark reader, `mvsink.shard.compact` runs merges.
 
 Layout (DESIGN §3.2)::
 
@@ -10,38 +11,41 @@ Layout (DESIGN §3.2)::
 (The part file name starts with its staging time in milliseconds so that age checks need no
 extra request; DESIGN names it `<uuid>.parquet`, which this extends.)
 
-A state version holds `seqno`, `upper`, `since`, the row schema, every batch with data
-(`{lower, upper, seqno, parts}`), the batch this version appended, and a nonce.
+A state version (`mvsink.shard.state`, format 2) holds `seqno`, `upper`, `since`,
+`retain_history`, the row schema, the *live* batches (`{lower, upper, seqno, parts}`), the
+reader leases, what the version changed, and a nonce. Its size is O(live batches), not
+O(history): merged batches are gone from it.
 
 Linearizability
 ---------------
-Every change is `compare_and_append(parts, expected_upper, new_upper)`: read the latest version
-`n`; if `upper != expected_upper` return `UpperMismatch(current)`; else create `n+1` (computed
-from `n` by a pure function) with `If-None-Match: *`. Versions therefore form a chain in which
-`n+1` was computed from `n` by a writer that saw `n` as the latest: a create that loses (412)
-means someone else's `n+1` exists, and the writer starts over from it. The linearization point
-of an append is the successful create of its version; of a read (`state()`, `upper()`), the
-read of the first missing seqno after the last present one. S3 (and MinIO) give
-read-after-write consistency for GET/PUT/LIST, so a version created before a read starts is
-seen by it. A create whose HTTP outcome is unknown is retried with the *same bytes*: a 412 on
-identical content means it was ours (`mvsink.s3.conditional_put`), so no append happens twice
-and none is lost silently; if it stays unknown, `IndefiniteAppend` tells the caller to re-read.
+Every change is one compare-and-set: read the latest version `n`; compute `n+1` from it by a
+pure function (`apply_append`, `apply_merge`, `apply_lease`, ...; an expected outcome such as
+`UpperMismatch` or `MergeRefused` is returned instead); create `n+1` with `If-None-Match: *`; on
+a lost race (412), start over from the new latest. Versions therefore form a chain in which
+`n+1` was computed from `n` by a writer that saw `n` as the latest. The linearization point of
+a change is the successful create of its version; of a read (`state()`, `upper()`), the read of
+the first missing seqno after the last present one. S3 (and MinIO) give read-after-write
+consistency for GET/PUT/LIST, so a version created before a read starts is seen by it. A create
+whose HTTP outcome is unknown is retried with the *same bytes*: a 412 on identical content means
+it was ours (`mvsink.s3.conditional_put`), so no change happens twice and none is lost
+silently; if it stays unknown, `IndefiniteAppend` tells the caller to re-read.
 
-What a reader may assume: versions are gap-free from the oldest retained one; `upper` never
-regresses; the contents at any frontier `<= upper` never change (`snapshot(as_of)` is
-repeatable); a part referenced by a retained version is never deleted.
+`since`, leases and merges
+--------------------------
+`since` trails the upper by the shard's `retain_history` (times; `None` keeps everything) and
+never passes a live reader lease's hold (`Shard.lease`, renewed before `Timing.reader_lease`
+runs out). Reads at `as_of < since` fail with `AsOfBeforeSince`. A merge
+(`Shard.compare_and_merge`) replaces a contiguous run of live batches by one batch whose updates
+at times before `since` are advanced and consolidated, one part per desired partition; it is
+made only if every input is still live, so it races safely with appends, other compactors and
+replicas. Which merges run, where and who triggers them: `mvsink.shard.compact`.
 
-Deleting
---------
-Pruning state versions would let a slow writer re-create a pruned seqno, and deleting a staged
-part could race the append that commits it. Three time bounds (`Timing`) close both:
-a compare-and-append never writes `n+1` more than `max_attempt_age` after reading `n`, and
-refuses parts staged more than `max_part_age` ago; `sweep` only prunes versions and deletes
-unreferenced parts older than `grace >= min_grace > max_part_age + max_attempt_age`. This
-assumes clocks (the sweeper's, the writers', S3's timestamps) agree to within
-`min_grace - max_part_age - max_attempt_age`. `delete_staged` needs no clock: it deletes a part
-only when no retained version references it and the upper has passed the part's `lower`, after
-which no compare-and-append for its bounds can succeed.
+What a reader may assume: versions are gap-free from the oldest retained one; `upper` and
+`since` never regress; the contents at any frontier `since <= as_of <= upper` never change
+(`snapshot(as_of)` is repeatable while a lease holds `as_of`); a part referenced by the latest
+version is never deleted, and one a merge replaced lives `Timing.part_grace` more, after which a
+reader of the old version gets `PartGone` and reads the latest version instead (`snapshot` does
+that itself). Deleting is `mvsink.shard.gc`.
 """
 
 from __future__ import annotations
@@ -51,10 +55,14 @@ import pyarrow as pa
 from mvsink.errors import InvalidUsage
 from mvsink.s3 import s3_client
 from mvsink.settings import S3Settings, Timing
+from mvsink.shard.gc import DeleteResult, GcResult, SweepResult
 from mvsink.shard.parts import UpdateBeyondUpper, UpdateNotBeyondLower, consolidate_at
 from mvsink.shard.state import (
+    AsOfBeforeSince,
     BatchRecord,
+    MergeRequest,
     PartRef,
+    ReaderLease,
     SchemaMismatch,
     SelectedPart,
     ShardState,
@@ -62,23 +70,33 @@ from mvsink.shard.state import (
 from mvsink.shard.store import (
     Appended,
     AppendResult,
-    DeleteResult,
     IndefiniteAppend,
+    Merged,
+    MergeRefused,
+    MergeResult,
+    PartGone,
     PartTooOld,
     Shard,
-    SweepResult,
     UpperMismatch,
 )
 
 __all__ = [
     "AppendResult",
     "Appended",
+    "AsOfBeforeSince",
     "BatchRecord",
     "DeleteResult",
+    "GcResult",
     "IndefiniteAppend",
     "InvalidUsage",
+    "MergeRefused",
+    "MergeRequest",
+    "MergeResult",
+    "Merged",
+    "PartGone",
     "PartRef",
     "PartTooOld",
+    "ReaderLease",
     "SchemaMismatch",
     "SelectedPart",
     "Shard",
@@ -98,12 +116,19 @@ def open_shard(
     schema: pa.Schema | None,
     s3: S3Settings,
     timing: Timing | None = None,
+    retain_history: int | None = None,
 ) -> Shard:
-    """Open shard `shard_id` in `s3.bucket`, creating it (version 0: `upper = since = {0}`) on
-    first use. `schema=None` opens an existing shard with its stored schema (readers, tools).
+    """Open shard `shard_id` in `s3.bucket`, creating it (version 0: `upper = since = {0}`,
+    `retain_history` as given) on first use. `schema=None` opens an existing shard with its
+    stored schema (readers, tools); an existing shard keeps its `retain_history`
+    (`Shard.set_retain_history` changes it).
 
     Raises:
         SchemaMismatch: the shard exists with another row schema.
         MvsinkError: `schema=None` and the shard does not exist.
     """
-    return Shard.create_or_open(s3_client(s3), s3.bucket, shard_id, schema, timing or Timing())
+    shard = Shard.create_or_open(
+        s3_client(s3), s3.bucket, shard_id, schema, timing or Timing(), retain_history
+    )
+    shard.s3 = s3
+    return shard

@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,14 +31,24 @@ from mvsink.s3 import (
     get_bytes,
     put_bytes,
 )
-from mvsink.settings import Timing
+from mvsink.settings import S3Settings, Timing
+from mvsink.shard import gc
 from mvsink.shard import parts as partio
+from mvsink.shard.gc import DeleteResult, GcResult, SweepResult, staged_at
 from mvsink.shard.state import (
+    AsOfBeforeSince,
+    BatchRecord,
+    MergeRequest,
     PartRef,
+    ReaderLease,
     SchemaMismatch,
     SelectedPart,
     ShardState,
     apply_append,
+    apply_lease,
+    apply_merge,
+    apply_release,
+    apply_retain_history,
     initial_state,
     overlapping,
     same_schema,
@@ -49,6 +59,9 @@ from mvsink.updates import normalize_updates, part_schema
 PARQUET = "application/vnd.apache.parquet"
 _STATE_CACHE = 16
 _INDEFINITE_RETRIES = 5
+_Outcome = TypeVar("_Outcome")
+#: How often a read starts over from the latest version when a merge replaced its parts.
+_READ_ATTEMPTS = 5
 
 
 @dataclass(frozen=True)
@@ -71,24 +84,22 @@ AppendResult = Appended | UpperMismatch
 
 
 @dataclass(frozen=True)
-class DeleteResult:
-    """Outcome of `delete_staged`: what was deleted and what was refused, and why."""
+class Merged:
+    """The merge replaced its inputs: `batch` is live from version `seqno`."""
 
-    deleted: tuple[str, ...]
-    #: Referenced by a retained state version: committed data.
-    referenced: tuple[str, ...]
-    #: Staged for a lower the shard has not passed: it could still be appended.
-    pending: tuple[str, ...]
+    batch: BatchRecord
+    seqno: int
 
 
 @dataclass(frozen=True)
-class SweepResult:
-    """Outcome of `sweep`."""
+class MergeRefused:
+    """An input was no longer live at version `seqno` (another merge took it): the result was
+    discarded and its parts deleted."""
 
-    parts_deleted: tuple[str, ...]
-    parts_kept_young: int
-    parts_referenced: int
-    states_pruned: tuple[int, ...]
+    seqno: int
+
+
+MergeResult = Merged | MergeRefused
 
 
 class IndefiniteAppend(MvsinkError):
@@ -99,21 +110,9 @@ class PartTooOld(InvalidUsage):
     """A part staged longer ago than `Timing.max_part_age`: the sweeper may delete it."""
 
 
-def _staged_at(key: str) -> float:
-    """Staging time (unix seconds) encoded in a part key `.../<unix_ms>-<uuid>.parquet`."""
-    name = key.rsplit("/", 1)[-1]
-    try:
-        return int(name.split("-", 1)[0]) / 1000.0
-    except ValueError as error:
-        raise InvalidUsage(f"{key} is not a key of a part staged by mvsink") from error
-
-
-def _age_reference(key: str, last_modified: datetime | None) -> float:
-    """When a part was staged: from its key, or its object timestamp for a foreign key."""
-    try:
-        return _staged_at(key)
-    except InvalidUsage:
-        return last_modified.timestamp() if last_modified is not None else time.time()
+class PartGone(MvsinkError):
+    """A part of the version a reader was reading is gone: a merge replaced it and the
+    garbage collector deleted it. Read the latest version again."""
 
 
 class Shard:
@@ -131,6 +130,12 @@ class Shard:
         self.prefix = f"shards/{shard_id}"
         self._states: OrderedDict[int, ShardState] = OrderedDict()
         self._latest: int | None = None
+        #: Part keys of each version seen (versions are immutable), for the deleters.
+        self.keys_of: dict[int, frozenset[str]] = {}
+        #: Where the shard lives, for work shipped to other processes (set by `open_shard`).
+        self.s3: S3Settings | None = None
+        #: The newest version whose replaced parts this handle has deleted.
+        self.collected_through = -1
 
     # -- keys -------------------------------------------------------------------------------
 
@@ -165,6 +170,11 @@ class Shard:
         while len(self._states) > _STATE_CACHE:
             self._states.popitem(last=False)
         return state
+
+    def forget(self, seqno: int) -> None:
+        """Drop what is cached of version `seqno` (it was pruned)."""
+        self._states.pop(seqno, None)
+        self.keys_of.pop(seqno, None)
 
     def retained_seqnos(self) -> list[int]:
         """Seqnos of the state versions currently stored, ascending (one LIST)."""
@@ -231,10 +241,10 @@ class Shard:
         self, parts: Iterable[PartRef], expected_upper: Frontier, new_upper: Frontier
     ) -> AppendResult:
         """Append `parts` as one batch `[expected_upper, new_upper)` iff the upper is
-        `expected_upper`. The only write path to the shard.
+        `expected_upper`. The only path that moves the upper.
 
-        Steps: 1. read the latest version `n`; 2. if its upper differs, return
-        `UpperMismatch(current)`; 3. compute version `n+1` (pure); 4. create it with
+        Steps (`_compare_and_set`): 1. read the latest version `n`; 2. if its upper differs,
+        return `UpperMismatch(current)`; 3. compute version `n+1` (pure); 4. create it with
         `If-None-Match: *`; 5. on a lost race (another `n+1`), go to 1. An indefinite create is
         settled by writing the *same bytes* again (idempotent, see `mvsink.s3`), never new ones.
 
@@ -245,14 +255,87 @@ class Shard:
         """
         parts = tuple(parts)
         self._check_part_ages(parts)
+
+        def change(state: ShardState, nonce: str, now: float) -> ShardState | UpperMismatch:
+            if state.upper != expected_upper:
+                return UpperMismatch(state.upper, state.seqno)
+            return apply_append(state, parts, expected_upper, new_upper, nonce, now)
+
+        outcome = self._compare_and_set(change)
+        if isinstance(outcome, ShardState):
+            return Appended(new_upper, outcome.seqno)
+        return outcome
+
+    def compare_and_merge(self, request: MergeRequest, parts: Iterable[PartRef]) -> MergeResult:
+        """Replace the live batches `request.inputs` by one batch of `parts` iff every input is
+        still live (compare-and-merge); otherwise delete `parts` and return `MergeRefused`.
+        Races safely with appends (they only add batches after the inputs), other merges and
+        leases: each is one compare-and-set on the latest version.
+
+        Raises:
+            InvalidUsage: outputs staged for other bounds or too long ago (`PartTooOld`).
+            IndefiniteAppend: the outcome could not be settled in time.
+        """
+        parts = tuple(parts)
+        self._check_part_ages(parts)
+
+        def change(state: ShardState, nonce: str, now: float) -> ShardState | MergeRefused:
+            merged = apply_merge(state, request, parts, nonce, now)
+            return MergeRefused(state.seqno) if merged is None else merged
+
+        outcome = self._compare_and_set(change)
+        if isinstance(outcome, ShardState):
+            batch = next((b for b in outcome.batches if b.seqno == outcome.seqno), None)
+            return Merged(batch or BatchRecord(request.lower, request.upper, outcome.seqno, ()),
+                          outcome.seqno)  # fmt: skip
+        self.delete_staged(parts)
+        return outcome
+
+    def lease(
+        self, reader_id: str, hold: Frontier | None = None, duration: float | None = None
+    ) -> ReaderLease:
+        """Take or renew a reader lease: `since` will not pass `hold` (the current `since` if
+        `None`; never moved backwards) for `duration` seconds (`Timing.reader_lease`). Renew
+        before it expires; `release` when done.
+
+        Raises:
+            AsOfBeforeSince: `since` is already past `hold` (or past an expired lease's hold).
+        """
+        expiry = duration if duration is not None else self.timing.reader_lease
+        outcome = self._compare_and_set(
+            lambda state, nonce, now: apply_lease(state, reader_id, hold, now + expiry, nonce, now)
+        )
+        assert isinstance(outcome, ShardState)
+        lease = outcome.lease(reader_id)
+        assert lease is not None
+        return lease
+
+    def release(self, reader_id: str) -> None:
+        """Drop `reader_id`'s lease (`since` may then pass its hold)."""
+        self._compare_and_set(lambda state, nonce, now: apply_release(state, reader_id, nonce, now))
+
+    def set_retain_history(self, retain_history: int | None) -> ShardState:
+        """Make `since` trail the upper by `retain_history` times (`None`: keep everything)."""
+        outcome = self._compare_and_set(
+            lambda state, nonce, now: apply_retain_history(state, retain_history, nonce, now)
+        )
+        assert isinstance(outcome, ShardState)
+        return outcome
+
+    def _compare_and_set(
+        self, change: Callable[[ShardState, str, float], ShardState | _Outcome]
+    ) -> ShardState | _Outcome:
+        """The one write path: read the latest version, compute its successor (pure; an
+        expected outcome such as a mismatch is returned as it is), create it conditionally,
+        start over on a lost race. The successor's bytes carry a fresh nonce per attempt."""
         while True:
             read_at = time.monotonic()
             state = self.state()
-            if state.upper != expected_upper:
-                return UpperMismatch(state.upper, state.seqno)
-            successor = apply_append(state, parts, expected_upper, new_upper, uuid.uuid4().hex)
+            successor = change(state, uuid.uuid4().hex, time.time())
+            if not isinstance(successor, ShardState):
+                return successor
             if self._create_version(successor, read_at):
-                return Appended(new_upper, successor.seqno)
+                return successor
 
     def advance_upper(self, to: Frontier) -> Frontier:
         """Make the upper at least `to` with empty appends (persist's `append` of nothing):
@@ -270,7 +353,7 @@ class Shard:
         for part in parts:
             if not part.key.startswith(f"{self.prefix}/parts/"):
                 raise InvalidUsage(f"part {part.key} is not a part of shard {self.shard_id}")
-            age = now - _staged_at(part.key)
+            age = now - staged_at(part.key)
             if age > self.timing.max_part_age:
                 raise PartTooOld(
                     f"part {part.key} was staged {age:.0f}s ago (> {self.timing.max_part_age}s)"
@@ -284,7 +367,9 @@ class Shard:
             if time.monotonic() - read_at > self.timing.max_attempt_age:
                 return False
             try:
-                outcome = conditional_put(self.client, self.bucket, key, data)
+                outcome = conditional_put(
+                    self.client, self.bucket, key, data, timeout=self.timing.request_timeout
+                )
             except IndefiniteWrite:
                 time.sleep(self.timing.poll_interval)
                 continue
@@ -298,7 +383,13 @@ class Shard:
 
     @classmethod
     def create_or_open(
-        cls, client: Minio, bucket: str, shard_id: str, schema: pa.Schema | None, timing: Timing
+        cls,
+        client: Minio,
+        bucket: str,
+        shard_id: str,
+        schema: pa.Schema | None,
+        timing: Timing,
+        retain_history: int | None = None,
     ) -> Shard:
         """See `open_shard`."""
         probe = cls(client, bucket, shard_id, schema or pa.schema([]), timing)
@@ -306,7 +397,7 @@ class Shard:
         if not existing:
             if schema is None:
                 raise MvsinkError(f"shard {shard_id} does not exist in bucket {bucket}")
-            zero = initial_state(shard_id, schema, uuid.uuid4().hex)
+            zero = initial_state(shard_id, schema, uuid.uuid4().hex, retain_history)
             conditional_put(client, bucket, probe.state_key(0), zero.to_bytes())
         stored = probe.state().schema
         if schema is not None and not same_schema(stored, schema):
@@ -372,8 +463,18 @@ class Shard:
         return select_parts(overlapping(state.batches, lower, upper), partition, partitions_total)
 
     def read_part(self, part: PartRef) -> pa.Table:
-        """The updates of one part."""
-        return partio.decode_part(get_bytes(self.client, self.bucket, part.key), self.schema)
+        """The updates of one part.
+
+        Raises:
+            PartGone: a merge replaced it and it was deleted; read the latest version again.
+        """
+        try:
+            data = get_bytes(self.client, self.bucket, part.key)
+        except S3Error as error:
+            if error.code == "NoSuchKey":
+                raise PartGone(f"part {part.key} of shard {self.shard_id} is gone") from error
+            raise
+        return partio.decode_part(data, self.schema)
 
     def read_parts(
         self,
@@ -405,101 +506,63 @@ class Shard:
         partitions_total: int | None = None,
     ) -> pa.Table:
         """The shard's contents at frontier `as_of` (updates with time `< as_of`), consolidated,
-        times advanced to `as_of - 1`; optionally only desired `partitions` under P.
+        times advanced to `as_of - 1`; optionally only desired `partitions` under P. A read whose
+        parts a merge replaced meanwhile starts over from the latest version (same contents).
 
         Raises:
             InvalidUsage: `as_of` is beyond the upper (those times are not final: wait with
-                `wait_for_upper_past` first), or before `since`.
+                `wait_for_upper_past` first).
+            AsOfBeforeSince: `as_of` is before `since` (hold a `lease` to keep history).
         """
         frontier = Frontier.at(as_of) if isinstance(as_of, int) else as_of
         if (partitions is None) != (partitions_total is None):
             raise InvalidUsage("give both partitions and partitions_total, or neither")
-        state = self.state()
-        if not frontier.less_equal(state.upper):
-            raise InvalidUsage(
-                f"as_of {frontier} is beyond the upper {state.upper} of {self.shard_id}"
-            )
-        if not state.since.less_equal(frontier):
-            raise InvalidUsage(f"as_of {frontier} is before the since {state.since}")
-        selected: list[SelectedPart] = []
-        for partition in sorted(partitions) if partitions is not None else [None]:
-            found = self.parts_for(partition, Frontier.minimum(), frontier, partitions_total, state)
-            selected.extend(s for s in found if s.part.key not in {c.part.key for c in selected})
-        table = self.read_parts(selected, partitions, partitions_total)
-        return partio.consolidate_at(table, self.schema, frontier)
+        for _ in range(_READ_ATTEMPTS):
+            state = self.state()
+            self.check_readable(state, frontier)
+            selected: list[SelectedPart] = []
+            for partition in sorted(partitions) if partitions is not None else [None]:
+                found = self.parts_for(partition, Frontier.minimum(), frontier, partitions_total,
+                                       state)  # fmt: skip
+                selected.extend(
+                    s for s in found if s.part.key not in {c.part.key for c in selected}
+                )
+            try:
+                table = self.read_parts(selected, partitions, partitions_total)
+            except PartGone:
+                continue
+            return partio.consolidate_at(table, self.schema, frontier)
+        raise PartGone(f"shard {self.shard_id}: parts kept vanishing under {_READ_ATTEMPTS} reads")
 
-    # -- deleting ---------------------------------------------------------------------------
+    def check_readable(self, state: ShardState, as_of: Frontier) -> None:
+        """`since <= as_of <= upper`, or the error that says which bound is violated."""
+        if not as_of.less_equal(state.upper):
+            raise InvalidUsage(
+                f"as_of {as_of} is beyond the upper {state.upper} of {self.shard_id}"
+            )
+        if not state.since.less_equal(as_of):
+            raise AsOfBeforeSince(
+                f"as_of {as_of} is before the since {state.since} of {self.shard_id}: that "
+                "history was compacted away (hold a reader lease to keep it)"
+            )
+
+    # -- deleting (mvsink.shard.gc) -----------------------------------------------------------
 
     def referenced_keys(self) -> frozenset[str]:
         """Keys of every part referenced by any retained state version."""
-        keys: set[str] = set()
-        for seqno in self.retained_seqnos():
-            state = self.version(seqno)
-            if state is not None:
-                keys |= state.part_keys
-        return frozenset(keys)
+        return gc.referenced_keys(self)
 
     def delete_staged(self, parts: Iterable[PartRef]) -> DeleteResult:
-        """Delete staged parts that can never be part of the shard; refuse the others.
+        """See `mvsink.shard.gc.delete_staged`."""
+        return gc.delete_staged(self, parts)
 
-        A part is deleted only if no retained state version references it *and* the upper has
-        passed its `lower` (no compare-and-append for its bounds can succeed any more). Refused
-        parts are reported, never deleted.
-        """
-        parts = tuple(parts)
-        for part in parts:
-            if not part.key.startswith(f"{self.prefix}/parts/"):
-                raise InvalidUsage(f"{part.key} is not a part of shard {self.shard_id}")
-        upper = self.upper()
-        referenced = self.referenced_keys()
-        deleted, kept, pending = [], [], []
-        for part in parts:
-            if part.key in referenced:
-                kept.append(part.key)
-            elif not part.lower.less_than(upper):
-                pending.append(part.key)
-            else:
-                self.client.remove_object(self.bucket, part.key)
-                deleted.append(part.key)
-        return DeleteResult(tuple(deleted), tuple(kept), tuple(pending))
+    def collect_garbage(self) -> GcResult:
+        """See `mvsink.shard.gc.collect_garbage`."""
+        return gc.collect_garbage(self)
 
-    def sweep(self, grace: float, keep_states: int = 10) -> SweepResult:
-        """Prune state versions and delete leaked parts.
-
-        1. Prune versions older than `grace` except the latest `keep_states`.
-        2. Delete parts no retained version references, staged longer than `grace` ago.
-
-        Raises:
-            InvalidUsage: `grace < Timing.min_grace`, or `keep_states < 1`.
-        """
-        if grace < self.timing.min_grace:
-            raise InvalidUsage(f"grace {grace}s is below the minimum {self.timing.min_grace}s")
-        if keep_states < 1:
-            raise InvalidUsage("keep at least the latest state version")
-        now = datetime.now(UTC).timestamp()
-        latest = self.state().seqno
-        pruned = []
-        for obj in self.client.list_objects(self.bucket, prefix=f"{self.prefix}/state/"):
-            seqno = int(obj.object_name.rsplit("/", 1)[-1])
-            old = obj.last_modified is not None and now - obj.last_modified.timestamp() > grace
-            if seqno <= latest - keep_states and old:
-                self.client.remove_object(self.bucket, obj.object_name)
-                self._states.pop(seqno, None)
-                pruned.append(seqno)
-        referenced = self.referenced_keys()
-        deleted, young = [], 0
-        objects = self.client.list_objects(
-            self.bucket, prefix=f"{self.prefix}/parts/", recursive=True
-        )
-        for obj in objects:
-            if obj.object_name in referenced:
-                continue
-            if now - _age_reference(obj.object_name, obj.last_modified) <= grace:
-                young += 1
-                continue
-            self.client.remove_object(self.bucket, obj.object_name)
-            deleted.append(obj.object_name)
-        return SweepResult(tuple(deleted), young, len(referenced), tuple(sorted(pruned)))
+    def sweep(self, grace: float) -> SweepResult:
+        """See `mvsink.shard.gc.sweep`."""
+        return gc.sweep(self, grace)
 
 
 def _fields(schema: pa.Schema) -> str:

@@ -34,7 +34,8 @@ from mvsink.updates import normalize_updates
 pytestmark = pytest.mark.integration
 
 ROWS = pa.schema([("customer", pa.string()), ("orders", pa.int64())])
-FAST = Timing(max_attempt_age=1.0, max_part_age=2.0, min_grace=3.5, poll_interval=0.02)
+FAST = Timing(max_attempt_age=1.0, max_part_age=2.0, min_grace=3.5, poll_interval=0.02,
+              part_grace=0.3, version_grace=2.5, request_timeout=1.0)  # fmt: skip
 F = Frontier.at
 
 OpenShard = Callable[..., Shard]
@@ -241,13 +242,17 @@ def test_delete_staged_deletes_parts_the_upper_has_passed(new_shard: OpenShard) 
     assert result.deleted == (loser.key,) and result.referenced == (winner.key,)
 
 
-def test_sweep_prunes_old_versions_but_keeps_the_latest(new_shard: OpenShard) -> None:
+def test_sweep_prunes_versions_superseded_longer_than_the_version_grace(
+    new_shard: OpenShard,
+) -> None:
     shard = new_shard()
-    for t in range(1, 8):
+    for t in range(1, 6):
         shard.advance_upper(F(t))
-    time.sleep(FAST.min_grace + 0.2)
-    result = shard.sweep(grace=FAST.min_grace, keep_states=3)
-    assert result.states_pruned == (0, 1, 2, 3, 4)
+    time.sleep(FAST.version_grace + 0.3)
+    for t in range(6, 8):
+        shard.advance_upper(F(t))
+    result = shard.sweep(grace=FAST.min_grace)
+    assert result.states_pruned == (0, 1, 2, 3, 4)  # 5 was superseded by 6 just now
     assert shard.retained_seqnos() == [5, 6, 7]
     fresh = Shard(shard.client, shard.bucket, shard.shard_id, ROWS, FAST)
     assert fresh.state().seqno == 7 and fresh.upper() == F(7)  # found by LIST after pruning
