@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from mvsink.errors import ConfigError, ContractError
-from mvsink.settings import S3Settings, Secret, Timing
+from mvsink.settings import CompactionPolicy, S3Settings, Secret, Timing
 
-__all__ = ["FIELDS", "REPO_ROOT", "Config", "S3Settings", "Secret", "Timing", "Topics",
-           "cache_dir", "load_config", "state_dir"]  # fmt: skip
+__all__ = ["FIELDS", "REPO_ROOT", "CompactionPolicy", "Config", "S3Settings", "Secret", "Timing", "Topics",
+           "cache_dir", "config_env", "load_config", "state_dir"]  # fmt: skip
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
@@ -103,10 +103,26 @@ class Config:
     shard_max_attempt_age: float = 30.0
     shard_max_part_age: float = 600.0
     shard_min_grace: float = 900.0
+    shard_part_grace: float = 10.0
+    shard_version_grace: float = 90.0
+    shard_reader_lease: float = 900.0
+    #: How far the shard's `since` trails its upper, in times (`mvsink.shard`).
+    retain_history: int = 0
+    #: Whether the write service compacts the shard (the driver owning desired partition 0).
+    compaction: bool = True
+    compaction_max_batches: int = 16
+    compaction_max_amplification: float = 1.0
 
     def shard_timing(self) -> Timing:
         """The shard library's `Timing` of this configuration."""
-        return Timing(self.shard_max_attempt_age, self.shard_max_part_age, self.shard_min_grace)
+        return Timing(self.shard_max_attempt_age, self.shard_max_part_age, self.shard_min_grace,
+                      part_grace=self.shard_part_grace, version_grace=self.shard_version_grace,
+                      reader_lease=self.shard_reader_lease)  # fmt: skip
+
+    def compaction_policy(self) -> CompactionPolicy:
+        """The merge policy of this configuration."""
+        return CompactionPolicy(max_amplification=self.compaction_max_amplification,
+                                max_batches=self.compaction_max_batches)  # fmt: skip
 
     def __post_init__(self) -> None:
         for name in ("sink_id", "shard_id"):
@@ -127,10 +143,16 @@ class Config:
             raise ConfigError(f"metrics_port {self.metrics_port} is not a TCP port")
         if self.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
             raise ConfigError(f"log_level {self.log_level!r}: use DEBUG, INFO, WARNING or ERROR")
+        if self.retain_history < 0:
+            raise ConfigError(f"retain_history must be >= 0, got {self.retain_history}")
         try:
             self.shard_timing()
         except ContractError as error:
             raise ConfigError(f"shard timing: {error}") from error
+        try:
+            self.compaction_policy()
+        except ContractError as error:
+            raise ConfigError(f"compaction: {error}") from error
         if self.row_schema:
             from mvsink.rows import parse_row_schema
 
@@ -193,6 +215,19 @@ FIELDS: tuple[FieldSpec, ...] = (
     ),
     FieldSpec("shard_max_part_age", "shard", "max_part_age", "MVSINK_SHARD_MAX_PART_AGE", float),
     FieldSpec("shard_min_grace", "shard", "min_grace", "MVSINK_SHARD_MIN_GRACE", float),
+    FieldSpec("shard_part_grace", "shard", "part_grace", "MVSINK_SHARD_PART_GRACE", float),
+    FieldSpec("shard_version_grace", "shard", "version_grace", "MVSINK_SHARD_VERSION_GRACE", float),
+    FieldSpec("shard_reader_lease", "shard", "reader_lease", "MVSINK_SHARD_READER_LEASE", float),
+    FieldSpec("retain_history", "sink", "retain_history", "MVSINK_RETAIN_HISTORY", _int),
+    FieldSpec("compaction", "shard", "compaction", "MVSINK_SHARD_COMPACTION", _bool),
+    FieldSpec("compaction_max_batches", "shard", "max_batches", "MVSINK_SHARD_MAX_BATCHES", _int),
+    FieldSpec(
+        "compaction_max_amplification",
+        "shard",
+        "max_amplification",
+        "MVSINK_SHARD_MAX_AMPLIFICATION",
+        float,
+    ),
 )
 
 DEFAULTS: Mapping[str, Any] = {
@@ -219,7 +254,28 @@ DEFAULTS: Mapping[str, Any] = {
     "shard_max_attempt_age": 30.0,
     "shard_max_part_age": 600.0,
     "shard_min_grace": 900.0,
+    "shard_part_grace": 10.0,
+    "shard_version_grace": 90.0,
+    "shard_reader_lease": 900.0,
+    "retain_history": 0,
+    "compaction": True,
+    "compaction_max_batches": 16,
+    "compaction_max_amplification": 1.0,
 }
+
+
+def config_env(config: Config) -> dict[str, str]:
+    """Every setting of `config` as the `MVSINK_*` environment that loads it back (credentials
+    included: for a child process's environment, never for a log)."""
+    flat = {
+        **{spec.name: getattr(config, spec.name, None) for spec in FIELDS},
+        "frontiers_topic": config.topics.frontiers,
+        "s3_endpoint": config.s3.endpoint, "s3_bucket": config.s3.bucket,
+        "s3_region": config.s3.region, "s3_secure": config.s3.secure,
+        "s3_access_key": config.s3.access_key.reveal(), "s3_secret_key": config.s3.secret_key.reveal(),
+    }  # fmt: skip
+    return {spec.env: str(flat[spec.name]).lower() if isinstance(flat[spec.name], bool)
+            else str(flat[spec.name]) for spec in FIELDS}  # fmt: skip
 
 
 def _from_file(path: Path) -> dict[str, Any]:
@@ -319,4 +375,11 @@ def _build(values: Mapping[str, Any]) -> Config:
         shard_max_attempt_age=values["shard_max_attempt_age"],
         shard_max_part_age=values["shard_max_part_age"],
         shard_min_grace=values["shard_min_grace"],
+        shard_part_grace=values["shard_part_grace"],
+        shard_version_grace=values["shard_version_grace"],
+        shard_reader_lease=values["shard_reader_lease"],
+        retain_history=values["retain_history"],
+        compaction=values["compaction"],
+        compaction_max_batches=values["compaction_max_batches"],
+        compaction_max_amplification=values["compaction_max_amplification"],
     )

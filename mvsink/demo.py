@@ -27,7 +27,7 @@ import pyarrow as pa
 from confluent_kafka import Producer
 
 from mvsink import Say
-from mvsink.config import Config, Topics
+from mvsink.config import Config, Topics, config_env
 from mvsink.errors import MvsinkError
 from mvsink.frontier import Frontier
 from mvsink.kafka import TopicSpec, client_config, ensure_topics, poll_message, tail_consumer
@@ -142,16 +142,9 @@ def shard_view(shard: Shard, as_of: int) -> dict[str, tuple[int, float]]:
 def service_env(config: Config) -> dict[str, str]:
     """The environment of a service process for the sink of `config`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MVSINK_S3_")}
-    env.update({
-        "MVSINK_SINK_ID": config.sink_id, "MVSINK_SHARD_ID": config.shard_id,
-        "MVSINK_PARTITIONS": str(config.partitions),
-        "MVSINK_APPEND_WORKERS": str(config.append_workers),
-        "MVSINK_FRONTIERS_TOPIC": config.topics.frontiers,
-        "MVSINK_KAFKA_BOOTSTRAP": config.kafka_bootstrap, "MVSINK_S3_ENDPOINT": config.s3.endpoint,
-        "MVSINK_S3_BUCKET": config.s3.bucket, "MVSINK_S3_ACCESS_KEY": config.s3.access_key.reveal(),
-        "MVSINK_S3_SECRET_KEY": config.s3.secret_key.reveal(),
-        "MVSINK_ROW_SCHEMA": config.row_schema, "MVSINK_READ_ONLY": str(config.read_only).lower(),
-    })  # fmt: skip
+    env.update(config_env(config))
+    env.pop("MVSINK_WRITER_ID", None)  # each process names itself
+    env.pop("MVSINK_METRICS_PORT", None)  # and picks a free port
     return env
 
 

@@ -3,12 +3,19 @@ names a row schema) its shard. Idempotent; an existing shard with another schema
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from mvsink.config import Config
 from mvsink.kafka import ensure_topics, sink_topics
 from mvsink.s3 import ensure_bucket, s3_client
+
+if TYPE_CHECKING:
+    from mvsink.shard import Shard
+
+log = logging.getLogger("mvsink.provision")
 
 
 @dataclass(frozen=True)
@@ -30,7 +37,17 @@ def provision(config: Config, frontiers_config: Mapping[str, str] | None = None)
         from mvsink.rows import parse_row_schema
         from mvsink.shard import open_shard
 
-        upper = str(
-            open_shard(config.shard_id, parse_row_schema(config.row_schema), config.s3).upper()
-        )
+        shard = open_shard(config.shard_id, parse_row_schema(config.row_schema), config.s3,
+                           config.shard_timing(), config.retain_history)  # fmt: skip
+        ensure_retention(shard, config.retain_history)
+        upper = str(shard.upper())
     return Provisioned(created, bucket_created, upper)
+
+
+def ensure_retention(shard: Shard, retain_history: int) -> None:
+    """Make the shard's `since` trail its upper by the sink's `retain_history` (a no-op when it
+    already does). Done where a sink starts writing (provisioning, the append service)."""
+    current = shard.state().retain_history
+    if current != retain_history:
+        shard.set_retain_history(retain_history)
+        log.info("shard %s: retain_history %s -> %s", shard.shard_id, current, retain_history)

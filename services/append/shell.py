@@ -28,6 +28,7 @@ from mvsink.errors import DecodeError
 from mvsink.frontier import Frontier
 from mvsink.kafka import client_config, consumer_config, poll_message, produce, tail_consumer
 from mvsink.messages import BatchDescription, ShardUpper, StagedBatch
+from mvsink.provision import ensure_retention
 from mvsink.service import Stopping
 from mvsink.shard import Appended, IndefiniteAppend, PartTooOld, Shard, UpperMismatch, open_shard
 from services.append.state import Append, AppendOutcome, AppendState, Command, DeleteStaged
@@ -50,6 +51,7 @@ class AppendShell:
         self.config = config
         self.stopping = stopping
         self.shard: Shard = open_shard(config.shard_id, None, config.s3, config.shard_timing())
+        ensure_retention(self.shard, config.retain_history)
         self.producer = Producer(client_config(config.kafka_bootstrap))
         self.states: dict[int, AppendState] = {}
         #: Per owned partition: the offset of the first batch stashed for the current lower.

@@ -16,12 +16,14 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from prometheus_client import Counter, Gauge
 
 from mvsink.config import Config
+from mvsink.frontier import Frontier, meet_all
 from mvsink.kafka import client_config, consumer_config, drain, produce, tail_consumer
 from mvsink.messages import BatchDescription, DesiredProgress, ShardUpper, SinkControl, StagedBatch
 from mvsink.rows import parse_row_schema
 from mvsink.s3 import s3_client
 from mvsink.service import Stopping, writer_identity
-from mvsink.shard import Shard, open_shard
+from mvsink.shard import AsOfBeforeSince, Shard, open_shard
+from services.write.compactor import Compactor
 from services.write.state import StageJob, WriteState
 from services.write.task import TaskResult, TaskSpec, run_tasks, warm_up
 
@@ -29,6 +31,8 @@ log = logging.getLogger("mvsink.write")
 SHARD_POLL = 1.0
 #: How often a read-only (or idle) driver folds and consolidates, to keep memory bounded.
 FOLD_INTERVAL = 10.0
+#: How often the driver moves its reader lease up to what its partitions have folded.
+HOLD_INTERVAL = 5.0
 
 BATCHES = Counter("mvsink_write_batches", "StagedBatches sent", ["sink"])
 PARTS = Counter("mvsink_write_parts", "Parts staged", ["sink"])
@@ -59,7 +63,11 @@ class WriteShell:
         self.state = WriteState(config.sink_id, config.partitions, config.read_only)
         #: Checkpoint version per owned partition (-1: none).
         self.versions: dict[int, int] = {}
+        #: The shard upper each owned partition's corrections have folded (task results).
+        self.folded: dict[int, Frontier] = {}
+        self.next_hold = 0.0
         self.spark: Any = None
+        self.compactor: Compactor | None = None
 
     # -- ownership --------------------------------------------------------------------------
 
@@ -68,14 +76,51 @@ class WriteShell:
         for tp in partitions:
             self.versions[tp.partition] = self._latest_checkpoint(tp.partition)
         self.state.set_owned(frozenset(self.versions))
+        self._lead_compaction()
         log.info("desired partitions assigned: %s (checkpoints %s)", sorted(self.versions),
                  self.versions)  # fmt: skip
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
             self.versions.pop(tp.partition, None)
+            self.folded.pop(tp.partition, None)
         self.state.set_owned(frozenset(self.versions))
+        self._lead_compaction()
         log.info("desired partitions revoked: %s", sorted(tp.partition for tp in partitions))
+
+    def _lead_compaction(self) -> None:
+        """The driver owning desired partition 0 compacts the shard (one per sink replica)."""
+        if self.compactor is None:
+            return
+        if 0 in self.versions:
+            self.compactor.enabled.set()
+        else:
+            self.compactor.enabled.clear()
+
+    # -- the reader lease ---------------------------------------------------------------------
+
+    def _hold(self, force: bool = False) -> None:
+        """Keep this driver's lease on the shard's `since` at the least upper its partitions'
+        corrections have folded (the tasks read the shard's changes from there, which merges
+        keep distinct only at or after `since`), renewed well before it expires."""
+        now = time.monotonic()
+        if not force and now < self.next_hold:
+            return
+        owned = sorted(self.state.owned)
+        known = [self.folded[p] for p in owned if p in self.folded]
+        hold = meet_all(known) if owned and len(known) == len(owned) else None
+        try:
+            try:
+                self.shard.lease(self.writer_id, hold)
+            except AsOfBeforeSince:  # the lease expired and since moved on: tasks rebuild
+                log.warning("reader lease of %s lapsed; holding the shard's since again",
+                            self.writer_id)  # fmt: skip
+                self.shard.lease(self.writer_id)
+        except Exception as error:  # S3 unavailable: the lease outlives many retries
+            log.warning("renewing the reader lease failed (retrying): %r", error)
+            self.next_hold = now + 1.0
+            return
+        self.next_hold = now + min(HOLD_INTERVAL, self.config.shard_reader_lease / 3)
 
     def _latest_checkpoint(self, partition: int) -> int:
         prefix = f"sinks/{self.config.sink_id}/write/p{partition}/"
@@ -89,6 +134,10 @@ class WriteShell:
         from mvsink.spark import spark_session
 
         self.spark = spark_session(f"mvsink-write-{self.config.sink_id}", self.config.spark_master)
+        self._hold(force=True)  # before any task reads the shard
+        if self.config.compaction:
+            self.compactor = Compactor(self.config, self.writer_id, self.spark)
+            self.compactor.start()
         slots = self.spark.sparkContext.defaultParallelism
         started = time.monotonic()
         self.spark.sparkContext.parallelize(range(slots), slots).map(warm_up).collect()
@@ -114,6 +163,7 @@ class WriteShell:
                 if time.monotonic() >= next_poll:
                     self.state.advance_persist_frontier(self.shard.upper())
                     next_poll = time.monotonic() + SHARD_POLL
+                self._hold()
                 job = None if self.state.read_only else self.state.maybe_start_batch()
                 if job is not None:
                     self._stage(job)
@@ -122,6 +172,12 @@ class WriteShell:
                     self._fold()
                     last_fold = time.monotonic()
         finally:
+            if self.compactor is not None:
+                self.compactor.stop()
+            try:
+                self.shard.release(self.writer_id)
+            except Exception as error:
+                log.warning("releasing the reader lease failed (it expires): %r", error)
             owner.close()
             for consumer in follow:
                 consumer.close()
@@ -180,6 +236,10 @@ class WriteShell:
                 self.versions.pop(result.partition, None)
             elif result.partition in self.versions:
                 self.versions[result.partition] = result.version
+                self.folded[result.partition] = result.persist_folded
+            if result.rebuilt:
+                log.warning("partition %d rebuilt its corrections from all of desired: the "
+                            "shard's since had passed its checkpoint", result.partition)  # fmt: skip
             CORRECTIONS.labels(self.config.sink_id, str(result.partition)).set(result.corrections)
             DEAD.labels(self.config.sink_id).inc(result.dead_letters)
             READ_BACK.labels(self.config.sink_id).inc(result.bytes_read_back)
@@ -203,6 +263,8 @@ class WriteShell:
                 desc.append_worker)  # fmt: skip
         self.producer.flush(30)
         self.state.batch_staged(job, covered)
+        if self.compactor is not None:
+            self.compactor.poke()
         BATCHES.labels(self.config.sink_id).inc()
         PARTS.labels(self.config.sink_id).inc(len(parts))
         steps = {

@@ -2,11 +2,18 @@
 
 Steps of `run_task`:
 1. load the partition's correction state: the executor's cache if it holds the version the
-   driver expects, else that version's checkpoint in object storage, else empty;
+   driver expects, else that version's checkpoint in object storage, else empty. If the shard's
+   `since` has passed the upper the state folded (the driver's reader lease lapsed), merges may
+   have collapsed the changes it still needs: start from empty instead (all of desired, the
+   whole shard), keeping the version chain;
 2. fold in new desired records (Kafka offsets `[folded_offset, end)`, read_committed) as
    positive updates; quarantine invalid ones to the dead-letter topic;
-3. fold in the shard batches appended since the last fold as negative updates, advance
-   times to `since` = the shard's upper, consolidate. A part this executor staged itself is
+3. fold in the shard's changes since the last fold (`persist_folded`) as negative updates:
+   the batches overlapping `[persist_folded, upper)`, rows before `persist_folded` filtered out
+   (a merged batch may start earlier; the driver's lease keeps the shard's `since` at or
+   before `persist_folded`, so those rows are exact); a part a merge replaced meanwhile makes
+   the fold start over from the latest state. Then advance times to the shard's upper and
+   consolidate. A part this executor staged itself is
    not read back: the task kept what it wrote (`PartitionState.staged`) and negates that, so in
    steady state the read-back costs no object reads. Every other part (a racing replica's, a
    foreign writer's, ours after a restart or a move to another executor) is read;
@@ -40,7 +47,7 @@ from mvsink.messages import Progress, Updates, UpdatesArrow
 from mvsink.rows import updates_decoder
 from mvsink.s3 import PreconditionFailed, conditional_put, get_bytes, s3_client
 from mvsink.settings import S3Settings
-from mvsink.shard import PartRef, SelectedPart, Shard, open_shard
+from mvsink.shard import PartGone, PartRef, SelectedPart, Shard, ShardState, open_shard
 from mvsink.spark import trim_worker_path
 from mvsink.updates import TIME, part_schema, updates_from_ipc, updates_to_ipc
 from services.write.correction import Correction
@@ -95,6 +102,8 @@ class TaskResult:
     stale: bool
     #: Seconds per step (load, desired, persist, consolidate, stage, checkpoint): the profile.
     seconds: dict[str, float] = field(default_factory=dict)
+    #: The checkpoint was older than the shard's since: rebuilt from all of desired.
+    rebuilt: bool = False
 
 
 @dataclass
@@ -114,6 +123,8 @@ class PartitionState:
 
 
 _CACHE: dict[tuple[str, int], PartitionState] = {}
+#: How often a fold starts over when merges replace the parts it is reading.
+_READ_ATTEMPTS = 5
 _SHARDS: dict[str, Shard] = {}
 
 
@@ -128,32 +139,28 @@ def run_task(spec: TaskSpec) -> TaskResult:
     """One desired partition's step (see the module docs)."""
     lap = _Laps()
     state = _load(spec)
+    shard = _shard(spec)
+    shard_state = shard.state()
+    # Folded nothing of the shard yet ({0}): it reads every update anyway, collapsed or not.
+    rebuilt = Frontier.minimum().less_than(state.persist_folded) and state.persist_folded.less_than(
+        shard_state.since
+    )
+    if rebuilt:
+        log.warning("partition %d: shard since %s passed checkpoint %d (folded %s): rebuilding",
+                    spec.partition, shard_state.since, state.version, state.persist_folded)  # fmt: skip
+        state = _empty(spec, state.version)
     lap("load")
     dead = _fold_desired(spec, state)
     lap("desired")
-    shard = _shard(spec)
-    shard_state = shard.state()
     bytes_read = 0
-    if state.persist_folded.less_than(shard_state.upper):
-        # Batches are contiguous and `persist_folded` is a past upper: exactly the new ones.
-        selected = shard.parts_for(spec.partition, state.persist_folded, shard_state.upper,
-                                   spec.partitions, shard_state)  # fmt: skip
-        own = [c for c in selected if c.part.key in state.staged]
-        if _is_next_batch(own, selected, state.persist_folded):
-            # Our part of the first new batch holds exactly our corrections before its upper
-            # (nothing before it can change after staging): drop them, read the rest.
-            state.correction.retract_before(own[0].part.upper)
-            own, selected = [], selected[1:]
-        kept = [state.staged[c.part.key][1] for c in own]
-        to_read = [c for c in selected if c.part.key not in state.staged]
-        read = shard.read_parts(to_read, [spec.partition], spec.partitions)
-        state.correction.insert_negated(pa.concat_tables([read, *kept]))
-        bytes_read = sum(c.part.bytes for c in to_read)
-        state.persist_folded = shard_state.upper
-        # A kept part the shard's upper has passed was either read back just now or lost its
-        # batch to another writer: it will never be appended.
-        state.staged = {key: kept for key, kept in state.staged.items()
-                        if state.persist_folded.less_than(kept[0])}  # fmt: skip
+    for _ in range(_READ_ATTEMPTS):
+        try:
+            bytes_read += _fold_persist(spec, state, shard, shard_state)
+            break
+        except PartGone:  # a merge replaced what we were reading: same contents, newer parts
+            shard_state = shard.state()
+    else:
+        raise PartGone(f"partition {spec.partition}: shard parts kept vanishing")
     lap("persist")
     state.correction.advance_since(shard_state.upper)
     state.correction.consolidate()
@@ -174,7 +181,43 @@ def run_task(spec: TaskSpec) -> TaskResult:
     return TaskResult(spec.partition, state.version, part, state.folded_offset,
                       state.desired_frontier, state.persist_folded, len(state.correction),
                       dead, bytes_read, (part.bytes if part else 0) + (checkpointed or 0),
-                      outdated, checkpointed is None, lap.seconds)  # fmt: skip
+                      outdated, checkpointed is None, lap.seconds, rebuilt)  # fmt: skip
+
+
+def _fold_persist(
+    spec: TaskSpec, state: PartitionState, shard: Shard, shard_state: ShardState
+) -> int:
+    """Fold the shard's changes in `[persist_folded, upper)` (step 3); bytes read.
+
+    Raises:
+        PartGone: a part was replaced by a merge meanwhile (nothing was folded).
+    """
+    folded = state.persist_folded
+    if not folded.less_than(shard_state.upper):
+        return 0
+    selected = shard.parts_for(spec.partition, folded, shard_state.upper, spec.partitions,
+                               shard_state)  # fmt: skip
+    own = [c for c in selected if c.part.key in state.staged]
+    retract_before = None
+    if _is_next_batch(own, selected, folded):
+        # Our part of the first new batch holds exactly our corrections before its upper
+        # (nothing before it can change after staging): drop them, read the rest.
+        retract_before = own[0].part.upper
+        own, selected = [], selected[1:]
+    kept = [state.staged[c.part.key][1] for c in own]
+    to_read = [c for c in selected if c.part.key not in state.staged]
+    read = shard.read_parts(to_read, [spec.partition], spec.partitions)
+    if folded.time and any(c.part.lower.less_than(folded) for c in to_read):
+        read = read.filter(pc.greater_equal(read.column(TIME), folded.time))  # merged batches
+    if retract_before is not None:
+        state.correction.retract_before(retract_before)
+    state.correction.insert_negated(pa.concat_tables([read, *kept]))
+    state.persist_folded = shard_state.upper
+    # A kept part the shard's upper has passed was either read back just now or lost its
+    # batch to another writer: it will never be appended.
+    state.staged = {key: kept for key, kept in state.staged.items()
+                    if state.persist_folded.less_than(kept[0])}  # fmt: skip
+    return sum(c.part.bytes for c in to_read)
 
 
 def warm_up(_: object) -> int:
@@ -216,14 +259,18 @@ def _shard(spec: TaskSpec) -> Shard:
     return shard
 
 
+def _empty(spec: TaskSpec, version: int) -> PartitionState:
+    """Nothing folded yet: desired from offset 0, the shard from the start."""
+    return PartitionState(version, Correction(spec.row_schema, Frontier.at(spec.as_of)), 0,
+                          Frontier.minimum(), Frontier.minimum())  # fmt: skip
+
+
 def _load(spec: TaskSpec) -> PartitionState:
     cached = _CACHE.get((spec.sink_id, spec.partition))
     if cached is not None and cached.version == spec.version:
         return cached
     if spec.version < 0:
-        since = Frontier.at(spec.as_of)
-        return PartitionState(-1, Correction(spec.row_schema, since), 0, Frontier.minimum(),
-                              Frontier.minimum())  # fmt: skip
+        return _empty(spec, -1)
     table, legacy = _read_checkpoint(spec)
     meta = json.loads(table.schema.metadata[b"mvsink.write"])
     table = table.replace_schema_metadata(None).cast(part_schema(spec.row_schema))

@@ -376,7 +376,7 @@ def test_merges_never_change_the_contents_at_any_frontier_at_or_after_since(
             world.now += a
             world.commit_stale()
         state = world.state
-        if state is not before:
+        if state is not before and kind != "clock":  # a clock step may commit several merges
             assert state.seqno == before.seqno + 1  # 1
         assert before.upper.less_equal(state.upper)  # 2
         assert before.since.less_equal(state.since) and state.since.less_equal(state.upper)  # 4

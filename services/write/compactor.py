@@ -1,0 +1,142 @@
+"""The write driver's compactor: a background thread that keeps the shard small
+(`mvsink.shard.compact` has the picture and the invariants of a merge).
+
+```
+ write driver ── poke() after each staging job ──> +-----------+  compact_once: merges as the
+   owns desired partition 0 -> enabled             | compactor |  policy asks (small ones here,
+                                                   |  thread   |  large ones on Spark executors)
+                                                   +-----------+  collect_garbage every GC_INTERVAL
+                                                                  sweep every SWEEP_INTERVAL
+```
+
+Only the driver owning desired partition 0 compacts, so one compactor runs per sink replica;
+two replicas on one shard (or an operator's `mvsink shard compact`) are safe: a merge whose
+inputs another one took is refused and its outputs deleted. The thread never stops the driver:
+an unavailable S3 is logged once when it starts failing and once when it recovers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from mvsink.config import Config
+from mvsink.shard import Merged, open_shard
+from mvsink.shard.compact import CompactionOutcome, compact_once, run_locally, spark_runner
+
+log = logging.getLogger("mvsink.write.compactor")
+
+#: How often the thread looks for a merge without being poked.
+COMPACT_INTERVAL = 1.0
+GC_INTERVAL = 5.0
+SWEEP_INTERVAL = 600.0
+#: Merges per round at most, so a backlog does not starve garbage collection.
+MERGES_PER_ROUND = 4
+
+MERGES = Counter("mvsink_compact_merges", "Merges by outcome", ["sink", "outcome"])
+BYTES_IN = Counter("mvsink_compact_bytes_in", "Part bytes read by merges", ["sink"])
+BYTES_OUT = Counter("mvsink_compact_bytes_out", "Part bytes written by merges", ["sink"])
+SECONDS = Histogram(
+    "mvsink_compact_seconds", "Merge duration (plan to compare-and-merge)", ["sink"]
+)
+LIVE_BATCHES = Gauge("mvsink_shard_live_batches", "Live batches in the shard", ["sink"])
+LIVE_PARTS = Gauge("mvsink_shard_live_parts", "Parts of the live batches", ["sink"])
+LIVE_BYTES = Gauge("mvsink_shard_live_bytes", "Bytes of the live parts", ["sink"])
+SINCE_LAG = Gauge("mvsink_shard_since_lag", "Times between the shard's since and upper", ["sink"])
+GC_PARTS = Counter("mvsink_gc_parts_deleted", "Replaced parts deleted", ["sink"])
+GC_VERSIONS = Counter("mvsink_gc_versions_pruned", "Superseded state versions pruned", ["sink"])
+
+
+class Compactor:
+    """The compaction thread of one write driver."""
+
+    def __init__(self, config: Config, writer_id: str, spark: Any) -> None:
+        self.config = config
+        self.writer_id = writer_id
+        self.shard = open_shard(config.shard_id, None, config.s3, config.shard_timing())
+        self.policy = config.compaction_policy()
+        self.large = spark_runner(spark) if spark is not None else None
+        #: Set while this driver owns desired partition 0.
+        self.enabled = threading.Event()
+        self._kick = threading.Event()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="compactor", daemon=True)
+        self._failing = False
+        self._next_gc = 0.0
+        self._next_sweep = time.monotonic() + SWEEP_INTERVAL
+
+    def start(self) -> None:
+        """Start the thread (it idles until `enabled`)."""
+        self._thread.start()
+
+    def poke(self) -> None:
+        """Look for a merge now (the shard just grew)."""
+        self._kick.set()
+
+    def stop(self) -> None:
+        """Stop after the current step."""
+        self._stopping.set()
+        self._kick.set()
+        self._thread.join(timeout=60)
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            self._kick.wait(COMPACT_INTERVAL)
+            self._kick.clear()
+            if not self.enabled.is_set() or self._stopping.is_set():
+                continue
+            try:
+                self.run_once()
+            except Exception as error:  # S3 unavailable, a lost Spark job: retried next round
+                if not self._failing:
+                    log.warning("compaction failing (retrying every %.0fs): %r",
+                                COMPACT_INTERVAL, error)  # fmt: skip
+                self._failing = True
+            else:
+                if self._failing:
+                    log.info("compaction recovered")
+                self._failing = False
+
+    def run_once(self) -> None:
+        """Up to `MERGES_PER_ROUND` merges, then garbage collection and the sweep when due."""
+        sink = self.config.sink_id
+        for _ in range(MERGES_PER_ROUND):
+            outcome = compact_once(self.shard, self.policy, self.writer_id, run_locally,
+                                   large=self.large)  # fmt: skip
+            if outcome is None:
+                break
+            self._record(outcome)
+        now = time.monotonic()
+        if now >= self._next_gc:
+            collected = self.shard.collect_garbage()
+            GC_PARTS.labels(sink).inc(len(collected.parts_deleted))
+            GC_VERSIONS.labels(sink).inc(len(collected.states_pruned))
+            self._next_gc = now + GC_INTERVAL
+        if now >= self._next_sweep:
+            swept = self.shard.sweep(self.shard.timing.min_grace)
+            if swept.parts_deleted:
+                log.info("sweep deleted %d leaked parts", len(swept.parts_deleted))
+            self._next_sweep = now + SWEEP_INTERVAL
+        state = self.shard.state()
+        LIVE_BATCHES.labels(sink).set(len(state.batches))
+        LIVE_PARTS.labels(sink).set(len(state.part_keys))
+        LIVE_BYTES.labels(sink).set(state.total_bytes())
+        if state.upper.time is not None and state.since.time is not None:
+            SINCE_LAG.labels(sink).set(state.upper.time - state.since.time)
+
+    def _record(self, outcome: CompactionOutcome) -> None:
+        sink, request = self.config.sink_id, outcome.request
+        merged = isinstance(outcome.result, Merged)
+        MERGES.labels(sink, "merged" if merged else "refused").inc()
+        BYTES_IN.labels(sink).inc(outcome.bytes_in)
+        BYTES_OUT.labels(sink).inc(outcome.bytes_out)
+        SECONDS.labels(sink).observe(outcome.seconds)
+        log.info("%s merge of %d batches [%s, %s) at since %s (%s): %d -> %d updates, "
+                 "%d -> %d bytes in %.2fs", "committed" if merged else "refused",
+                 len(request.inputs), request.lower, request.upper, request.since, outcome.where,
+                 request.updates, outcome.updates_out, outcome.bytes_in, outcome.bytes_out,
+                 outcome.seconds)  # fmt: skip
