@@ -1,7 +1,7 @@
 """The `mvsink` command line.
 
     mvsink stack up|down|status|env   the embedded Kafka + MinIO on loopback
-    mvsink shard show|snapshot|sweep  inspect and maintain a shard
+    mvsink shard show|snapshot|compact|sweep   inspect and maintain a shard
     mvsink bench [--quick] [--out D]  mvsink vs Structured Streaming peer vs raw limit
     mvsink bench shard|pipeline       shard library vs raw S3; pipeline updates/s, freshness
     mvsink bench restart|readonly     resume over a shard equal to desired; read-only state size
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections import Counter
@@ -152,28 +153,68 @@ def _open_shard(args: argparse.Namespace) -> Shard:
 
 
 def cmd_shard_show(args: argparse.Namespace) -> int:
+    import time
+
+    from mvsink.shard.compact import shard_table_bytes
+
     shard = _open_shard(args)
     state = shard.state()
     retained = shard.retained_seqnos()
     writers = Counter(p.writer_id for p in state.parts())
     schema = ", ".join(f"{f.name} {f.type}" for f in state.schema)
     by_writer = ", ".join(f"{w} {n}" for w, n in sorted(writers.items())) or "-"
+    objects, in_bucket = shard_table_bytes(shard)
+    now = time.time()
+    leases = ", ".join(f"{r.reader_id} at {r.since} ({r.expires_at - now:.0f}s left)"
+                       for r in state.readers) or "-"  # fmt: skip
+    retain = "all history" if state.retain_history is None else f"{state.retain_history} times"
+    sizes = ", ".join(f"{b.updates:,}" for b in state.batches) or "-"
     rows = [
         ("shard", f"{shard.shard_id}  (bucket {shard.bucket})"),
-        (
-            "seqno",
-            f"{state.seqno}  (retained versions {retained[0]}..{retained[-1]}: {len(retained)})",
-        ),
+        ("seqno", f"{state.seqno}  (retained versions {retained[0]}..{retained[-1]}: "
+                  f"{len(retained)}; this one {len(state.to_bytes()):,} bytes, {state.change})"),
         ("upper", str(state.upper)),
-        ("since", str(state.since)),
+        ("since", f"{state.since}  (retain {retain}; leases: {leases})"),
         ("schema", schema),
-        ("batches", str(len(state.batches))),
-        ("parts", f"{len(state.parts())}  (by writer: {by_writer})"),
-        ("updates", f"{state.total_updates():,}"),
-        ("bytes", f"{state.total_bytes():,}"),
-    ]
+        ("batches", f"{len(state.batches)} live  (updates each, oldest first: {sizes})"),
+        ("parts", f"{len(state.parts())} live  (by writer: {by_writer})"),
+        ("updates", f"{state.total_updates():,} live"),
+        ("bytes", f"{state.total_bytes():,} live; {in_bucket:,} in the bucket under the shard "
+                  f"({objects} objects: live parts, retained versions, garbage not yet collected)"),
+    ]  # fmt: skip
     for name, value in rows:
         print(f"{name:<8} {value}")
+    return 0
+
+
+def cmd_shard_compact(args: argparse.Namespace) -> int:
+    from mvsink.shard import Merged
+    from mvsink.shard.compact import Runner, compact_once, run_locally, spark_runner
+
+    config = load_config(args.config)
+    shard = _open_shard(args)
+    runner: Runner = run_locally
+    if args.spark:
+        from mvsink.spark import spark_session
+
+        runner = spark_runner(spark_session("mvsink-compact", config.spark_master))
+    merges = 0
+    while merges < args.max_merges:
+        outcome = compact_once(shard, config.compaction_policy(), f"compact-{os.getpid()}",
+                               runner, force=args.all and merges == 0)  # fmt: skip
+        if outcome is None:
+            break
+        merges += 1
+        request = outcome.request
+        verdict = "merged" if isinstance(outcome.result, Merged) else "refused (inputs gone)"
+        say(f"{verdict}: {len(request.inputs)} batches [{request.lower}, {request.upper}) at "
+            f"since {request.since} ({request.reason}): {request.updates:,} -> "
+            f"{outcome.updates_out:,} updates, {outcome.bytes_in:,} -> {outcome.bytes_out:,} "
+            f"bytes in {outcome.seconds:.2f}s")  # fmt: skip
+    collected = shard.collect_garbage()
+    say(f"{merges} merges; {len(shard.state().batches)} live batches; garbage collected: "
+        f"{len(collected.parts_deleted)} replaced parts, {len(collected.states_pruned)} versions "
+        f"(replaced parts live {shard.timing.part_grace:.0f}s more: run again to delete them)")  # fmt: skip
     return 0
 
 
@@ -356,8 +397,16 @@ def build_parser() -> argparse.ArgumentParser:
     shard.add_argument("--shard", help="shard id (default: the configured one)")
     shard_commands = shard.add_subparsers(dest="shard_command", required=True, metavar="ACTION")
     shard_commands.add_parser(
-        "show", help="upper, since, seqno, batches, parts, bytes"
+        "show", help="upper, since, leases, live batches/parts, bytes live vs in the bucket"
     ).set_defaults(func=cmd_shard_show)
+    compact = shard_commands.add_parser(
+        "compact",
+        help="merge live batches now (as the policy asks, or --all), then collect garbage",
+    )
+    compact.add_argument("--all", action="store_true", help="first merge every live batch")
+    compact.add_argument("--spark", action="store_true", help="run the merges on Spark executors")
+    compact.add_argument("--max-merges", type=int, default=100)
+    compact.set_defaults(func=cmd_shard_compact)
     snapshot = shard_commands.add_parser("snapshot", help="consolidated contents at --as-of")
     snapshot.add_argument("--as-of", type=int, help="frontier (default: the upper)")
     snapshot.add_argument("--limit", type=int, default=0, help="print at most N rows")

@@ -209,10 +209,12 @@ class AppendShell:
                 self.shard.advance_upper(desc.lower)  # bring the shard up to `lower`, retry
                 continue
             break
-        LATENCY.labels(sink).observe(time.monotonic() - started)
+        elapsed = time.monotonic() - started
+        LATENCY.labels(sink).observe(elapsed)
         if isinstance(result, Appended):
             APPENDS.labels(sink, "ok").inc()
-            log.info("appended %d parts for %s (seqno %d)", len(append.parts), desc, result.seqno)
+            log.info("appended %d parts for %s (seqno %d) in %.1f ms", len(append.parts), desc,
+                     result.seqno, elapsed * 1000)  # fmt: skip
             self._publish(result.new_upper, result.seqno)
             return StateAppended(result.new_upper)
         APPENDS.labels(sink, "mismatch").inc()
