@@ -27,7 +27,9 @@ Invariants
 Appending (seed): if the shard's upper is behind `lower`, advance it to `lower` with an empty
 append and retry; any other mismatch is expected under concurrent replicas (the feedback loop
 corrects it later): `lower` moves to the shard's upper. `ShardUpper` is published after every
-outcome.
+outcome. The version an append creates also advances the shard's `since` (its `retain_history`,
+which append sets from the sink's config at start, and the live reader leases): no extra
+version. Merges and garbage collection are the write service's (`services.write.compactor`).
 
 Failure handling
 ----------------

@@ -20,6 +20,9 @@ Frontiers
 
 Invariants
 ----------
+0. The driver's reader lease holds the shard's `since` at or before the least upper its
+   partitions' corrections have folded, so merges keep every change they still have to read
+   distinct (a task whose checkpoint `since` passed anyway rebuilds from all of desired).
 1. A batch is staged only when the shard's upper equals the description's lower (the
    read-back is folded up to it) and every owned partition's desired progress is `>= upper`.
 2. A partition is staged at most once per lower by a driver; a partition gained in a
@@ -32,7 +35,10 @@ Invariants
 Read-only mode
 --------------
 No descriptions arrive (mint mints none), and the driver keeps folding desired and persist
-and consolidating every `FOLD_INTERVAL`, so memory stays bounded and promotion is fast.
+and consolidating every `FOLD_INTERVAL`, so memory stays bounded and promotion is fast. It
+writes no data and never moves the shard's upper; it does hold a reader lease (a state version
+now and then, like persist's leased readers), so the shard's `since` waits for its folds. It
+does not compact (mint mints nothing for it, and compaction follows staging jobs).
 
 Failure handling
 ----------------

@@ -89,10 +89,11 @@ class WriteShell:
         log.info("desired partitions revoked: %s", sorted(tp.partition for tp in partitions))
 
     def _lead_compaction(self) -> None:
-        """The driver owning desired partition 0 compacts the shard (one per sink replica)."""
+        """The driver owning desired partition 0 compacts the shard (one per sink replica),
+        unless read-only: merges write data."""
         if self.compactor is None:
             return
-        if 0 in self.versions:
+        if 0 in self.versions and not self.state.read_only:
             self.compactor.enabled.set()
         else:
             self.compactor.enabled.clear()
@@ -197,6 +198,7 @@ class WriteShell:
                 case SinkControl(read_only=False) if message.key() == self.config.sink_id.encode():
                     if self.state.allow_writes():
                         log.info("write %s promoted: staging allowed", self.config.sink_id)
+                        self._lead_compaction()
 
     # -- jobs -------------------------------------------------------------------------------
 

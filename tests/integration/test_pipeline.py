@@ -122,7 +122,12 @@ def test_a_read_only_sink_writes_nothing_until_promoted(sink: Sink, procs: list[
         upstream.tick()
     write = procs[1]
     wait_until(lambda: "folded partitions" in write.text(), 120, "a read-only fold")
-    assert sink.shard.state().seqno == 0 and sink.descs() == []
+    # No data and no upper move: the only versions are the read-only replica's reader lease.
+    shard = sink.shard
+    state = shard.state()
+    assert (state.upper, state.batches, sink.descs()) == (F(0), (), [])
+    changes = {shard.version(s).change for s in range(1, state.seqno + 1)}  # type: ignore[union-attr]
+    assert changes <= {"lease", "retain"}, changes
     promote = subprocess.run([sys.executable, "-m", "mvsink.cli", "promote", sink.config.sink_id],
                              env=sink.env(), capture_output=True, text=True, timeout=60)  # fmt: skip
     assert promote.returncode == 0, promote.stderr
@@ -156,9 +161,9 @@ FAST_SHARD = {"MVSINK_SHARD_MAX_ATTEMPT_AGE": "5", "MVSINK_SHARD_MAX_PART_AGE": 
 def test_kill_9_of_each_service_then_restart_converges_without_leaks(
     sink: Sink, procs: list[Service]
 ) -> None:
-    """`kill -9` of mint, of the write driver and of append, each in turn at random points;
-    after restarts the shard converges with no duplicates, and after a sweep no staged part
-    is left unreferenced."""
+    """`kill -9` of mint, of the write driver and of append, each in turn at random points, with
+    compaction on; after restarts the shard converges with no duplicates, and after a sweep no
+    staged part is left unreferenced and no live part is missing."""
     rng = random.Random(99)
     running = {
         name: start(procs, sink, name, "-0", **FAST_SHARD) for name in ("mint", "write", "append")
@@ -177,8 +182,13 @@ def test_kill_9_of_each_service_then_restart_converges_without_leaks(
     swept = shard.sweep(grace=30)
     listed = {o.object_name for o in shard.client.list_objects(
         shard.bucket, prefix=f"{shard.prefix}/parts/", recursive=True)}  # fmt: skip
-    assert listed == set(shard.referenced_keys()), "unreferenced parts left after a sweep"
-    print(f"swept {len(swept.parts_deleted)} leaked parts; {len(listed)} referenced remain")
+    assert shard.state().part_keys <= listed, "a live part was deleted"
+    # Older retained versions may still name parts a merge replaced and GC already deleted.
+    assert listed <= set(shard.referenced_keys()), "unreferenced parts left after a sweep"
+    merges = sum(p.text().count("committed merge") for p in procs if p.name == "write")
+    print(f"swept {len(swept.parts_deleted)} leaked parts; {len(listed)} referenced remain; "
+          f"{merges} merges committed")  # fmt: skip
+    assert merges > 0, "compaction never ran"
 
 
 def test_two_write_and_two_append_replicas_split_the_work(sink: Sink, procs: list[Service]) -> None:
