@@ -49,6 +49,7 @@ partition's progress) go to `<sink>.dead-letter` with topic/partition/offset and
 and never reach the shard.
 
 `python -m services.write`; decisions in `services.write.state` (pure), the buffer in
-`services.write.correction` (pure Arrow), the per-partition task in `services.write.task`, I/O
-in `services.write.shell`.
+`services.write.correction` (pure Arrow), the per-partition task in `services.write.task` and
+its checkpoints in `services.write.checkpoint`, the compactor thread in
+`services.write.compactor`, I/O in `services.write.shell`.
 """

@@ -20,13 +20,12 @@ Steps of `run_task`:
 4. for a batch description whose lower is the shard's upper: stage the corrections with
    time `< upper` as one part (none if there are none); written updates stay in the
    corrections until the read-back cancels them;
-5. checkpoint the state as the next version (conditional create: a second owner loses).
+5. checkpoint the state as the next version (conditional create: a second owner loses;
+   `services.write.checkpoint`).
 """
 
 from __future__ import annotations
 
-import io
-import json
 import logging
 import os
 import time
@@ -35,9 +34,7 @@ from typing import cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from confluent_kafka import Consumer, Producer, TopicPartition
-from minio.error import S3Error
 
 from mvsink.codec import decode_message
 from mvsink.errors import DecodeError
@@ -45,12 +42,12 @@ from mvsink.frontier import Frontier, advance
 from mvsink.kafka import READ_TO_END, client_config, consumer_config, poll_message
 from mvsink.messages import Progress, Updates, UpdatesArrow
 from mvsink.rows import updates_decoder
-from mvsink.s3 import PreconditionFailed, conditional_put, get_bytes, s3_client
 from mvsink.settings import S3Settings
 from mvsink.shard import PartGone, PartRef, SelectedPart, Shard, ShardState, open_shard
 from mvsink.spark import trim_worker_path
-from mvsink.updates import TIME, part_schema, updates_from_ipc, updates_to_ipc
-from services.write.correction import Correction
+from mvsink.updates import TIME, updates_from_ipc
+from services.write import checkpoint
+from services.write.checkpoint import PartitionState
 
 log = logging.getLogger("mvsink.write.task")
 
@@ -106,39 +103,17 @@ class TaskResult:
     rebuilt: bool = False
 
 
-@dataclass
-class PartitionState:
-    """The correction state of one partition and how far it has folded its inputs."""
-
-    version: int
-    correction: Correction
-    folded_offset: int
-    desired_frontier: Frontier
-    persist_folded: Frontier
-    #: Parts this executor staged, by key: (the batch's upper, the contents), kept until the
-    #: read-back passes that upper.
-    staged: dict[str, tuple[Frontier, pa.Table]] = field(default_factory=dict)
-    #: Loaded from a Parquet checkpoint (written before checkpoints were Arrow IPC).
-    legacy: bool = False
-
-
-_CACHE: dict[tuple[str, int], PartitionState] = {}
 #: How often a fold starts over when merges replace the parts it is reading.
 _READ_ATTEMPTS = 5
 _SHARDS: dict[str, Shard] = {}
 
 
-def checkpoint_key(sink_id: str, partition: int, version: int, suffix: str = "arrow") -> str:
-    """Object key of a correction checkpoint: an Arrow IPC stream (LZ4, `updates_to_ipc`), the
-    state's metadata in its schema metadata. Checkpoints written before were Parquet (`suffix="parquet"`) and are
-    still read."""
-    return f"sinks/{sink_id}/write/p{partition}/{version:020d}.{suffix}"
-
-
 def run_task(spec: TaskSpec) -> TaskResult:
     """One desired partition's step (see the module docs)."""
     lap = _Laps()
-    state = _load(spec)
+    state = checkpoint.load(
+        spec.sink_id, spec.partition, spec.version, spec.s3, spec.row_schema, spec.as_of
+    )
     shard = _shard(spec)
     shard_state = shard.state()
     # Folded nothing of the shard yet ({0}): it reads every update anyway, collapsed or not.
@@ -148,7 +123,7 @@ def run_task(spec: TaskSpec) -> TaskResult:
     if rebuilt:
         log.warning("partition %d: shard since %s passed checkpoint %d (folded %s): rebuilding",
                     spec.partition, shard_state.since, state.version, state.persist_folded)  # fmt: skip
-        state = _empty(spec, state.version)
+        state = checkpoint.empty(spec.row_schema, spec.as_of, state.version)
     lap("load")
     dead = _fold_desired(spec, state)
     lap("desired")
@@ -176,7 +151,7 @@ def run_task(spec: TaskSpec) -> TaskResult:
                                    spec.partition, spec.partitions)  # fmt: skip
                 state.staged[part.key] = (spec.upper, updates)
     lap("stage")
-    checkpointed = _checkpoint(spec, state)
+    checkpointed = checkpoint.save(spec.sink_id, spec.partition, spec.s3, spec.writer_id, state)
     lap("checkpoint")
     return TaskResult(spec.partition, state.version, part, state.folded_offset,
                       state.desired_frontier, state.persist_folded, len(state.correction),
@@ -257,74 +232,6 @@ def _shard(spec: TaskSpec) -> Shard:
     if shard is None:
         shard = _SHARDS[spec.shard_id] = open_shard(spec.shard_id, None, spec.s3)
     return shard
-
-
-def _empty(spec: TaskSpec, version: int) -> PartitionState:
-    """Nothing folded yet: desired from offset 0, the shard from the start."""
-    return PartitionState(version, Correction(spec.row_schema, Frontier.at(spec.as_of)), 0,
-                          Frontier.minimum(), Frontier.minimum())  # fmt: skip
-
-
-def _load(spec: TaskSpec) -> PartitionState:
-    cached = _CACHE.get((spec.sink_id, spec.partition))
-    if cached is not None and cached.version == spec.version:
-        return cached
-    if spec.version < 0:
-        return _empty(spec, -1)
-    table, legacy = _read_checkpoint(spec)
-    meta = json.loads(table.schema.metadata[b"mvsink.write"])
-    table = table.replace_schema_metadata(None).cast(part_schema(spec.row_schema))
-    since = Frontier.from_elements(meta["since"])
-    return PartitionState(spec.version, Correction(spec.row_schema, since, table),
-                          meta["folded_offset"], Frontier.from_elements(meta["desired_frontier"]),
-                          Frontier.from_elements(meta["persist_folded"]), legacy=legacy)  # fmt: skip
-
-
-def _read_checkpoint(spec: TaskSpec) -> tuple[pa.Table, bool]:
-    """The checkpoint the spec expects, and whether it was a (legacy) Parquet one."""
-    client = s3_client(spec.s3)
-    try:
-        data = get_bytes(
-            client, spec.s3.bucket, checkpoint_key(spec.sink_id, spec.partition, spec.version)
-        )
-    except S3Error as error:
-        if error.code != "NoSuchKey":
-            raise
-        legacy = checkpoint_key(spec.sink_id, spec.partition, spec.version, "parquet")
-        return pq.read_table(io.BytesIO(get_bytes(client, spec.s3.bucket, legacy))), True
-    return pa.ipc.open_stream(data).read_all(), False
-
-
-def _checkpoint(spec: TaskSpec, state: PartitionState) -> int | None:
-    """Write the next version; its size, or None if another owner wrote it first."""
-    version = state.version + 1
-    meta = {
-        "since": state.correction.since.elements(),
-        "folded_offset": state.folded_offset,
-        "desired_frontier": state.desired_frontier.elements(),
-        "persist_folded": state.persist_folded.elements(),
-        "writer_id": spec.writer_id,
-    }
-    table = state.correction.consolidate()
-    data = updates_to_ipc(table.replace_schema_metadata({"mvsink.write": json.dumps(meta)}))
-    client = s3_client(spec.s3)
-    key = checkpoint_key(spec.sink_id, spec.partition, version)
-    if isinstance(conditional_put(client, spec.s3.bucket, key, data), PreconditionFailed):
-        _CACHE.pop((spec.sink_id, spec.partition), None)
-        return None
-    state.version = version
-    _CACHE[(spec.sink_id, spec.partition)] = state
-    if version >= 2:  # keep the previous version for a driver that has not seen this one
-        client.remove_object(
-            spec.s3.bucket, checkpoint_key(spec.sink_id, spec.partition, version - 2)
-        )
-    if state.legacy:  # the first Arrow checkpoint after Parquet ones: those are garbage now
-        for old in (version - 1, version - 2):
-            client.remove_object(
-                spec.s3.bucket, checkpoint_key(spec.sink_id, spec.partition, old, "parquet")
-            )
-        state.legacy = False
-    return len(data)
 
 
 def _fold_desired(spec: TaskSpec, state: PartitionState) -> int:

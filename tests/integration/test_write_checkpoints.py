@@ -16,15 +16,10 @@ from mvsink.frontier import Frontier
 from mvsink.rows import parse_row_schema
 from mvsink.s3 import ensure_bucket, s3_client
 from mvsink.updates import normalize_updates
-from services.write import task
+from services.write import checkpoint
 
 pytestmark = pytest.mark.integration
 ROWS = parse_row_schema("k string not null")
-
-
-def spec(s3: S3Settings, sink: str, version: int) -> task.TaskSpec:
-    return task.TaskSpec(sink, sink, 0, 1, "127.0.0.1:1", f"{sink}.desired", f"{sink}.dead", s3, ROWS, 0,
-                         "w", version)  # fmt: skip
 
 
 def test_a_parquet_checkpoint_loads_and_is_replaced(s3_settings: S3Settings) -> None:
@@ -42,17 +37,17 @@ def test_a_parquet_checkpoint_loads_and_is_replaced(s3_settings: S3Settings) -> 
     for version in (4, 5):  # the two versions a writer keeps, as Parquet
         buf = io.BytesIO()
         pq.write_table(rows.replace_schema_metadata({"mvsink.write": json.dumps(meta)}), buf)
-        client.put_object(s3_settings.bucket, task.checkpoint_key(sink, 0, version, "parquet"),
+        client.put_object(s3_settings.bucket, checkpoint.checkpoint_key(sink, 0, version, "parquet"),
                           io.BytesIO(buf.getvalue()), len(buf.getvalue()))  # fmt: skip
-    state = task._load(spec(s3_settings, sink, 5))
+    state = checkpoint.load(sink, 0, 5, s3_settings, ROWS, 0)
     assert state.legacy and state.folded_offset == 7 and state.desired_frontier == Frontier.at(4)
     assert sorted(state.correction.consolidate().column("k").to_pylist()) == ["a", "b"]
-    assert task._checkpoint(spec(s3_settings, sink, 5), state)  # writes version 6 as Arrow
+    assert checkpoint.save(sink, 0, s3_settings, "w", state)  # writes version 6 as Arrow
     names = sorted(o.object_name.rsplit("/", 1)[-1] for o in
                    client.list_objects(s3_settings.bucket, prefix=f"sinks/{sink}/write/p0/"))  # fmt: skip
     assert names == [f"{6:020d}.arrow"]
-    task._CACHE.clear()  # a new executor: loads version 6 from object storage
-    again = task._load(spec(s3_settings, sink, 6))
+    checkpoint.CACHE.clear()  # a new executor: loads version 6 from object storage
+    again = checkpoint.load(sink, 0, 6, s3_settings, ROWS, 0)
     assert (
         not again.legacy
         and again.folded_offset == 7

@@ -1,0 +1,119 @@
+"""A write task's correction state per desired partition, and its checkpoints in object storage
+(`sinks/<sink>/write/p<N>/<version:020d>.arrow`): the executor's cache when it holds the version
+the driver expects, else that version's checkpoint, else empty.
+
+A checkpoint is an Arrow IPC stream (LZ4, `updates_to_ipc`) of the consolidated corrections with
+the state's metadata (`since`, `folded_offset`, `desired_frontier`, `persist_folded`, writer) in
+its schema metadata; checkpoints written before were Parquet and are still read. Versions are
+created conditionally, so two owners of one partition cannot both continue from the same one
+(invariant 4 of `services.write`); the previous version is kept for a driver that has not seen
+the newest.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from minio.error import S3Error
+
+from mvsink.frontier import Frontier
+from mvsink.s3 import PreconditionFailed, conditional_put, get_bytes, s3_client
+from mvsink.settings import S3Settings
+from mvsink.updates import part_schema, updates_to_ipc
+from services.write.correction import Correction
+
+
+@dataclass
+class PartitionState:
+    """The correction state of one partition and how far it has folded its inputs."""
+
+    version: int
+    correction: Correction
+    folded_offset: int
+    desired_frontier: Frontier
+    persist_folded: Frontier
+    #: Parts this executor staged, by key: (the batch's upper, the contents), kept until the
+    #: read-back passes that upper.
+    staged: dict[str, tuple[Frontier, pa.Table]] = field(default_factory=dict)
+    #: Loaded from a Parquet checkpoint (written before checkpoints were Arrow IPC).
+    legacy: bool = False
+
+
+#: The executor's warm states, by (sink, partition).
+CACHE: dict[tuple[str, int], PartitionState] = {}
+
+
+def checkpoint_key(sink_id: str, partition: int, version: int, suffix: str = "arrow") -> str:
+    """Object key of a correction checkpoint: an Arrow IPC stream (LZ4, `updates_to_ipc`), the
+    state's metadata in its schema metadata. Checkpoints written before were Parquet (`suffix="parquet"`) and are
+    still read."""
+    return f"sinks/{sink_id}/write/p{partition}/{version:020d}.{suffix}"
+
+
+def empty(row_schema: pa.Schema, as_of: int, version: int) -> PartitionState:
+    """Nothing folded yet: desired from offset 0, the shard from the start."""
+    return PartitionState(version, Correction(row_schema, Frontier.at(as_of)), 0,
+                          Frontier.minimum(), Frontier.minimum())  # fmt: skip
+
+
+def load(sink_id: str, partition: int, version: int, s3: S3Settings, row_schema: pa.Schema,
+         as_of: int) -> PartitionState:  # fmt: skip
+    """The state at checkpoint `version` (-1: none yet): cached, else read."""
+    cached = CACHE.get((sink_id, partition))
+    if cached is not None and cached.version == version:
+        return cached
+    if version < 0:
+        return empty(row_schema, as_of, -1)
+    table, legacy = _read(sink_id, partition, version, s3)
+    meta = json.loads(table.schema.metadata[b"mvsink.write"])
+    table = table.replace_schema_metadata(None).cast(part_schema(row_schema))
+    since = Frontier.from_elements(meta["since"])
+    return PartitionState(version, Correction(row_schema, since, table),
+                          meta["folded_offset"], Frontier.from_elements(meta["desired_frontier"]),
+                          Frontier.from_elements(meta["persist_folded"]), legacy=legacy)  # fmt: skip
+
+
+def _read(sink_id: str, partition: int, version: int, s3: S3Settings) -> tuple[pa.Table, bool]:
+    """Checkpoint `version`, and whether it was a (legacy) Parquet one."""
+    client = s3_client(s3)
+    try:
+        data = get_bytes(client, s3.bucket, checkpoint_key(sink_id, partition, version))
+    except S3Error as error:
+        if error.code != "NoSuchKey":
+            raise
+        legacy = checkpoint_key(sink_id, partition, version, "parquet")
+        return pq.read_table(io.BytesIO(get_bytes(client, s3.bucket, legacy))), True
+    return pa.ipc.open_stream(data).read_all(), False
+
+
+def save(sink_id: str, partition: int, s3: S3Settings, writer_id: str,
+         state: PartitionState) -> int | None:  # fmt: skip
+    """Write `state` as the next version; its size, or None if another owner wrote it first."""
+    version = state.version + 1
+    meta = {
+        "since": state.correction.since.elements(),
+        "folded_offset": state.folded_offset,
+        "desired_frontier": state.desired_frontier.elements(),
+        "persist_folded": state.persist_folded.elements(),
+        "writer_id": writer_id,
+    }
+    table = state.correction.consolidate()
+    data = updates_to_ipc(table.replace_schema_metadata({"mvsink.write": json.dumps(meta)}))
+    client = s3_client(s3)
+    key = checkpoint_key(sink_id, partition, version)
+    if isinstance(conditional_put(client, s3.bucket, key, data), PreconditionFailed):
+        CACHE.pop((sink_id, partition), None)
+        return None
+    state.version = version
+    CACHE[(sink_id, partition)] = state
+    if version >= 2:  # keep the previous version for a driver that has not seen this one
+        client.remove_object(s3.bucket, checkpoint_key(sink_id, partition, version - 2))
+    if state.legacy:  # the first Arrow checkpoint after Parquet ones: those are garbage now
+        for old in (version - 1, version - 2):
+            client.remove_object(s3.bucket, checkpoint_key(sink_id, partition, old, "parquet"))
+        state.legacy = False
+    return len(data)
