@@ -31,8 +31,9 @@ log = logging.getLogger("mvsink.write")
 SHARD_POLL = 1.0
 #: How often a read-only (or idle) driver folds and consolidates, to keep memory bounded.
 FOLD_INTERVAL = 10.0
-#: How often the driver moves its reader lease up to what its partitions have folded.
-HOLD_INTERVAL = 5.0
+#: How often the driver moves its reader lease up to what its partitions have folded (each move
+#: is one small state version; since trails the folds by about this much).
+HOLD_INTERVAL = 1.0
 
 BATCHES = Counter("mvsink_write_batches", "StagedBatches sent", ["sink"])
 PARTS = Counter("mvsink_write_parts", "Parts staged", ["sink"])
