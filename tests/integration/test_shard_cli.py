@@ -40,7 +40,8 @@ def test_shard_show_snapshot_sweep(
 
     show = _mvsink(["shard", "--shard", shard_id, "show"], env)
     assert show.returncode == 0, show.stderr
-    assert "upper    {3}" in show.stdout and "parts    1  (by writer: w1 1)" in show.stdout
+    assert "upper    {3}" in show.stdout and "parts    1 live  (by writer: w1 1)" in show.stdout
+    assert "since    {0}  (retain all history; leases: -)" in show.stdout
     assert "k string, v int64" in show.stdout
 
     snap = _mvsink(["shard", "--shard", shard_id, "snapshot"], env)
@@ -61,6 +62,32 @@ def test_shard_show_snapshot_sweep(
 
     missing = _mvsink(["shard", "--shard", "no-such-shard", "show"], env)
     assert missing.returncode == 2 and "does not exist" in missing.stderr
+
+
+def test_shard_compact_merges_and_reads_before_since_are_refused(
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path
+) -> None:
+    shard_id = f"cmp-{uuid.uuid4().hex[:8]}"
+    rows = pa.schema([("k", pa.string()), ("v", pa.int64())])
+    shard = open_shard(shard_id, rows, s3_settings, retain_history=0)
+    for t in range(3):  # one key whose value changes every time
+        changes = {"k": ["a", "a"][: 1 + bool(t)], "v": [t, t - 1][: 1 + bool(t)],
+                   "_time": [t, t][: 1 + bool(t)], "_diff": [1, -1][: 1 + bool(t)]}  # fmt: skip
+        shard.compare_and_append(
+            [shard.stage(pa.table(changes), F(t), F(t + 1), "w1")], F(t), F(t + 1)
+        )
+    env = cli_env(kafka_bootstrap, s3_settings, tmp_path)
+
+    compact = _mvsink(["shard", "--shard", shard_id, "compact", "--all"], env)
+    assert compact.returncode == 0, compact.stderr
+    assert "merged: 3 batches [{0}, {3}) at since {3} (forced): 5 -> 1 updates" in compact.stderr
+    show = _mvsink(["shard", "--shard", shard_id, "show"], env)
+    assert "batches  1 live  (updates each, oldest first: 1)" in show.stdout, show.stdout
+    assert "since    {3}  (retain 0 times" in show.stdout
+    snap = _mvsink(["shard", "--shard", shard_id, "snapshot"], env)
+    assert [json.loads(line)["v"] for line in snap.stdout.splitlines()] == [2]
+    early = _mvsink(["shard", "--shard", shard_id, "snapshot", "--as-of", "2"], env)
+    assert early.returncode == 2 and "compacted away" in early.stderr
 
 
 def test_bench_shard_prints_measured_and_baseline(kafka_bootstrap: str, s3_settings: S3Settings,
