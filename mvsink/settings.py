@@ -76,8 +76,12 @@ class Timing:
                 f"version_grace {self.version_grace}s must exceed max_attempt_age "
                 f"{self.max_attempt_age}s + request_timeout {self.request_timeout}s"
             )
-        if self.part_grace < 0 or self.reader_lease <= 0:
-            raise ContractError("part_grace must be >= 0 and reader_lease > 0")
+        if not 0 <= self.part_grace <= self.version_grace or self.reader_lease <= 0:
+            raise ContractError(
+                f"part_grace {self.part_grace}s must be in [0, version_grace "
+                f"{self.version_grace}s] (replaced parts go before the versions naming them), "
+                f"reader_lease {self.reader_lease}s > 0"
+            )
 
 
 @dataclass(frozen=True)

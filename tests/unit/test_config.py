@@ -101,6 +101,11 @@ def test_secrets_never_print(env: dict[str, str]) -> None:
         ({"MVSINK_READ_ONLY": "maybe"}, "boolean"),
         ({"MVSINK_SINK_ID": "has space"}, "sink_id"),
         ({"MVSINK_KAFKA_BOOTSTRAP": ""}, "bootstrap"),
+        ({"MVSINK_RETAIN_HISTORY": "-1"}, "retain_history"),
+        ({"MVSINK_SHARD_VERSION_GRACE": "40"}, "version_grace"),  # <= attempt age + timeout
+        ({"MVSINK_SHARD_PART_GRACE": "100"}, "part_grace"),  # > version_grace
+        ({"MVSINK_SHARD_MAX_BATCHES": "1"}, "max_batches"),
+        ({"MVSINK_SHARD_COMPACTION": "sometimes"}, "boolean"),
     ],
 )
 def test_invalid_settings_name_the_setting(
@@ -132,3 +137,18 @@ def test_bad_config_files(env: dict[str, str], tmp_path: Path, text: str, messag
 def test_missing_config_file(env: dict[str, str], tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_config(tmp_path / "absent.toml", env=env)
+
+
+def test_config_env_loads_back_the_same_config(env: dict[str, str]) -> None:
+    """Every setting reaches a child process (services started by the demo and the benches)."""
+    from mvsink.config import config_env
+
+    config = load_config(env={**env, "MVSINK_RETAIN_HISTORY": "7", "MVSINK_SHARD_COMPACTION": "false",
+                              "MVSINK_SHARD_PART_GRACE": "2.5", "MVSINK_PARTITIONS": "3"})  # fmt: skip
+    again = load_config(env={"MVSINK_STATE_DIR": env["MVSINK_STATE_DIR"], **config_env(config)})
+    assert again == config
+    assert (again.retain_history, again.compaction, again.shard_timing().part_grace) == (
+        7,
+        False,
+        2.5,
+    )
