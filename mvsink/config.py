@@ -31,6 +31,8 @@ __all__ = ["FIELDS", "REPO_ROOT", "CompactionPolicy", "Config", "S3Settings", "S
            "cache_dir", "config_env", "load_config", "state_dir"]  # fmt: skip
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+#: The shard library's own defaults are the configuration's.
+_TIMING, _POLICY = Timing(), CompactionPolicy()
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 
 
@@ -100,18 +102,18 @@ class Config:
     #: Identity of this process in part keys and logs; "" = `<host>-<pid>`.
     writer_id: str = ""
     #: The shard's deletion-safety time bounds (`mvsink.shard.Timing`), in seconds.
-    shard_max_attempt_age: float = 30.0
-    shard_max_part_age: float = 600.0
-    shard_min_grace: float = 900.0
-    shard_part_grace: float = 10.0
-    shard_version_grace: float = 90.0
-    shard_reader_lease: float = 900.0
+    shard_max_attempt_age: float = _TIMING.max_attempt_age
+    shard_max_part_age: float = _TIMING.max_part_age
+    shard_min_grace: float = _TIMING.min_grace
+    shard_part_grace: float = _TIMING.part_grace
+    shard_version_grace: float = _TIMING.version_grace
+    shard_reader_lease: float = _TIMING.reader_lease
     #: How far the shard's `since` trails its upper, in times (`mvsink.shard`).
     retain_history: int = 0
     #: Whether the write service compacts the shard (the driver owning desired partition 0).
     compaction: bool = True
-    compaction_max_batches: int = 16
-    compaction_max_amplification: float = 1.0
+    compaction_max_batches: int = _POLICY.max_batches
+    compaction_max_amplification: float = _POLICY.max_amplification
 
     def shard_timing(self) -> Timing:
         """The shard library's `Timing` of this configuration."""
@@ -251,17 +253,13 @@ DEFAULTS: Mapping[str, Any] = {
     "metrics_port": 0,
     "log_level": "INFO",
     "writer_id": "",
-    "shard_max_attempt_age": 30.0,
-    "shard_max_part_age": 600.0,
-    "shard_min_grace": 900.0,
-    "shard_part_grace": 10.0,
-    "shard_version_grace": 90.0,
-    "shard_reader_lease": 900.0,
     "retain_history": 0,
     "compaction": True,
-    "compaction_max_batches": 16,
-    "compaction_max_amplification": 1.0,
-}
+    **{f"shard_{name}": getattr(_TIMING, name) for name in
+       ("max_attempt_age", "max_part_age", "min_grace", "part_grace", "version_grace", "reader_lease")},
+    "compaction_max_batches": _POLICY.max_batches,
+    "compaction_max_amplification": _POLICY.max_amplification,
+}  # fmt: skip
 
 
 def config_env(config: Config) -> dict[str, str]:
