@@ -5,6 +5,7 @@
     mvsink bench [--quick] [--out D]  mvsink vs Structured Streaming peer vs raw limit
     mvsink bench shard|pipeline       shard library vs raw S3; pipeline updates/s, freshness
     mvsink bench restart|readonly     resume over a shard equal to desired; read-only state size
+    mvsink bench soak [--ticks N]     many ticks: state, parts, bucket, latencies stay flat
     mvsink desired send|advance       publish desired updates and progress (upstream side)
     mvsink promote SINK               switch a read-only sink replica to writing
     mvsink inspect TOPIC [-f]         decode and print any of mvsink's topics
@@ -361,6 +362,19 @@ def cmd_bench_restart(args: argparse.Namespace) -> int:
     return 0 if figures["cold_bytes_rewritten"] == 0 and figures["warm_bytes_rewritten"] == 0 else 1
 
 
+def cmd_bench_soak(args: argparse.Namespace) -> int:
+    from mvsink.bench.compare import Workload
+    from mvsink.bench.soak import run_soak
+
+    if not args.no_stack:
+        _stack().up()
+    workload = Workload(args.keys, args.change, args.ticks, args.partitions)
+    figures = run_soak(
+        load_config(args.config), workload, args.early, args.window, Path(args.out), say
+    )
+    return 0 if figures["correct"] else 1
+
+
 def cmd_bench_readonly(args: argparse.Namespace) -> int:
     from mvsink.bench.steady import run_readonly
 
@@ -460,7 +474,14 @@ def build_parser() -> argparse.ArgumentParser:
     readonly.add_argument("--keys", type=int, default=100_000)
     readonly.add_argument("--change", type=float, default=0.1, help="share changed per tick")
     readonly.add_argument("--interval", type=float, default=1.0, help="seconds between ticks")
-    for sub, func in ((restart, cmd_bench_restart), (readonly, cmd_bench_readonly)):
+    soak = bench_commands.add_parser("soak", help="many ticks: the shard stays small and fast")
+    soak.add_argument("--ticks", type=int, default=600, help="ticks after the initial load")
+    soak.add_argument("--keys", type=int, default=10_000)
+    soak.add_argument("--change", type=float, default=0.1, help="share changed per tick")
+    soak.add_argument("--early", type=int, default=100, help="the tick of the early window")
+    soak.add_argument("--window", type=int, default=50, help="ticks per window")
+    for sub, func in ((restart, cmd_bench_restart), (readonly, cmd_bench_readonly),
+                      (soak, cmd_bench_soak)):  # fmt: skip
         sub.add_argument("--partitions", type=int, default=4, help="P (desired partitions)")
         sub.add_argument("--out", default="bench-out", help="directory for the JSON figures")
         sub.add_argument("--no-stack", action="store_true", help="use configured endpoints")

@@ -173,7 +173,7 @@ def _compare(say: Say, shard: dict[str, tuple[int, float]], view: dict[str, tupl
     return len(differ)
 
 
-def _wait_upper(shard: Shard, frontier: int, say: Say, timeout: float = 240) -> None:
+def wait_upper(shard: Shard, frontier: int, say: Say, timeout: float = 240) -> None:
     deadline, last = time.monotonic() + timeout, None
     while (upper := shard.upper()) != Frontier.at(frontier):
         if upper != last:
@@ -208,7 +208,7 @@ def run_demo(config: Config, say: Say, ticks: int = 8, orders: int = 200) -> Non
             changed = view.tick(orders)
             say(f"tick {view.frontier - 1}: {orders} orders, {changed} customers changed; "
                 f"desired at {{{view.frontier}}}, shard upper {shard.upper()}")  # fmt: skip
-        _wait_upper(shard, view.frontier, say)
+        wait_upper(shard, view.frontier, say)
         say(f"shard at its upper {{{view.frontier}}} next to the view computed directly by Spark:")
         if _compare(say, shard_view(shard, view.frontier), view.direct_view()):
             raise MvsinkError("the shard does not equal the view")
@@ -223,7 +223,7 @@ def run_demo(config: Config, say: Say, ticks: int = 8, orders: int = 200) -> Non
         _compare(say, shard_view(shard, upper + 1), view.direct_view(), show=4)
         view.frontier = upper + 1
         view.tick(orders)
-        _wait_upper(shard, view.frontier, say)
+        wait_upper(shard, view.frontier, say)
         say(f"after one more tick the sink has corrected the shard (upper {{{view.frontier}}}):")
         if _compare(say, shard_view(shard, view.frontier), view.direct_view(), show=4):
             raise MvsinkError("the sink did not correct the foreign write")

@@ -43,13 +43,13 @@ from mvsink.shard import Shard, open_shard
 from services.write.shell import FOLD_INTERVAL
 
 
-def _sink(config: Config, name: str, partitions: int, **changes: Any) -> Config:
+def sink_config(config: Config, name: str, partitions: int, **changes: Any) -> Config:
     return replace(config, sink_id=name, shard_id=changes.pop("shard_id", name), row_schema=ROW_SCHEMA,
                    partitions=partitions, topics=Topics.for_sink(name, config.topics.frontiers),
                    **changes)  # fmt: skip
 
 
-def _wait_upper(system: MvsinkSystem, upper: int, what: str, timeout: float = 900) -> float:
+def wait_upper(system: MvsinkSystem, upper: int, what: str, timeout: float = 900) -> float:
     deadline = time.monotonic() + timeout
     while system.durable() < upper:
         system.check_alive()
@@ -59,11 +59,11 @@ def _wait_upper(system: MvsinkSystem, upper: int, what: str, timeout: float = 90
     return time.monotonic()
 
 
-def _empty_tick(time_: int) -> EncodedTick:
+def empty_tick(time_: int) -> EncodedTick:
     return EncodedTick(time_, 0, [], encode(Progress(Frontier.at(time_ + 1))))
 
 
-def _first_job(log: Path, after: int) -> tuple[float, int]:
+def first_job(log: Path, after: int) -> tuple[float, int]:
     """(seconds, updates) of the first staging job logged after byte offset `after`."""
     text = log.read_text(errors="replace")[after:]
     for line in text.splitlines():
@@ -78,7 +78,7 @@ def run_restart(
 ) -> dict[str, Any]:
     """The restart benchmark (module docs); figures also in `out/restart.json`."""
     run_id = f"restart-{uuid.uuid4().hex[:6]}"
-    sink = _sink(config, run_id, partitions)
+    sink = sink_config(config, run_id, partitions)
     provision(sink)
     ticks, _ = encode_ticks(sink, Workload(updates, 0.0, 0, partitions), say)
     feeder = Feeder(config.kafka_bootstrap)
@@ -89,7 +89,7 @@ def run_restart(
     started = time.monotonic()
     try:
         system.ends[0] = feeder.feed(sink, ticks[0])
-        _wait_upper(system, 1, "the initial load")
+        wait_upper(system, 1, "the initial load")
         say(
             f"  loaded in {time.monotonic() - started:.1f}s (includes process start); idling "
             f"{FOLD_INTERVAL + 3:.0f}s so the write service folds the read-back as a running sink does"
@@ -98,7 +98,7 @@ def run_restart(
     finally:
         system.stop()
     shard = open_shard(sink.shard_id, None, sink.s3)
-    baseline = _read_once(shard)
+    baseline = read_once(shard)
     say(f"baseline: one read of the shard ({baseline['parts']} parts, {baseline['bytes'] / 2**20:.1f} MiB): "
         f"{baseline['seconds']:.2f}s")  # fmt: skip
     figures: dict[str, Any] = {"updates": updates, "partitions": partitions,
@@ -113,16 +113,16 @@ def run_restart(
                 client.remove_object(sink.s3.bucket, item.object_name)
         write_log = system.logs / "write.log"
         offset = write_log.stat().st_size
-        parts_before = _part_bytes(shard)
+        parts_before = part_bytes(shard)
         restarted = time.monotonic()
         system.start()
         try:
-            system.ends[tick] = feeder.feed(sink, _empty_tick(tick))
-            reached = _wait_upper(system, tick + 1, f"the {case} restart")
-            seconds, rewritten_updates = _first_job(write_log, offset)
+            system.ends[tick] = feeder.feed(sink, empty_tick(tick))
+            reached = wait_upper(system, tick + 1, f"the {case} restart")
+            seconds, rewritten_updates = first_job(write_log, offset)
         finally:
             system.stop()
-        rewritten = _part_bytes(shard) - parts_before
+        rewritten = part_bytes(shard) - parts_before
         figures[f"{case}_resume_job_s"] = round(seconds, 3)
         figures[f"{case}_start_to_upper_s"] = round(reached - restarted, 2)
         figures[f"{case}_resume_vs_read_once"] = round(seconds / baseline["seconds"], 2)
@@ -134,11 +134,11 @@ def run_restart(
     return figures
 
 
-def _part_bytes(shard: Shard) -> int:
+def part_bytes(shard: Shard) -> int:
     return sum(p.bytes for b in shard.state().batches for p in b.parts)
 
 
-def _read_once(shard: Shard) -> dict[str, float]:
+def read_once(shard: Shard) -> dict[str, float]:
     """Read every part of the shard once, as any reader does (`Shard.read_parts`: parallel GETs
     and Parquet decode), without consolidating."""
     state = shard.state()
@@ -153,8 +153,8 @@ def run_readonly(config: Config, keys: int, change: float, minutes: float, inter
                  partitions: int, out: Path, say: Say) -> dict[str, Any]:  # fmt: skip
     """The read-only benchmark (module docs); figures also in `out/readonly.json`."""
     run_id = f"ro-{uuid.uuid4().hex[:6]}"
-    leader = _sink(config, f"{run_id}-leader", partitions, shard_id=run_id)
-    follower = _sink(config, f"{run_id}-ro", partitions, shard_id=run_id, read_only=True)
+    leader = sink_config(config, f"{run_id}-leader", partitions, shard_id=run_id)
+    follower = sink_config(config, f"{run_id}-ro", partitions, shard_id=run_id, read_only=True)
     ticks_needed = int(minutes * 60 / interval) + 1
     for each in (leader, follower):
         provision(each)
