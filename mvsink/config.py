@@ -108,6 +108,7 @@ class Config:
     shard_part_grace: float = _TIMING.part_grace
     shard_version_grace: float = _TIMING.version_grace
     shard_reader_lease: float = _TIMING.reader_lease
+    shard_request_timeout: float = _TIMING.request_timeout
     #: How far the shard's `since` trails its upper, in times (`mvsink.shard`).
     retain_history: int = 0
     #: Whether the write service compacts the shard (the driver owning desired partition 0).
@@ -119,7 +120,8 @@ class Config:
         """The shard library's `Timing` of this configuration."""
         return Timing(self.shard_max_attempt_age, self.shard_max_part_age, self.shard_min_grace,
                       part_grace=self.shard_part_grace, version_grace=self.shard_version_grace,
-                      reader_lease=self.shard_reader_lease)  # fmt: skip
+                      reader_lease=self.shard_reader_lease,
+                      request_timeout=self.shard_request_timeout)  # fmt: skip
 
     def compaction_policy(self) -> CompactionPolicy:
         """The merge policy of this configuration."""
@@ -220,6 +222,9 @@ FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec("shard_part_grace", "shard", "part_grace", "MVSINK_SHARD_PART_GRACE", float),
     FieldSpec("shard_version_grace", "shard", "version_grace", "MVSINK_SHARD_VERSION_GRACE", float),
     FieldSpec("shard_reader_lease", "shard", "reader_lease", "MVSINK_SHARD_READER_LEASE", float),
+    FieldSpec(
+        "shard_request_timeout", "shard", "request_timeout", "MVSINK_SHARD_REQUEST_TIMEOUT", float
+    ),
     FieldSpec("retain_history", "sink", "retain_history", "MVSINK_RETAIN_HISTORY", _int),
     FieldSpec("compaction", "shard", "compaction", "MVSINK_SHARD_COMPACTION", _bool),
     FieldSpec("compaction_max_batches", "shard", "max_batches", "MVSINK_SHARD_MAX_BATCHES", _int),
@@ -256,7 +261,8 @@ DEFAULTS: Mapping[str, Any] = {
     "retain_history": 0,
     "compaction": True,
     **{f"shard_{name}": getattr(_TIMING, name) for name in
-       ("max_attempt_age", "max_part_age", "min_grace", "part_grace", "version_grace", "reader_lease")},
+       ("max_attempt_age", "max_part_age", "min_grace", "part_grace", "version_grace", "reader_lease",
+        "request_timeout")},
     "compaction_max_batches": _POLICY.max_batches,
     "compaction_max_amplification": _POLICY.max_amplification,
 }  # fmt: skip
@@ -376,6 +382,7 @@ def _build(values: Mapping[str, Any]) -> Config:
         shard_part_grace=values["shard_part_grace"],
         shard_version_grace=values["shard_version_grace"],
         shard_reader_lease=values["shard_reader_lease"],
+        shard_request_timeout=values["shard_request_timeout"],
         retain_history=values["retain_history"],
         compaction=values["compaction"],
         compaction_max_batches=values["compaction_max_batches"],

@@ -332,10 +332,11 @@ class MvsinkSystem(System):
 
 def scrape(log: Path) -> dict[str, float]:
     """The write service's Prometheus metrics (its port is in its log), summed over labels."""
-    found = re.search(r"metrics on (http://\S+/metrics)", log.read_text(errors="replace"))
+    # The last address: a restarted service logs a new one after the dead process's.
+    found = re.findall(r"metrics on (http://\S+/metrics)", log.read_text(errors="replace"))
     if not found:
         return {}
-    text = urllib.request.urlopen(found.group(1), timeout=10).read().decode()
+    text = urllib.request.urlopen(found[-1], timeout=10).read().decode()
     out: dict[str, float] = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
@@ -400,8 +401,10 @@ class RawSystem(OffsetSystem):
 
 def drive(system: System, feeder: Feeder, ticks: list[EncodedTick], in_flight: int, say: Say,
           stall: float = 300.0) -> Run:  # fmt: skip
-    """Publish the ticks closed-loop and time them (see the module docs)."""
+    """Publish the ticks closed-loop and time them (see the module docs). The ticks may start
+    at any time (a later segment of a workload): counts are relative to the first one."""
     run = Run(system.name)
+    base = ticks[0].time
     sent: dict[int, float] = {}
     reached: dict[int, float] = {}
     last_progress = time.monotonic()
@@ -409,7 +412,7 @@ def drive(system: System, feeder: Feeder, ticks: list[EncodedTick], in_flight: i
     def wait_for(count: int) -> None:
         nonlocal last_progress
         while True:
-            durable = system.durable()
+            durable = system.durable() - base
             now = time.monotonic()
             for t in range(len(reached), min(durable, len(sent))):
                 reached[t] = now
@@ -423,7 +426,7 @@ def drive(system: System, feeder: Feeder, ticks: list[EncodedTick], in_flight: i
             time.sleep(0.005)
 
     started = time.monotonic()
-    system.ends[0] = feeder.feed(system.config, ticks[0])
+    system.ends[base] = feeder.feed(system.config, ticks[0])
     sent[0] = time.monotonic()
     last_progress = sent[0]
     wait_for(1)
@@ -432,9 +435,9 @@ def drive(system: System, feeder: Feeder, ticks: list[EncodedTick], in_flight: i
         f"(includes process start)")  # fmt: skip
     steady_start = time.monotonic()
     for tick in ticks[1:]:
-        wait_for(tick.time - in_flight + 1)
+        wait_for(tick.time - base - in_flight + 1)
         system.ends[tick.time] = feeder.feed(system.config, tick)
-        sent[tick.time] = time.monotonic()
+        sent[tick.time - base] = time.monotonic()
     wait_for(len(ticks))
     run.steady_s = reached[len(ticks) - 1] - steady_start
     run.steady_updates = sum(t.updates for t in ticks[1:])

@@ -60,6 +60,9 @@ PARQUET = "application/vnd.apache.parquet"
 _STATE_CACHE = 16
 _INDEFINITE_RETRIES = 5
 _Outcome = TypeVar("_Outcome")
+#: A version seen as the latest longer ago than this is checked to still exist before probing
+#: forward from it (a version is pruned only `version_grace` after its successor appeared).
+_CONFIRM_AGE = 1.0
 #: How often a read starts over from the latest version when a merge replaced its parts.
 _READ_ATTEMPTS = 5
 
@@ -130,6 +133,7 @@ class Shard:
         self.prefix = f"shards/{shard_id}"
         self._states: OrderedDict[int, ShardState] = OrderedDict()
         self._latest: int | None = None
+        self._confirmed_at = 0.0
         #: Part keys of each version seen (versions are immutable), for the deleters.
         self.keys_of: dict[int, frozenset[str]] = {}
         #: Where the shard lives, for work shipped to other processes (set by `open_shard`).
@@ -185,9 +189,17 @@ class Shard:
         """The latest state version: from the last one seen, probe forward until one is missing.
 
         Linearizable read: any version created before this call is seen (S3 reads after writes
-        are strongly consistent), as versions are created strictly in seqno order.
+        are strongly consistent), as versions are created strictly in seqno order. A version
+        seen as the latest more than `_CONFIRM_AGE` ago may have been pruned since, together
+        with its successors (by a collector with any `version_grace`): then a missing successor
+        proves nothing, so its existence is checked first and, if it is gone, the latest is
+        found by LIST.
         """
         state = None if self._latest is None else self.version(self._latest)
+        if state is not None and time.monotonic() - self._confirmed_at > _CONFIRM_AGE:
+            if not self._exists(state.seqno):
+                self.forget(state.seqno)
+                state = None
         if state is None:  # first call, or our last-seen version was pruned
             seqnos = self.retained_seqnos()
             if not seqnos:
@@ -197,8 +209,17 @@ class Shard:
                 raise MvsinkError(f"shard {self.shard_id}: version {seqnos[-1]} vanished")
         while (following := self.version(state.seqno + 1)) is not None:
             state = following
-        self._latest = state.seqno
+        self._latest, self._confirmed_at = state.seqno, time.monotonic()
         return state
+
+    def _exists(self, seqno: int) -> bool:
+        try:
+            self.client.stat_object(self.bucket, self.state_key(seqno))
+        except S3Error as error:
+            if error.code in ("NoSuchKey", "NoSuchObject"):
+                return False
+            raise
+        return True
 
     def upper(self) -> Frontier:
         """The shard's current upper: all times before it are final."""

@@ -276,3 +276,20 @@ def test_appends_racing_compactors_stay_linearizable(s3_settings: S3Settings) ->
     print(f"\n{final.seqno} versions in {RACE_SECONDS:.0f}s: merges {dict(merges)}, "
           f"{len(final.batches)} live batches at the end")  # fmt: skip
     assert merges["Merged"] > 0 and final.seqno > merges["Merged"]
+
+
+def test_an_idle_handle_finds_the_latest_version_after_gc_pruned_what_it_knew(
+    s3_settings: S3Settings,
+) -> None:
+    """A reader that last looked before GC pruned the versions after the one it cached must not
+    take that version for the latest (it would read an old upper and old contents)."""
+    shard_id = f"idle-{uuid.uuid4().hex[:10]}"
+    idle = open_shard(shard_id, ROWS, s3_settings, FAST, retain_history=0)
+    history: list[tuple[str, int, int, int]] = []
+    assert idle.state().seqno == 0
+    busy = open_shard(shard_id, None, s3_settings, FAST)
+    churn(busy, 4, 3, history)
+    time.sleep(FAST.version_grace + 0.5)
+    busy.advance_upper(F(5))
+    assert busy.collect_garbage().states_pruned  # versions 0..3 are gone
+    assert idle.state().upper == F(5) and contents(idle, 5) == model(history, 5)
