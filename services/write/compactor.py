@@ -32,7 +32,7 @@ log = logging.getLogger("mvsink.write.compactor")
 
 #: How often the thread looks for a merge without being poked.
 COMPACT_INTERVAL = 1.0
-GC_INTERVAL = 5.0
+GC_INTERVAL = 1.0
 SWEEP_INTERVAL = 600.0
 #: Merges per round at most, so a backlog does not starve garbage collection.
 MERGES_PER_ROUND = 4

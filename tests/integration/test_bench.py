@@ -64,3 +64,29 @@ def test_bench_readonly_samples_the_replicas_corrections(
     figures = json.loads((out / "readonly.json").read_text())
     assert len(figures["samples"]) >= 3
     assert figures["samples"][-1]["upper"] > 0  # the writing replica kept appending
+
+
+def test_bench_soak_keeps_the_shard_small(
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path
+) -> None:
+    """A short soak: the figures of both windows land in JSON and a PNG, the shard equals the
+    view, and compaction held the shard to a few batches and a bounded size."""
+    out = tmp_path / "out"
+    text = bench(kafka_bootstrap, s3_settings, tmp_path, "soak", "--ticks", "60", "--keys", "500",
+                 "--early", "20", "--window", "10", "--out", str(out))  # fmt: skip
+    figures = json.loads((out / "soak.json").read_text())
+    assert figures["correct"] is True
+    for window in ("early", "end"):
+        for key in ("state_bytes", "live_parts", "part_bytes", "bucket_bytes", "cas_p50_ms",
+                    "snapshot_s", "freshness_p50_s", "cold_restart_vs_read_once"):  # fmt: skip
+            assert isinstance(figures[window][key], float) and figures[window][key] > 0, (
+                window,
+                key,
+            )
+    assert figures["end"]["live_batches"] <= 16  # the policy's max_batches
+    # Three times the ticks of the early window, yet the parts stay about as large: history does
+    # not pile up (with 500 keys, each Parquet part's own footer is a large share of its bytes).
+    assert figures["end"]["part_bytes"] < 2 * figures["early"]["part_bytes"]
+    assert figures["view_updates"] == 500  # one row per key after the final full merge
+    assert (out / "soak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "end/early" in text and "shard equals desired: True" in text
