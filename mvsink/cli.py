@@ -331,7 +331,8 @@ def cmd_bench_pipeline(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_compare(args: argparse.Namespace) -> int:
-    from mvsink.bench.compare import SYSTEMS, Workload, run
+    from mvsink.bench.compare import SYSTEMS, run
+    from mvsink.bench.workload import Workload
 
     if not args.no_stack:
         _stack().up()
@@ -363,8 +364,8 @@ def cmd_bench_restart(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_soak(args: argparse.Namespace) -> int:
-    from mvsink.bench.compare import Workload
     from mvsink.bench.soak import run_soak
+    from mvsink.bench.workload import Workload
 
     if not args.no_stack:
         _stack().up()

@@ -35,17 +35,19 @@ from typing import Any
 
 from mvsink import Say
 from mvsink.bench.compare import (
-    EncodedTick,
-    Feeder,
     MvsinkSystem,
     Run,
-    Workload,
     drive,
-    encode_ticks,
     percentile,
     save_figures,
 )
 from mvsink.bench.steady import empty_tick, first_job, read_once, sink_config, wait_upper
+from mvsink.bench.workload import (
+    EncodedTick,
+    Feeder,
+    Workload,
+    encode_ticks,
+)
 from mvsink.config import Config, state_dir
 from mvsink.provision import provision
 from mvsink.s3 import s3_client

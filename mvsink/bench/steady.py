@@ -23,15 +23,17 @@ from typing import Any
 
 from mvsink import Say
 from mvsink.bench.compare import (
+    MvsinkSystem,
+    save_figures,
+    scrape,
+)
+from mvsink.bench.workload import (
     ROW_SCHEMA,
     BenchError,
     EncodedTick,
     Feeder,
-    MvsinkSystem,
     Workload,
     encode_ticks,
-    save_figures,
-    scrape,
 )
 from mvsink.codec import encode
 from mvsink.config import Config, Topics, state_dir

@@ -196,10 +196,10 @@ class Shard:
         found by LIST.
         """
         state = None if self._latest is None else self.version(self._latest)
-        if state is not None and time.monotonic() - self._confirmed_at > _CONFIRM_AGE:
-            if not self._exists(state.seqno):
-                self.forget(state.seqno)
-                state = None
+        stale = state is not None and time.monotonic() - self._confirmed_at > _CONFIRM_AGE
+        if state is not None and stale and not self._exists(state.seqno):
+            self.forget(state.seqno)
+            state = None
         if state is None:  # first call, or our last-seen version was pruned
             seqnos = self.retained_seqnos()
             if not seqnos:
