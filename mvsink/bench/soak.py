@@ -85,8 +85,10 @@ class Sample:
 class Sampler:
     """Reads the shard every `interval` seconds on its own thread (its own shard handle)."""
 
-    def __init__(self, config: Config, interval: float = 1.0, snapshot_every: int = 5) -> None:
-        self.config = config
+    def __init__(self, config: Config, say: Say, interval: float = 1.0, snapshot_every: int = 5,
+                 progress_every: int = 50) -> None:  # fmt: skip
+        self.config, self.say = config, say
+        self.progress_every, self._next_progress = progress_every, progress_every
         self.shard = open_shard(config.shard_id, None, config.s3)
         self.client = s3_client(config.s3)
         self.interval, self.snapshot_every = interval, snapshot_every
@@ -105,10 +107,16 @@ class Sampler:
         count = 0
         while not self._stop.wait(self.interval):
             try:
-                self.samples.append(self.sample(count % self.snapshot_every == 0))
+                sample = self.sample(count % self.snapshot_every == 0)
             except Exception:  # a version pruned between LIST and GET: the next sample is fine
                 continue
+            self.samples.append(sample)
             count += 1
+            if sample.upper >= self._next_progress:
+                self._next_progress = sample.upper + self.progress_every
+                self.say(f"  tick {sample.upper}: {sample.batches} live batches, {sample.parts} "
+                         f"parts, state {sample.state_bytes:,} B, parts in the bucket "
+                         f"{sample.part_bytes / 2**10:,.0f} KiB, metadata {sample.metadata_bytes / 2**10:,.0f} KiB")  # fmt: skip
 
     def sample(self, snapshot: bool) -> Sample:
         state = self.shard.state()
@@ -141,7 +149,7 @@ def run_soak(
     provision(sink)
     ticks, final = encode_ticks(sink, workload, say)
     feeder, logs = Feeder(config.kafka_bootstrap), state_dir() / "bench" / run_id
-    system, sampler = MvsinkSystem(sink, logs), Sampler(sink)
+    system, sampler = MvsinkSystem(sink, logs), Sampler(sink, say)
     shard = open_shard(sink.shard_id, None, sink.s3)
     say(f"soak: {workload.ticks} ticks; early window ticks {early - window + 1}..{early}")
     system.start()
