@@ -373,7 +373,7 @@ def cmd_bench_soak(args: argparse.Namespace) -> int:
     figures = run_soak(
         load_config(args.config), workload, args.early, args.window, Path(args.out), say
     )
-    return 0 if figures["correct"] else 1
+    return 0 if figures["correct"] and figures["measured"] else 1
 
 
 def cmd_bench_readonly(args: argparse.Namespace) -> int:
@@ -479,7 +479,8 @@ def build_parser() -> argparse.ArgumentParser:
     soak.add_argument("--ticks", type=int, default=600, help="ticks after the initial load")
     soak.add_argument("--keys", type=int, default=10_000)
     soak.add_argument("--change", type=float, default=0.1, help="share changed per tick")
-    soak.add_argument("--early", type=int, default=100, help="the tick of the early window")
+    soak.add_argument("--early", type=int, default=100,
+                      help="the tick the early window ends at (at most half of --ticks)")  # fmt: skip
     soak.add_argument("--window", type=int, default=50, help="ticks per window")
     for sub, func in ((restart, cmd_bench_restart), (readonly, cmd_bench_readonly),
                       (soak, cmd_bench_soak)):  # fmt: skip
