@@ -137,7 +137,8 @@ def collect_garbage(shard: Shard) -> GcResult:
 
     Steps: 1. LIST the retained versions with their creation times; 2. for each pair `(n, n+1)`
     with `n+1` older than `part_grace`, delete the parts `n` references and `n+1` does not;
-    3. prune, oldest first, each version `n` whose successor is older than `version_grace`.
+    3. prune, oldest first, each version `n` whose successor is older than `version_grace` and
+    whose pair step 2 has collected (so no part is left referenced by no retained version).
     """
     now = time.time()
     created = _versions(shard)
@@ -161,6 +162,8 @@ def collect_garbage(shard: Shard) -> GcResult:
     for older, newer in itertools.pairwise(seqnos):
         if newer != older + 1 or now - created[newer] <= timing.version_grace:
             break
+        if newer > through:
+            break  # rule 1 has not deleted what `older` alone references: pruning it would leak
         shard.client.remove_object(shard.bucket, shard.state_key(older))
         shard.forget(older)
         pruned.append(older)

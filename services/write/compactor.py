@@ -6,13 +6,15 @@
    owns desired partition 0 -> enabled             | compactor |  policy asks (small ones here,
                                                    |  thread   |  large ones on Spark executors)
                                                    +-----------+  collect_garbage every GC_INTERVAL
-                                                                  sweep every SWEEP_INTERVAL
+                                                                  sweep every min_grace
 ```
 
 Only the driver owning desired partition 0 compacts, so one compactor runs per sink replica;
 two replicas on one shard (or an operator's `mvsink shard compact`) are safe: a merge whose
-inputs another one took is refused and its outputs deleted. The thread never stops the driver:
-an unavailable S3 is logged once when it starts failing and once when it recovers.
+inputs another one took is refused and its outputs deleted. Merging and collecting garbage fail
+apart (a merge that keeps failing, e.g. a lost Spark job, does not stop the deletion of what
+earlier merges replaced). The thread never stops the driver: an unavailable S3 is logged once
+when it starts failing and once when it recovers.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -33,7 +36,9 @@ log = logging.getLogger("mvsink.write.compactor")
 #: How often the thread looks for a merge without being poked.
 COMPACT_INTERVAL = 1.0
 GC_INTERVAL = 1.0
-SWEEP_INTERVAL = 600.0
+#: The first sweep (parts a crash leaked before this driver started) this long after the start;
+#: later ones every `Timing.min_grace`, the age a leaked part must reach to be deleted.
+FIRST_SWEEP = 30.0
 #: Merges per round at most, so a backlog does not starve garbage collection.
 MERGES_PER_ROUND = 4
 
@@ -65,9 +70,9 @@ class Compactor:
         self._kick = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="compactor", daemon=True)
-        self._failing = False
+        self._failing: set[str] = set()
         self._next_gc = 0.0
-        self._next_sweep = time.monotonic() + SWEEP_INTERVAL
+        self._next_sweep = time.monotonic() + FIRST_SWEEP
 
     def start(self) -> None:
         """Start the thread (it idles until `enabled`)."""
@@ -89,27 +94,40 @@ class Compactor:
             self._kick.clear()
             if not self.enabled.is_set() or self._stopping.is_set():
                 continue
-            try:
-                self.run_once()
-            except Exception as error:  # S3 unavailable, a lost Spark job: retried next round
-                if not self._failing:
-                    log.warning("compaction failing (retrying every %.0fs): %r",
-                                COMPACT_INTERVAL, error)  # fmt: skip
-                self._failing = True
-            else:
-                if self._failing:
-                    log.info("compaction recovered")
-                self._failing = False
+            self._attempt("compaction", self.merge)
+            self._attempt("garbage collection", self.collect)
+
+    def _attempt(self, what: str, step: Callable[[], None]) -> None:
+        """Run `step`; an error (S3 unavailable, a lost Spark job) is retried next round and
+        logged when `what` starts failing and when it recovers."""
+        try:
+            step()
+        except Exception as error:
+            if what not in self._failing:
+                log.warning("%s failing (retrying every %.0fs): %r", what, COMPACT_INTERVAL, error)
+            self._failing.add(what)
+        else:
+            if what in self._failing:
+                log.info("%s recovered", what)
+            self._failing.discard(what)
 
     def run_once(self) -> None:
-        """Up to `MERGES_PER_ROUND` merges, then garbage collection and the sweep when due."""
-        sink = self.config.sink_id
+        """Merges, then garbage collection and the sweep when due (errors propagate)."""
+        self.merge()
+        self.collect()
+
+    def merge(self) -> None:
+        """Up to `MERGES_PER_ROUND` merges as the policy asks."""
         for _ in range(MERGES_PER_ROUND):
             outcome = compact_once(self.shard, self.policy, self.writer_id, run_locally,
                                    large=self.large)  # fmt: skip
             if outcome is None:
                 break
             self._record(outcome)
+
+    def collect(self) -> None:
+        """Garbage collection every `GC_INTERVAL`, the sweep when due, and the shard gauges."""
+        sink = self.config.sink_id
         now = time.monotonic()
         if now >= self._next_gc:
             collected = self.shard.collect_garbage()
@@ -120,7 +138,7 @@ class Compactor:
             swept = self.shard.sweep(self.shard.timing.min_grace)
             if swept.parts_deleted:
                 log.info("sweep deleted %d leaked parts", len(swept.parts_deleted))
-            self._next_sweep = now + SWEEP_INTERVAL
+            self._next_sweep = now + self.shard.timing.min_grace
         state = self.shard.state()
         LIVE_BATCHES.labels(sink).set(len(state.batches))
         LIVE_PARTS.labels(sink).set(len(state.part_keys))

@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from minio.error import S3Error
 
 from mvsink.frontier import Frontier
 from mvsink.rows import partitions_of_table
@@ -293,3 +294,57 @@ def test_an_idle_handle_finds_the_latest_version_after_gc_pruned_what_it_knew(
     busy.advance_upper(F(5))
     assert busy.collect_garbage().states_pruned  # versions 0..3 are gone
     assert idle.state().upper == F(5) and contents(idle, 5) == model(history, 5)
+
+
+def test_the_compactor_collects_garbage_while_its_merges_fail(
+    s3_settings: S3Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The write driver's compactor thread: a merge that keeps failing (a lost Spark job) is
+    logged once and does not stop the deletion of what an earlier merge replaced."""
+    from mvsink.config import Config, Topics
+    from services.write import compactor as module
+
+    shard_id = f"c-{uuid.uuid4().hex[:10]}"
+    shard = open_shard(shard_id, ROWS, s3_settings, FAST)
+    churn(shard, 4, 10, [])
+    before = shard.state().part_keys
+    assert isinstance(compact_once(shard, CompactionPolicy(), "m", force=True).result, Merged)  # type: ignore[union-attr]
+    replaced = before - shard.state().part_keys
+    assert replaced
+
+    def lost(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("a lost Spark job")
+
+    monkeypatch.setattr(module, "compact_once", lost)
+    config = Config(
+        sink_id=shard_id, shard_id=shard_id, partitions=P, append_workers=1, as_of=0,
+        read_only=False, topics=Topics.for_sink(shard_id), kafka_bootstrap="127.0.0.1:9",
+        s3=s3_settings, spark_master="local[1]", shard_max_attempt_age=FAST.max_attempt_age,
+        shard_max_part_age=FAST.max_part_age, shard_min_grace=FAST.min_grace,
+        shard_part_grace=FAST.part_grace, shard_version_grace=FAST.version_grace,
+        shard_request_timeout=FAST.request_timeout,
+    )  # fmt: skip
+    thread = module.Compactor(config, "w", None)
+    thread.enabled.set()
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        left = set(replaced)
+        while left and time.monotonic() < deadline:
+            time.sleep(0.2)
+            left = {k for k in replaced if _exists(shard, k)}
+    finally:
+        thread.stop()
+    assert not left, f"{len(left)} replaced parts still in the bucket"
+    failing = [r for r in caplog.records if "compaction failing" in r.getMessage()]
+    assert len(failing) == 1, "the failure is logged when it starts, not at every retry"
+
+
+def _exists(shard: Shard, key: str) -> bool:
+    try:
+        shard.client.stat_object(shard.bucket, key)
+    except S3Error as error:
+        if error.code == "NoSuchKey":
+            return False
+        raise
+    return True
