@@ -6,7 +6,7 @@ Sources, later ones winning:
 2. the endpoints and credentials of the embedded stack, if `mvsink stack up` is running one
    under the state directory (so `mvsink ...` just works after `mvsink stack up`);
 3. a TOML file (`--config PATH` or `MVSINK_CONFIG`) with tables `[sink]`, `[kafka]`, `[s3]`,
-   `[spark]`;
+   `[spark]`, `[shard]`, `[service]`;
 4. environment variables `MVSINK_*` (see `FIELDS`).
 
 Credentials come only from the environment or from secret files (`MVSINK_S3_ACCESS_KEY_FILE`,
@@ -27,8 +27,8 @@ from typing import Any
 from mvsink.errors import ConfigError, ContractError
 from mvsink.settings import CompactionPolicy, S3Settings, Secret, Timing
 
-__all__ = ["FIELDS", "REPO_ROOT", "CompactionPolicy", "Config", "S3Settings", "Secret", "Timing", "Topics",
-           "cache_dir", "config_env", "load_config", "state_dir"]  # fmt: skip
+__all__ = ["FIELDS", "MEANINGS", "REPO_ROOT", "CompactionPolicy", "Config", "S3Settings", "Secret", "Timing", "Topics",
+           "cache_dir", "config_env", "load_config", "settings_help", "state_dir"]  # fmt: skip
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 #: The shard library's own defaults are the configuration's.
@@ -53,7 +53,7 @@ def cache_dir(env: Mapping[str, str] | None = None) -> Path:
 
 @dataclass(frozen=True)
 class Topics:
-    """Topic names of one sink replica (DESIGN §3.1)."""
+    """Topic names of one sink replica (docs/design.md §3.1)."""
 
     desired: str
     descs: str
@@ -99,7 +99,7 @@ class Config:
     metrics_addr: str = "127.0.0.1"
     metrics_port: int = 0
     log_level: str = "INFO"
-    #: Identity of this process in part keys and logs; "" = `<host>-<pid>`.
+    #: Identity of this process in part keys and logs; "" = `<service>-<host>-<pid>`.
     writer_id: str = ""
     #: The shard's deletion-safety time bounds (`mvsink.shard.Timing`), in seconds.
     shard_max_attempt_age: float = _TIMING.max_attempt_age
@@ -266,6 +266,71 @@ DEFAULTS: Mapping[str, Any] = {
     "compaction_max_batches": _POLICY.max_batches,
     "compaction_max_amplification": _POLICY.max_amplification,
 }  # fmt: skip
+
+
+#: What each setting means, one line (`settings_help`, the services' `--help`).
+MEANINGS: Mapping[str, str] = {
+    "sink_id": "the sink replica's id: its topics are <id>.desired, .descs, .batches, .control",
+    "shard_id": "the shard (S3 prefix shards/<id>/) the sink keeps equal to desired",
+    "partitions": "P, desired partitions (the <sink>.desired topic's partition count)",
+    "append_workers": "A, append workers (the <sink>.batches topic's partition count)",
+    "as_of": "the first time the sink writes",
+    "read_only": "start read-only: fold and hold a lease, write nothing until promoted",
+    "frontiers_topic": "the compacted topic of desired progress and shard uppers",
+    "kafka_bootstrap": "Kafka bootstrap servers (host:port,...)",
+    "s3_endpoint": "S3 endpoint host:port",
+    "s3_bucket": "S3 bucket of shards and checkpoints",
+    "s3_region": "S3 region",
+    "s3_secure": "use TLS to reach S3",
+    "s3_access_key": "S3 access key (environment or <VAR>_FILE only)",
+    "s3_secret_key": "S3 secret key (environment or <VAR>_FILE only)",
+    "spark_master": "the write service's Spark master URL",
+    "row_schema": 'the row schema, "name type[ not null], ..."; empty: the shard\'s',
+    "metrics_addr": "address of the Prometheus endpoint",
+    "metrics_port": "port of the Prometheus endpoint; 0 picks a free one (logged)",
+    "log_level": "DEBUG, INFO, WARNING or ERROR (DEBUG traces every frontier)",
+    "writer_id": "this process's id in part keys and logs; empty: <service>-<host>-<pid>",
+    "shard_max_attempt_age": "s, a compare-and-set writes version n+1 at most this long after reading n",
+    "shard_max_part_age": "s, parts staged longer ago than this are refused by appends",
+    "shard_min_grace": "s, the sweeper deletes never-referenced parts only older than this",
+    "shard_part_grace": "s, parts a merge replaced are deleted this long after the merge",
+    "shard_version_grace": "s, superseded state versions are pruned this long after",
+    "shard_reader_lease": "s, a reader lease not renewed for this long expires",
+    "shard_request_timeout": "s, the read timeout of a conditional create on S3",
+    "retain_history": "times of history the shard keeps: since trails the upper by this (or a lease)",
+    "compaction": "whether the write service compacts the shard",
+    "compaction_max_batches": "never keep more live batches than this",
+    "compaction_max_amplification": "merge all once newer batches hold this many times the oldest one's updates",
+}
+
+
+def settings_help() -> str:
+    """Every setting: its TOML key, its environment variable, its default and meaning; with
+    the sources and their order (a service's `--help`)."""
+    rows = []
+    for spec in FIELDS:
+        default = DEFAULTS[spec.name]
+        shown = "(none)" if default == "" else str(default).lower() if isinstance(default, bool) \
+            else str(default)  # fmt: skip
+        env = f"{spec.env}[_FILE]" if spec.secret else spec.env
+        rows.append((f"[{spec.section}] {spec.key}", env, shown, MEANINGS[spec.name]))
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = [
+        "settings (later sources win: defaults; the endpoints and credentials of the embedded",
+        "stack when `mvsink stack up` runs one under MVSINK_STATE_DIR; the TOML file of --config",
+        "or MVSINK_CONFIG; the MVSINK_* environment). Credentials are refused in files.",
+        "",
+        f"  {'TOML key':<{widths[0]}}  {'environment':<{widths[1]}}  {'default':<{widths[2]}}  meaning",
+    ]
+    lines += [f"  {key:<{widths[0]}}  {env:<{widths[1]}}  {default:<{widths[2]}}  {meaning}"
+              for key, env, default, meaning in rows]  # fmt: skip
+    lines += [
+        "",
+        "  MVSINK_CONFIG     the TOML file (as --config)",
+        "  MVSINK_STATE_DIR  the state directory where the embedded stack is looked for "
+        "(default <repo>/.mvsink)",
+    ]
+    return "\n".join(lines)
 
 
 def config_env(config: Config) -> dict[str, str]:

@@ -7,6 +7,7 @@ or contract error, 1 anything unexpected (with its traceback in the log).
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
@@ -18,7 +19,7 @@ from types import FrameType
 
 from prometheus_client import start_http_server
 
-from mvsink.config import Config, load_config
+from mvsink.config import Config, load_config, settings_help
 from mvsink.errors import MvsinkError
 
 
@@ -79,10 +80,43 @@ def serve_metrics(config: Config) -> int:
     return port
 
 
-def run_service(name: str, body: Callable[[Config, Stopping], int]) -> int:
-    """Load the configuration, set up logging, signals and metrics, run `body`."""
+EXIT_CODES = """exit codes: 0 stopped by SIGTERM/SIGINT (or a mint fenced by a newer one),
+2 a configuration or contract error (the message names the setting), 1 anything unexpected
+(its traceback is in the log)."""
+
+
+def service_parser(name: str, doc: str | None) -> argparse.ArgumentParser:
+    """The command line of `python -m services.<name>`: `--config FILE`, and a `--help` with
+    what the service does (the first paragraph and picture of its module docs `doc`), every
+    setting it reads with its default, and the exit codes. Needs no running stack."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m services.{name}",
+        description=_summary(doc or name),
+        epilog=f"{settings_help()}\n\n{EXIT_CODES}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", metavar="FILE",
+                        help="a TOML settings file (default: $MVSINK_CONFIG)")  # fmt: skip
+    return parser
+
+
+def _summary(doc: str) -> str:
+    """The first paragraph of module docs, and the picture right after it if there is one."""
+    head, _, rest = doc.strip().partition("\n\n")
+    if rest.startswith("```"):
+        return f"{head}\n{rest.split('```')[1].rstrip()}"
+    return head
+
+
+def run_service(
+    name: str, body: Callable[[Config, Stopping], int], doc: str | None = None,
+    argv: list[str] | None = None,
+) -> int:  # fmt: skip
+    """Parse the command line (`service_parser`), load the configuration, set up logging,
+    signals and metrics, run `body`."""
+    args = service_parser(name, doc).parse_args(argv)
     try:
-        config = load_config()
+        config = load_config(args.config)
     except MvsinkError as error:
         print(f"{name}: configuration error: {error}", file=sys.stderr)
         return 2

@@ -2,7 +2,8 @@
 
 import sys
 
+import services.append
 from mvsink.service import run_service
 from services.append.shell import run
 
-sys.exit(run_service("append", run))
+sys.exit(run_service("append", run, services.append.__doc__))

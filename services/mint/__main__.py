@@ -2,7 +2,8 @@
 
 import sys
 
+import services.mint
 from mvsink.service import run_service
 from services.mint.shell import run
 
-sys.exit(run_service("mint", run))
+sys.exit(run_service("mint", run, services.mint.__doc__))

@@ -2,7 +2,8 @@
 
 import sys
 
+import services.write
 from mvsink.service import run_service
 from services.write.shell import run
 
-sys.exit(run_service("write", run))
+sys.exit(run_service("write", run, services.write.__doc__))
