@@ -1,4 +1,4 @@
-"""Avro codecs for the records of DESIGN §3.1: one module maps `schemas/` to `mvsink.messages`.
+"""Avro codecs for the records of docs/design.md §3.1: one module maps `schemas/` to `mvsink.messages`.
 
 Wire format of every value we produce::
 

@@ -78,7 +78,7 @@ class TopicSpec:
 def sink_topics(
     config: Config, frontiers_config: Mapping[str, str] | None = None
 ) -> list[TopicSpec]:
-    """The topics of DESIGN §3.1 for one sink replica."""
+    """The topics of docs/design.md §3.1 for one sink replica."""
     topics = config.topics
     return [
         TopicSpec(topics.desired, config.partitions),

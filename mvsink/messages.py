@@ -1,4 +1,4 @@
-"""The records of DESIGN §3.1 as frozen dataclasses that validate on construction.
+"""The records of docs/design.md §3.1 as frozen dataclasses that validate on construction.
 
 A message that exists is a valid message: constructors raise `ContractError` naming the record
 and the offending field, so a bad record is rejected at the edge (decode) and never travels
@@ -75,7 +75,7 @@ class UpdatesArrow:
     """A chunk of updates for one desired partition as one Arrow IPC stream (DesiredRecord v2).
 
     The columns are the sink's row columns (nullable), `_err`, `_time` and `_diff`; what they must
-    hold is checked against the sink's row schema by `mvsink.shard.parts.updates_from_ipc`, the one
+    hold is checked against the sink's row schema by `mvsink.updates.updates_from_ipc`, the one
     decoder, because only the sink knows its schema.
     """
 

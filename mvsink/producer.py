@@ -1,5 +1,5 @@
 """The desired producer: how an upstream pipeline publishes the collection a sink must keep the
-shard equal to (`<sink>.desired` + desired progress in `frontiers`, DESIGN §3.1).
+shard equal to (`<sink>.desired` + desired progress in `frontiers`, docs/design.md §3.1).
 
 * `send(updates)`: an Arrow table of `(row columns..., _time, _diff[, _err])`; each update is
   hashed to its desired partition (`mvsink.rows.partition_of` of the Avro-encoded row) and the

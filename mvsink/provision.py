@@ -1,4 +1,4 @@
-"""Provisioning of one sink replica's topics (DESIGN §3.1), its bucket, and (when the config
+"""Provisioning of one sink replica's topics (docs/design.md §3.1), its bucket, and (when the config
 names a row schema) its shard. Idempotent; an existing shard with another schema is an error."""
 
 from __future__ import annotations

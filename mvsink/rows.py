@@ -1,7 +1,7 @@
 """Rows of a sink: the row schema (Arrow) and its Avro form, the encoded row, and the stable
 partitioning of desired updates.
 
-Contract (DESIGN §3.1): an update's row travels as Avro binary under `avro_row_schema(schema)`
+Contract (docs/design.md §3.1): an update's row travels as Avro binary under `avro_row_schema(schema)`
 of the sink's Arrow row schema, and its desired partition is `partition_of(encoded, P)`: the
 first 8 bytes (big-endian) of BLAKE2b(encoded) modulo P. An error update is keyed by
 `b"\\x00err:" + err.encode()`. Everything that partitions — the desired producer, the write

@@ -48,7 +48,7 @@ class Sample:
 
 
 def contract_samples(config: Config, run: str) -> list[Sample]:
-    """One record of each contract (DESIGN §3.1) for the sink of `config`."""
+    """One record of each contract (docs/design.md §3.1) for the sink of `config`."""
     topics = config.topics
     lower, upper = Frontier.at(0), Frontier.at(10)
     desc = BatchDescription(config.sink_id, BatchId(1, 0), lower, upper, append_worker=0)

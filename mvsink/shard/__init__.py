@@ -3,13 +3,14 @@ of immutable state versions (the seed's `persist`: Blob + Consensus, done with S
 writes), kept small forever by `since`, merges and garbage collection. No Kafka or Spark in this
 package's core; `mvsink.shard.spark` is the Spark reader, `mvsink.shard.compact` runs merges.
 
-Layout (DESIGN §3.2)::
+Layout (docs/design.md §3.2)::
 
     <bucket>/shards/<shard_id>/state/<seqno:020d>                  JSON, created If-None-Match: *
     <bucket>/shards/<shard_id>/parts/<writer_id>/<unix_ms>-<uuid>.parquet   write-once
 
 (The part file name starts with its staging time in milliseconds so that age checks need no
-extra request; DESIGN names it `<uuid>.parquet`, which this extends.)
+extra request; the reference design names it `<uuid>.parquet`, which this extends: see
+docs/design.md §7.)
 
 A state version (`mvsink.shard.state`, format 2) holds `seqno`, `upper`, `since`,
 `retain_history`, the row schema, the *live* batches (`{lower, upper, seqno, parts}`), the
