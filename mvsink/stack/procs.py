@@ -40,8 +40,11 @@ def free_ports(count: int) -> list[int]:
 
 
 def port_is_free(port: int) -> bool:
-    """Whether `port` can be bound on 127.0.0.1."""
+    """Whether a server can listen on 127.0.0.1:`port`. Bound with address reuse, as Kafka (the
+    JVM) and MinIO (Go) bind their listeners: connections of a killed server still in TIME_WAIT
+    do not make its port taken, so a restarted component gets the address its clients know."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((LOOPBACK, port))
         except OSError:
