@@ -101,6 +101,11 @@ class Config:
     log_level: str = "INFO"
     #: Identity of this process in part keys and logs; "" = `<service>-<host>-<pid>`.
     writer_id: str = ""
+    #: Health (`mvsink.health`): not live when the loop is silent longer than `live_bound`; not
+    #: ready when Kafka or S3 does not answer, or the frontier is behind its target and has not
+    #: moved for longer than `ready_bound` (seconds).
+    live_bound: float = 300.0
+    ready_bound: float = 30.0
     #: The shard's deletion-safety time bounds (`mvsink.shard.Timing`), in seconds.
     shard_max_attempt_age: float = _TIMING.max_attempt_age
     shard_max_part_age: float = _TIMING.max_part_age
@@ -147,6 +152,9 @@ class Config:
             raise ConfigError(f"metrics_port {self.metrics_port} is not a TCP port")
         if self.log_level.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
             raise ConfigError(f"log_level {self.log_level!r}: use DEBUG, INFO, WARNING or ERROR")
+        if self.live_bound <= 0 or self.ready_bound <= 0:
+            raise ConfigError(f"live_bound ({self.live_bound}) and ready_bound "
+                              f"({self.ready_bound}) must be > 0 seconds")  # fmt: skip
         if self.retain_history < 0:
             raise ConfigError(f"retain_history must be >= 0, got {self.retain_history}")
         try:
@@ -214,6 +222,8 @@ FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec("metrics_port", "service", "metrics_port", "MVSINK_METRICS_PORT", _int),
     FieldSpec("log_level", "service", "log_level", "MVSINK_LOG_LEVEL", str),
     FieldSpec("writer_id", "service", "writer_id", "MVSINK_WRITER_ID", str),
+    FieldSpec("live_bound", "service", "live_bound", "MVSINK_LIVE_BOUND", float),
+    FieldSpec("ready_bound", "service", "ready_bound", "MVSINK_READY_BOUND", float),
     FieldSpec(
         "shard_max_attempt_age", "shard", "max_attempt_age", "MVSINK_SHARD_MAX_ATTEMPT_AGE", float
     ),
@@ -258,6 +268,8 @@ DEFAULTS: Mapping[str, Any] = {
     "metrics_port": 0,
     "log_level": "INFO",
     "writer_id": "",
+    "live_bound": 300.0,
+    "ready_bound": 30.0,
     "retain_history": 0,
     "compaction": True,
     **{f"shard_{name}": getattr(_TIMING, name) for name in
@@ -290,6 +302,8 @@ MEANINGS: Mapping[str, str] = {
     "metrics_port": "port of the Prometheus endpoint; 0 picks a free one (logged)",
     "log_level": "DEBUG, INFO, WARNING or ERROR (DEBUG traces every frontier)",
     "writer_id": "this process's id in part keys and logs; empty: <service>-<host>-<pid>",
+    "live_bound": "s, /healthz fails when the service loop was silent this long",
+    "ready_bound": "s, /readyz fails when the frontier lags its target unmoved this long",
     "shard_max_attempt_age": "s, a compare-and-set writes version n+1 at most this long after reading n",
     "shard_max_part_age": "s, parts staged longer ago than this are refused by appends",
     "shard_min_grace": "s, the sweeper deletes never-referenced parts only older than this",
@@ -441,6 +455,8 @@ def _build(values: Mapping[str, Any]) -> Config:
         metrics_port=values["metrics_port"],
         log_level=values["log_level"],
         writer_id=values["writer_id"],
+        live_bound=values["live_bound"],
+        ready_bound=values["ready_bound"],
         shard_max_attempt_age=values["shard_max_attempt_age"],
         shard_max_part_age=values["shard_max_part_age"],
         shard_min_grace=values["shard_min_grace"],

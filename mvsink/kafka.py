@@ -43,9 +43,15 @@ class ProvisionError(MvsinkError):
     """A topic exists with a shape that breaks the contract (e.g. `descs` with 2 partitions)."""
 
 
+#: librdkafka's own log lines go through Python logging under this name (not straight to
+#: stderr), so services filter them: `mvsink.service.configure_logging` drops the connection
+#: failures librdkafka logs at every reconnect attempt (the health probes log an outage once).
+LIBRDKAFKA = logging.getLogger("mvsink.librdkafka")
+
+
 def client_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
     """Base librdkafka config for any client."""
-    return {"bootstrap.servers": bootstrap, **extra}
+    return {"bootstrap.servers": bootstrap, "logger": LIBRDKAFKA, **extra}
 
 
 def consumer_config(

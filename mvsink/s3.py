@@ -59,8 +59,9 @@ class S3RequestError(MvsinkError):
     """An S3 request failed with an unexpected status."""
 
 
-def s3_client(settings: S3Settings) -> Minio:
-    """A MinIO-SDK client for `settings` (region fixed, so presigning needs no round trip)."""
+def s3_client(settings: S3Settings, http: urllib3.PoolManager | None = None) -> Minio:
+    """A MinIO-SDK client for `settings` (region fixed, so presigning needs no round trip);
+    `http` replaces the SDK's connection pool (its timeouts and retries)."""
     endpoint = settings.endpoint.removeprefix("http://").removeprefix("https://")
     return Minio(
         endpoint,
@@ -68,6 +69,7 @@ def s3_client(settings: S3Settings) -> Minio:
         secret_key=settings.secret_key.reveal(),
         secure=settings.secure,
         region=settings.region,
+        http_client=http,
     )
 
 

@@ -1,8 +1,10 @@
 """What every service process shares: logging with frontiers, graceful shutdown on SIGTERM,
-the Prometheus metrics endpoint, and one entry point that turns errors into clear exits.
+the metrics and health endpoint (`/metrics`, `/healthz`, `/readyz`), riding through Kafka and S3
+outages (`mvsink.health`), and one entry point that turns errors into clear exits.
 
 Exit codes: 0 clean stop (SIGTERM/SIGINT, or a mint fenced by a newer one), 2 configuration
-or contract error, 1 anything unexpected (with its traceback in the log).
+or contract error, 1 anything unexpected (with its traceback in the log). An unavailable Kafka
+or S3 is never a reason to exit: the service body starts again after a backoff.
 """
 
 from __future__ import annotations
@@ -14,13 +16,16 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType
 
-from prometheus_client import start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from mvsink.config import Config, load_config, settings_help
 from mvsink.errors import MvsinkError
+from mvsink.health import Backoff, Health, beat, dependency_probes, install, transient
 
 
 class Stopping:
@@ -44,7 +49,8 @@ class Stopping:
 
     @property
     def stopped(self) -> bool:
-        """Whether a stop was asked for."""
+        """Whether a stop was asked for (every loop checks: the service's heartbeat too)."""
+        beat()
         return self._event.is_set()
 
     def wait(self, seconds: float) -> bool:
@@ -61,6 +67,14 @@ def configure_logging(service: str, level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    if level.upper() != "DEBUG":  # one line per outage (mvsink.health), not one per retry
+        logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
+        logging.getLogger("mvsink.librdkafka").addFilter(_not_a_reconnect)
+
+
+def _not_a_reconnect(record: logging.LogRecord) -> bool:
+    """librdkafka's `FAIL` lines: a connection refused or dropped, logged at every attempt."""
+    return not record.getMessage().startswith("FAIL ")
 
 
 def writer_identity(config: Config, service: str) -> str:
@@ -68,21 +82,52 @@ def writer_identity(config: Config, service: str) -> str:
     return config.writer_id or f"{service}-{socket.gethostname()}-{os.getpid()}"
 
 
-def serve_metrics(config: Config) -> int:
-    """Start the Prometheus endpoint; the port it listens on."""
-    port = config.metrics_port
-    if port == 0:
-        with socket.socket() as probe:
-            probe.bind((config.metrics_addr, 0))
-            port = int(probe.getsockname()[1])
-    start_http_server(port, addr=config.metrics_addr)
-    logging.getLogger("mvsink").info("metrics on http://%s:%d/metrics", config.metrics_addr, port)
+class _Endpoint(BaseHTTPRequestHandler):
+    """`/metrics` (Prometheus), `/healthz` (liveness) and `/readyz` (readiness, the reason in
+    the body): 200 or 503."""
+
+    health: Health
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._answer(200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST)
+            return
+        verdicts = {"/healthz": self.health.liveness, "/readyz": self.health.readiness}
+        if path not in verdicts:
+            self._answer(404, b"not found: /metrics, /healthz, /readyz\n", "text/plain")
+            return
+        ok, why = verdicts[path]()
+        self._answer(200 if ok else 503, f"{why}\n".encode(), "text/plain; charset=utf-8")
+
+    def _answer(self, code: int, body: bytes, content_type: str) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        return None  # scraped every few seconds: not worth a log line
+
+
+def serve_metrics(config: Config, health: Health) -> int:
+    """Start the metrics and health endpoint on its own thread; the port it listens on."""
+    handler = type("Endpoint", (_Endpoint,), {"health": health})
+    server = ThreadingHTTPServer((config.metrics_addr, config.metrics_port), handler)
+    server.daemon_threads = True
+    port = int(server.server_address[1])
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
+    logging.getLogger("mvsink").info("metrics on http://%s:%d/metrics (health: /healthz, /readyz)",
+                                     config.metrics_addr, port)  # fmt: skip
     return port
 
 
 EXIT_CODES = """exit codes: 0 stopped by SIGTERM/SIGINT (or a mint fenced by a newer one),
 2 a configuration or contract error (the message names the setting), 1 anything unexpected
-(its traceback is in the log)."""
+(its traceback is in the log). An unavailable Kafka or S3 is retried with backoff, never an
+exit; /healthz (liveness) and /readyz (readiness, the reason in the body) are served next to
+/metrics."""
 
 
 def service_parser(name: str, doc: str | None) -> argparse.ArgumentParser:
@@ -124,12 +169,34 @@ def run_service(
     stopping = Stopping()
     stopping.install()
     log = logging.getLogger("mvsink")
+    health = Health(name, config.live_bound, config.ready_bound, dependency_probes(config))
+    install(health)
+    backoff = Backoff()
     try:
-        serve_metrics(config)
-        return body(config, stopping)
+        serve_metrics(config, health)
+        health.start()
+        while True:
+            started = time.monotonic()
+            try:
+                return body(config, stopping)
+            except Exception as error:
+                if not transient(error):
+                    raise
+                if stopping.stopped:
+                    return 0
+                health.failed(error)
+                if time.monotonic() - started > 60:
+                    backoff.reset()  # it ran a while: a new outage, not the same one
+                wait = backoff.next()
+                log.debug("%s: starting again in %.1fs after %r", name, wait, error)
+                if stopping.wait(wait):
+                    return 0
     except MvsinkError as error:
         log.error("%s stopped: %s", name, error)
         return 2
     except Exception:
         log.exception("%s failed", name)
         return 1
+    finally:
+        health.stop()
+        install(None)

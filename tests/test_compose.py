@@ -127,3 +127,11 @@ def test_the_schema_check_rejects_an_invalid_compose_file() -> None:
     schema = json.loads(SPEC.read_text())
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.Draft7Validator(schema).validate({"services": {"mint": {"comand": ["x"]}}})
+
+
+def test_service_healthchecks_ask_readiness_on_the_metrics_port(compose: dict[str, Any]) -> None:
+    for name in SCALED:
+        service = compose["services"][name]
+        port = service["environment"]["MVSINK_METRICS_PORT"]
+        command = " ".join(service["healthcheck"]["test"])
+        assert f"http://127.0.0.1:{port}/readyz" in command, (name, command)

@@ -26,6 +26,7 @@ from mvsink.codec import decode_message
 from mvsink.config import Config
 from mvsink.errors import DecodeError
 from mvsink.frontier import Frontier
+from mvsink.health import report
 from mvsink.kafka import client_config, consumer_config, poll_message, produce, tail_consumer
 from mvsink.messages import BatchDescription, ShardUpper, StagedBatch
 from mvsink.provision import ensure_retention
@@ -101,6 +102,7 @@ class AppendShell:
             while not self.stopping.stopped:
                 self._poll_descs(descs)
                 self._poll_batches(batches)
+                self._report()
                 if time.monotonic() >= next_commit:
                     self._commit(batches)
                     next_commit = time.monotonic() + 1.0
@@ -110,6 +112,17 @@ class AppendShell:
             descs.close()
             self.producer.flush(10)
         return 0
+
+    def _report(self) -> None:
+        """Health: work is a description an owned worker appends and has not appended yet; it
+        is behind from that description's lower to its upper until the append is issued."""
+        waiting = [state.batch_description for state in self.states.values()
+                   if state.batch_description is not None and not state.sealed]  # fmt: skip
+        if not waiting:
+            report(None, None)
+            return
+        report(min(d.lower.time or 0 for d in waiting),
+               max(-1 if d.upper.time is None else d.upper.time for d in waiting))  # fmt: skip
 
     def _poll_descs(self, consumer: Consumer) -> None:
         for _ in range(100):

@@ -21,6 +21,7 @@ from prometheus_client import Counter, Gauge
 from mvsink.config import Config
 from mvsink.errors import DecodeError
 from mvsink.frontier import Frontier
+from mvsink.health import report
 from mvsink.kafka import client_config, drain, last_record, produce, tail_consumer
 from mvsink.messages import BatchDescription, DesiredProgress, ShardUpper, SinkControl
 from mvsink.service import Stopping
@@ -131,6 +132,9 @@ class MintShell:
         DESIRED.labels(sink).set(_time(self.state.desired_frontier))
         PERSIST.labels(sink).set(_time(self.state.persist_frontier))
         READ_ONLY.labels(sink).set(1 if self.state.read_only else 0)
+        # Work is there while desired is ahead of the shard (a read-only mint has none).
+        report(self.state.persist_frontier.time,
+               None if self.state.read_only else self.state.desired_frontier.time)  # fmt: skip
 
 
 def run(config: Config, stopping: Stopping) -> int:

@@ -17,6 +17,7 @@ from prometheus_client import Counter, Gauge
 
 from mvsink.config import Config
 from mvsink.frontier import Frontier, meet_all
+from mvsink.health import report
 from mvsink.kafka import client_config, consumer_config, drain, produce, tail_consumer
 from mvsink.messages import BatchDescription, DesiredProgress, ShardUpper, SinkControl, StagedBatch
 from mvsink.rows import parse_row_schema
@@ -166,6 +167,9 @@ class WriteShell:
                     self.state.advance_persist_frontier(self.shard.upper())
                     next_poll = time.monotonic() + SHARD_POLL
                 self._hold()
+                desc, state = self.state.batch_description, self.state
+                working = desc is not None and state.owned and not state.read_only
+                report(state.persist_frontier.time, desc.upper.time if desc and working else None)
                 job = None if self.state.read_only else self.state.maybe_start_batch()
                 if job is not None:
                     self._stage(job)

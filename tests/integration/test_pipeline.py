@@ -7,76 +7,31 @@ import random
 import subprocess
 import sys
 import time
-import uuid
-from collections import Counter
 from pathlib import Path
 
-import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
-from sinkkit import Service, Sink, cli_env, start, wait_until
+from sinkkit import (
+    Service,
+    Sink,
+    Upstream,
+    cli_env,
+    contents,
+    converged,
+    start,
+    updates,
+    wait_until,
+)
 
 from mvsink.config import S3Settings
 from mvsink.frontier import Frontier
 from mvsink.kafka import client_config, poll_message, produce, read_compacted, tail_consumer
 from mvsink.messages import Update, Updates
-from mvsink.producer import DesiredProducer
 from mvsink.rows import parse_row_schema, row_encoder
 from mvsink.shard import Timing, open_shard
 
 pytestmark = pytest.mark.integration
 F = Frontier.at
-
-
-def updates(rows: list[tuple[str, int, int, int]]) -> pa.Table:
-    return pa.table({
-        "k": pa.array([r[0] for r in rows], pa.string()),
-        "v": pa.array([r[1] for r in rows], pa.int64()),
-        "_time": pa.array([r[2] for r in rows], pa.int64()),
-        "_diff": pa.array([r[3] for r in rows], pa.int64()),
-    })  # fmt: skip
-
-
-def contents(sink: Sink, as_of: int) -> dict[tuple[str, int], int]:
-    return {(r["k"], r["v"]): r["_diff"] for r in sink.shard.snapshot(as_of).to_pylist()}
-
-
-class Upstream:
-    """A view's changelog: per tick, half the keys change value (retraction + insertion)."""
-
-    def __init__(self, sink: Sink, keys: int = 6, wire: str = "arrow") -> None:
-        self.producer = DesiredProducer(sink.config, parse_row_schema(sink.config.row_schema),
-                                        f"test-{uuid.uuid4().hex[:6]}", wire=wire)  # fmt: skip
-        self.frontier = self.producer.start().time or 0
-        self.model: Counter[tuple[str, int]] = Counter()
-        self.values = {f"c{i}": 0 for i in range(keys)}
-
-    def tick(self) -> int:
-        """Publish one tick's changes and advance; the new frontier."""
-        tick = self.frontier
-        changes = []
-        for i, key in enumerate(self.values):
-            if (i + tick) % 2:
-                if self.values[key]:
-                    changes.append((key, self.values[key], tick, -1))  # retraction
-                self.values[key] += tick + 1
-                changes.append((key, self.values[key], tick, 1))  # insertion
-        self.producer.send(updates(changes))
-        self.frontier = tick + 1
-        self.producer.advance_to(F(self.frontier))
-        for k, v, _, d in changes:
-            self.model[(k, v)] += d
-        return self.frontier
-
-    def expected(self) -> dict[tuple[str, int], int]:
-        return {key: d for key, d in self.model.items() if d}
-
-
-def converged(sink: Sink, upstream: Upstream) -> bool:
-    upper = sink.shard.upper()
-    return (
-        upper == F(upstream.frontier) and contents(sink, upstream.frontier) == upstream.expected()
-    )
 
 
 def test_a_changelog_with_retractions_converges(sink: Sink, procs: list[Service]) -> None:

@@ -37,7 +37,7 @@ def upper_is(sink: Sink, time_: int) -> bool:
 def _metrics(service: Service) -> str:
     """Scrape the service's Prometheus endpoint (its address is in its log)."""
     line = next(li for li in service.text().splitlines() if "metrics on http://" in li)
-    url = line.split("metrics on ")[1].strip()
+    url = line.split("metrics on ")[1].split()[0]
     with urllib.request.urlopen(url, timeout=10) as response:
         return str(response.read().decode())
 

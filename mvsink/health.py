@@ -1,0 +1,322 @@
+"""Riding through outages, and health that tells the truth.
+
+```
+ run_service ── body(config, stopping) ──raises──> transient(error)? ── yes: Outage.failed
+      ^                                                  │ no: exit 2 (MvsinkError) or 1
+      └──── after Backoff.next() (capped, jittered) ─────┘
+
+ Health: probes Kafka and S3 every PROBE_INTERVAL on its own thread; the body reports its
+ frontier and target (`report`) and beats (every `Stopping.stopped` check)
+   /healthz  live:  the body's loop checked in within `live_bound` (or is backing off)
+   /readyz   ready: Kafka and S3 answered within `ready_bound`, no outage, and the frontier
+                    moved within `ready_bound` whenever it was behind its target
+```
+
+An unavailable Kafka or S3 is transient: the service never exits for it. The body is started
+again from what Kafka and S3 hold (the path every restart takes, so no state of the failed run is
+trusted), after a capped exponential backoff with full jitter. An outage is logged once when it
+starts and once when it ends (a probe of each dependency answering again, and the body running),
+never per retry. What no retry can fix still stops the service: a configuration or contract
+error (exit 2), or an error nobody classified as transient (exit 1, with its traceback).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from prometheus_client import Gauge
+
+if TYPE_CHECKING:
+    from mvsink.config import Config
+
+log = logging.getLogger("mvsink.health")
+
+#: Seconds between probes of Kafka and S3, and each probe's timeout.
+PROBE_INTERVAL, PROBE_TIMEOUT = 2.0, 2.0
+
+SINCE_OK = Gauge("mvsink_dependency_seconds_since_ok",
+                 "Seconds since the last successful call to a dependency", ["service", "dependency"])  # fmt: skip
+SINCE_MOVED = Gauge("mvsink_frontier_seconds_since_moved",
+                    "Seconds since the service's frontier last moved", ["service"])  # fmt: skip
+READY = Gauge("mvsink_ready", "1 when the service is ready (see /readyz)", ["service"])
+OUTAGE = Gauge("mvsink_outage", "1 while the service rides through an outage", ["service"])
+
+#: librdkafka error names that mean "the cluster is not reachable right now".
+_KAFKA_TRANSIENT = {"_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT", "_MSG_TIMED_OUT",
+                    "_RESOLVE", "REQUEST_TIMED_OUT", "NOT_COORDINATOR", "COORDINATOR_NOT_AVAILABLE",
+                    "COORDINATOR_LOAD_IN_PROGRESS", "LEADER_NOT_AVAILABLE",
+                    "NOT_LEADER_FOR_PARTITION", "NOT_ENOUGH_REPLICAS", "_WAIT_COORD",
+                    "BROKER_NOT_AVAILABLE", "NETWORK_EXCEPTION"}  # fmt: skip
+#: S3 error codes of a server that is there but not serving.
+_S3_TRANSIENT = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout",
+                 "XMinioServerNotInitialized", "XMinioStorageFull"}  # fmt: skip
+#: What a failed Spark job's text holds when its task failed on an unreachable Kafka or S3.
+_SPARK_TRANSIENT = ("MaxRetryError", "NewConnectionError", "ProtocolError", "ReadTimeoutError",
+                    "ConnectTimeoutError", "ConnectionRefusedError", "Connection refused",
+                    "IndefiniteWrite", "S3RequestError", "KafkaException", "_TRANSPORT",
+                    "_ALL_BROKERS_DOWN", "_TIMED_OUT")  # fmt: skip
+_SPARK_FATAL = ("ConfigError", "ContractError", "FrontierError", "InvalidUsage", "DecodeError")
+
+
+def _chain(error: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def transient(error: BaseException) -> bool:
+    """Whether `error` (or what caused it) is an unreachable or unavailable Kafka or S3: worth
+    retrying, never worth exiting for. Contract and configuration errors never are."""
+    from confluent_kafka import KafkaError, KafkaException
+    from minio.error import S3Error
+    from urllib3.exceptions import HTTPError
+
+    from mvsink.errors import ConfigError, ContractError, FrontierError, InvalidUsage
+    from mvsink.s3 import IndefiniteWrite, S3RequestError
+
+    for cause in _chain(error):
+        if isinstance(cause, ConfigError | ContractError | FrontierError | InvalidUsage):
+            return False
+        if isinstance(cause, HTTPError | ConnectionError | TimeoutError | IndefiniteWrite):
+            return True
+        if isinstance(cause, S3RequestError):
+            return True  # a 5xx (or no answer) to a conditional write: the server is unwell
+        if isinstance(cause, S3Error) and cause.code in _S3_TRANSIENT:
+            return True
+        if isinstance(cause, OSError) and cause.errno in (errno.ECONNREFUSED, errno.ECONNRESET,
+                                                          errno.EHOSTUNREACH, errno.ETIMEDOUT):  # fmt: skip
+            return True
+        if isinstance(cause, KafkaException) and cause.args:
+            kafka_error = cause.args[0]
+            if isinstance(kafka_error, KafkaError):
+                if kafka_error.fatal():
+                    return False
+                if kafka_error.retriable() or kafka_error.txn_requires_abort():
+                    return True
+                if kafka_error.name() in _KAFKA_TRANSIENT:
+                    return True
+        if type(cause).__name__ == "Py4JJavaError":  # a failed Spark job: judge by its tasks
+            text = str(cause)
+            if any(marker in text for marker in _SPARK_FATAL):
+                return False
+            return any(marker in text for marker in _SPARK_TRANSIENT)
+    return False
+
+
+def _describe(error: BaseException) -> str:
+    """One short line: the error's type and the first line of its text."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:200]}" if text else type(error).__name__
+
+
+@dataclass
+class Backoff:
+    """Capped exponential backoff with full jitter (AWS's "full jitter"): the n-th wait is
+    uniform in `[0, min(cap, base * 2^n)]`."""
+
+    base: float = 0.5
+    cap: float = 30.0
+    attempt: int = 0
+
+    def next(self) -> float:
+        ceiling = min(self.cap, self.base * 2**self.attempt)
+        self.attempt += 1
+        return random.uniform(0, ceiling)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class Health:
+    """Liveness and readiness of one service process (module docs). Thread-safe."""
+
+    def __init__(self, service: str, live_bound: float, ready_bound: float,
+                 probes: dict[str, Callable[[], Any]] | None = None) -> None:  # fmt: skip
+        self.service = service
+        self.live_bound, self.ready_bound = live_bound, ready_bound
+        self.probes = probes or {}
+        now = time.monotonic()
+        self._lock = threading.Lock()
+        self._beat = now
+        self._last_ok = dict.fromkeys(self.probes, now)
+        self._down: dict[str, str] = {}
+        self._outage: str | None = None
+        self._outage_since = 0.0
+        self._frontier: int | None = None
+        self._target: int | None = None
+        self._moved = now
+        self._behind_since: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._probe_loop, name="health", daemon=True)
+
+    # -- what the service tells ------------------------------------------------------------------
+
+    def beat(self) -> None:
+        """The body's loop is running."""
+        self._beat = time.monotonic()
+
+    def report(self, frontier: int | None, target: int | None) -> None:
+        """The service's frontier (`None`: closed) and where it is heading (`None`: no work)."""
+        now = time.monotonic()
+        with self._lock:
+            if frontier != self._frontier:
+                self._frontier, self._moved = frontier, now
+            self._target = target
+            behind = target is not None and (frontier is not None and frontier < target)
+            if not behind:
+                self._behind_since = None
+            elif self._behind_since is None:
+                self._behind_since = now
+        self._leave_outage_if_well()
+
+    def failed(self, error: BaseException) -> None:
+        """The body stopped on a transient error; logged only when an outage starts."""
+        with self._lock:
+            entering = self._outage is None
+            self._outage = _describe(error)
+            if entering:
+                self._outage_since = time.monotonic()
+        if entering:
+            log.warning("%s: Kafka or S3 unavailable, retrying with backoff until it is back: %s",
+                        self.service, self._outage)  # fmt: skip
+        OUTAGE.labels(self.service).set(1)
+        self.beat()
+
+    # -- probes -----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self.probes:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _probe_loop(self) -> None:
+        while not self._stop.is_set():
+            self.probe_once()
+            self._stop.wait(PROBE_INTERVAL)
+
+    def probe_once(self) -> None:
+        """Call every probe once; log a dependency going away and coming back."""
+        for name, probe in self.probes.items():
+            try:
+                probe()
+            except Exception as error:
+                with self._lock:
+                    went = name not in self._down
+                    self._down[name] = _describe(error)
+                if went:
+                    log.warning("%s: %s unreachable: %s", self.service, name, self._down[name])
+            else:
+                with self._lock:
+                    back = self._down.pop(name, None) is not None
+                    self._last_ok[name] = time.monotonic()
+                if back:
+                    log.info("%s: %s reachable again", self.service, name)
+        self._leave_outage_if_well()
+        self.export()
+
+    def _leave_outage_if_well(self) -> None:
+        with self._lock:
+            if (
+                self._outage is None
+                or self._down
+                or time.monotonic() - self._beat > PROBE_INTERVAL * 3
+            ):
+                return
+            took, self._outage = time.monotonic() - self._outage_since, None
+        log.info(
+            "%s: outage over after %.1fs: Kafka and S3 answer, the loop runs", self.service, took
+        )
+        OUTAGE.labels(self.service).set(0)
+
+    # -- verdicts ---------------------------------------------------------------------------------
+
+    def liveness(self) -> tuple[bool, str]:
+        """Whether the loop runs (checked in within `live_bound`, or backing off)."""
+        quiet = time.monotonic() - self._beat
+        if quiet > self.live_bound:
+            return (
+                False,
+                f"the loop has not checked in for {quiet:.0f}s (bound {self.live_bound:.0f}s)",
+            )
+        return True, f"the loop checked in {quiet:.1f}s ago"
+
+    def readiness(self) -> tuple[bool, str]:
+        """Whether the service can do its work now (module docs); the reason either way."""
+        now = time.monotonic()
+        with self._lock:
+            reasons = [f"{name} unreachable for {now - self._last_ok[name]:.0f}s ({why})"
+                       for name, why in sorted(self._down.items())]  # fmt: skip
+            if self._outage is not None:
+                reasons.append(f"riding through an outage for {now - self._outage_since:.0f}s "
+                               f"({self._outage})")  # fmt: skip
+            if self._behind_since is not None:
+                stuck = now - max(self._moved, self._behind_since)
+                if stuck > self.ready_bound:
+                    reasons.append(f"frontier {self._frontier} behind its target {self._target} "
+                                   f"and unmoved for {stuck:.0f}s (bound {self.ready_bound:.0f}s)")  # fmt: skip
+        live, why = self.liveness()
+        if not live:
+            reasons.append(why)
+        if reasons:
+            return False, "; ".join(reasons)
+        return True, f"ready: Kafka and S3 answer; frontier {self._frontier}"
+
+    def export(self) -> None:
+        """The gauges."""
+        now = time.monotonic()
+        for name, at in list(self._last_ok.items()):
+            SINCE_OK.labels(self.service, name).set(now - at)
+        SINCE_MOVED.labels(self.service).set(now - self._moved)
+        READY.labels(self.service).set(1 if self.readiness()[0] else 0)
+
+
+def dependency_probes(config: Config) -> dict[str, Callable[[], Any]]:
+    """A cheap call to each dependency, failing within `PROBE_TIMEOUT` when it is away or
+    stalled: Kafka's metadata, and the S3 bucket's existence (no retries of its own)."""
+    import urllib3
+    from confluent_kafka.admin import AdminClient
+
+    from mvsink.kafka import client_config
+    from mvsink.s3 import s3_client
+
+    admin = AdminClient(client_config(config.kafka_bootstrap, **{"socket.timeout.ms": 2000}))
+    http = urllib3.PoolManager(timeout=urllib3.Timeout(connect=PROBE_TIMEOUT, read=PROBE_TIMEOUT),
+                               retries=False)  # fmt: skip
+    s3 = s3_client(config.s3, http)
+    return {
+        "kafka": lambda: admin.list_topics(timeout=PROBE_TIMEOUT),
+        "s3": lambda: s3.bucket_exists(config.s3.bucket),
+    }
+
+
+#: The process's health (set by `mvsink.service.run_service`); a service body reports to it.
+_current: Health | None = None
+
+
+def install(health: Health | None) -> None:
+    global _current
+    _current = health
+
+
+def report(frontier: int | None, target: int | None) -> None:
+    """Report the running service's frontier and target (no-op outside a service)."""
+    if _current is not None:
+        _current.report(frontier, target)
+
+
+def beat() -> None:
+    """The running service's loop is alive (no-op outside a service)."""
+    if _current is not None:
+        _current.beat()
