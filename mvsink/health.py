@@ -8,8 +8,9 @@
  Health: probes Kafka and S3 every PROBE_INTERVAL on its own thread; the body reports its
  frontier and target (`report`) and beats (every `Stopping.stopped` check)
    /healthz  live:  the body's loop checked in within `live_bound` (or is backing off)
-   /readyz   ready: Kafka and S3 answered within `ready_bound`, no outage, and the frontier
-                    moved within `ready_bound` whenever it was behind its target
+   /readyz   ready: the last probes of Kafka and S3 answered, no outage is being ridden
+                    through, and the frontier moved within `ready_bound` whenever it was
+                    behind its target
 ```
 
 An unavailable Kafka or S3 is transient: the service never exits for it. The body is started
@@ -90,7 +91,7 @@ def transient(error: BaseException) -> bool:
         if isinstance(cause, HTTPError | ConnectionError | TimeoutError | IndefiniteWrite):
             return True
         if isinstance(cause, S3RequestError):
-            return True  # a 5xx (or no answer) to a conditional write: the server is unwell
+            return cause.status >= 500  # the server is unwell; a 4xx is ours to fix
         if isinstance(cause, S3Error) and cause.code in _S3_TRANSIENT:
             return True
         if isinstance(cause, OSError) and cause.errno in (errno.ECONNREFUSED, errno.ECONNRESET,
@@ -158,6 +159,8 @@ class Health:
         self._behind_since: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._probe_loop, name="health", daemon=True)
+        OUTAGE.labels(service).set(0)
+        READY.labels(service).set(0)
 
     # -- what the service tells ------------------------------------------------------------------
 

@@ -56,7 +56,12 @@ class IndefiniteWrite(MvsinkError):
 
 
 class S3RequestError(MvsinkError):
-    """An S3 request failed with an unexpected status."""
+    """An S3 request failed with an unexpected `status` (5xx: the server is unwell, worth a
+    retry; 4xx: auth, a missing bucket, which no retry fixes)."""
+
+    def __init__(self, message: str, status: int = 0) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def s3_client(settings: S3Settings, http: urllib3.PoolManager | None = None) -> Minio:
@@ -121,7 +126,8 @@ def conditional_put(
         return _settle_precondition_failed(client, bucket, key, data)
     if response.status == 404 and if_match is not None:
         return PreconditionFailed(etag=None)  # nothing to match: the key does not exist
-    raise S3RequestError(f"PUT {bucket}/{key} answered {response.status}: {response.data[:300]!r}")
+    raise S3RequestError(f"PUT {bucket}/{key} answered {response.status}: {response.data[:300]!r}",
+                         response.status)  # fmt: skip
 
 
 def _settle_precondition_failed(

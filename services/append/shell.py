@@ -32,7 +32,7 @@ from mvsink.messages import BatchDescription, ShardUpper, StagedBatch
 from mvsink.provision import ensure_retention
 from mvsink.service import Stopping
 from mvsink.shard import Appended, IndefiniteAppend, PartTooOld, Shard, UpperMismatch, open_shard
-from services.append.state import Append, AppendOutcome, AppendState, Command, DeleteStaged
+from services.append.state import Append, AppendOutcome, AppendState, Command, DeleteStaged, TooOld
 from services.append.state import Appended as StateAppended
 from services.append.state import Mismatch as StateMismatch
 
@@ -208,13 +208,17 @@ class AppendShell:
             try:
                 result = self.shard.compare_and_append(append.parts, desc.lower, desc.upper)
             except PartTooOld as error:
-                log.warning("%s: %s", desc, error)
-                result = UpperMismatch(self.shard.upper(), self.shard.state().seqno)
+                APPENDS.labels(sink, "too_old").inc()
+                log.warning("%s: %s; waiting for the write drivers to stage it again", desc, error)
+                return TooOld()
             except IndefiniteAppend as error:
                 log.warning("%s: %s; settling by reading the state", desc, error)
                 state = self.shard.state()
-                if {p.key for p in append.parts} <= state.part_keys:
+                if append.parts and {p.key for p in append.parts} <= state.part_keys:
                     result = Appended(desc.upper, state.seqno)
+                elif not append.parts and state.upper != desc.lower:
+                    # no key to look for: whoever moved the upper, it is past our lower
+                    result = UpperMismatch(state.upper, state.seqno)
                 else:
                     continue
             if isinstance(result, UpperMismatch) and result.current.less_than(desc.lower):

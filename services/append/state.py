@@ -54,7 +54,15 @@ class Mismatch:
     current: Frontier
 
 
-AppendOutcome = Appended | Mismatch
+@dataclass(frozen=True)
+class TooOld:
+    """The shard refused the parts as staged longer ago than `max_part_age` (the bound that
+    lets the sweeper delete never-appended parts): they are garbage, and the description needs
+    fresh parts, which the write drivers stage again when their staged batch stays unappended
+    (`services.write.shell.RESTAGE_AFTER`)."""
+
+
+AppendOutcome = Appended | Mismatch | TooOld
 
 
 @dataclass
@@ -68,7 +76,8 @@ class AppendState:
     Invariants: 1. `lower` never regresses; 2. at most one `Append` is issued per lower, and
     only when the description is this worker's and every desired partition is covered;
     3. parts of an outdated lower, duplicates and parts of a failed append are only handed to
-    `DeleteStaged`, never appended.
+    `DeleteStaged`, never appended; 4. after a `TooOld` refusal the lower and the description
+    stay, and the next complete set of fresh parts for them is appended.
     """
 
     sink_id: str
@@ -165,6 +174,10 @@ class AppendState:
         append, self.in_flight = self.in_flight, None
         assert append is not None, "no append in flight"
         commands: list[Command] = []
+        if isinstance(outcome, TooOld):  # same lower, same description: wait for fresh parts
+            self.sealed = False
+            self.trace(f"parts too old to append for {append.desc}: waiting for fresh ones")
+            return [DeleteStaged(append.parts, "too old to append")] if append.parts else []
         if isinstance(outcome, Appended):
             self.trace(f"appended a batch: {append.desc}")
             new_lower = outcome.upper

@@ -32,6 +32,10 @@ log = logging.getLogger("mvsink.write")
 SHARD_POLL = 1.0
 #: How often a read-only (or idle) driver folds and consolidates, to keep memory bounded.
 FOLD_INTERVAL = 10.0
+#: A staged batch still unappended after this share of `max_part_age` is staged again: the
+#: shard refuses parts older than that bound (append then waits for fresh ones), so the sink
+#: does not stall after an append or S3 outage longer than the bound.
+RESTAGE_AFTER = 0.5
 #: How often the driver moves its reader lease up to what its partitions have folded (each move
 #: is one small state version; since trails the folds by about this much).
 HOLD_INTERVAL = 1.0
@@ -68,6 +72,8 @@ class WriteShell:
         #: The shard upper each owned partition's corrections have folded (task results).
         self.folded: dict[int, Frontier] = {}
         self.next_hold = 0.0
+        #: When the last batch was staged (for `_maybe_restage`).
+        self.staged_at = time.monotonic()
         self.spark: Any = None
         self.compactor: Compactor | None = None
 
@@ -138,25 +144,27 @@ class WriteShell:
 
         self.spark = spark_session(f"mvsink-write-{self.config.sink_id}", self.config.spark_master)
         self._hold(force=True)  # before any task reads the shard
-        if self.config.compaction:
-            self.compactor = Compactor(self.config, self.writer_id, self.spark)
-            self.compactor.start()
-        slots = self.spark.sparkContext.defaultParallelism
-        started = time.monotonic()
-        self.spark.sparkContext.parallelize(range(slots), slots).map(warm_up).collect()
-        log.info("Spark executors warmed up in %.2fs", time.monotonic() - started)
-        topics = self.config.topics
-        owner = Consumer(consumer_config(
-            self.config.kafka_bootstrap, group_id=f"{self.config.sink_id}.write",
-            extra={"session.timeout.ms": 10000, "heartbeat.interval.ms": 2000},
-        ))  # fmt: skip
-        owner.subscribe([topics.desired], on_assign=self._on_assign, on_revoke=self._on_revoke)
-        follow = [tail_consumer(self.config.kafka_bootstrap, t)
-                  for t in (topics.descs, topics.frontiers, topics.control)]  # fmt: skip
-        next_poll, last_fold = 0.0, time.monotonic()
-        log.info("write %s started as %s, read_only=%s", self.config.sink_id, self.writer_id,
-                 self.state.read_only)  # fmt: skip
-        try:
+        owner: Consumer | None = None
+        follow: list[Consumer] = []
+        try:  # everything from here is released on the way out, however it fails
+            if self.config.compaction:
+                self.compactor = Compactor(self.config, self.writer_id, self.spark)
+                self.compactor.start()
+            slots = self.spark.sparkContext.defaultParallelism
+            started = time.monotonic()
+            self.spark.sparkContext.parallelize(range(slots), slots).map(warm_up).collect()
+            log.info("Spark executors warmed up in %.2fs", time.monotonic() - started)
+            topics = self.config.topics
+            owner = Consumer(consumer_config(
+                self.config.kafka_bootstrap, group_id=f"{self.config.sink_id}.write",
+                extra={"session.timeout.ms": 10000, "heartbeat.interval.ms": 2000},
+            ))  # fmt: skip
+            owner.subscribe([topics.desired], on_assign=self._on_assign, on_revoke=self._on_revoke)
+            follow = [tail_consumer(self.config.kafka_bootstrap, t)
+                      for t in (topics.descs, topics.frontiers, topics.control)]  # fmt: skip
+            next_poll, last_fold = 0.0, time.monotonic()
+            log.info("write %s started as %s, read_only=%s", self.config.sink_id, self.writer_id,
+                     self.state.read_only)  # fmt: skip
             while not self.stopping.stopped:
                 owner.poll(0)  # group membership and (re)assignment only
                 # Wait on `descs`, where the next job comes from, not on the ownership consumer:
@@ -170,6 +178,7 @@ class WriteShell:
                 desc, state = self.state.batch_description, self.state
                 working = desc is not None and state.owned and not state.read_only
                 report(state.persist_frontier.time, desc.upper.time if desc and working else None)
+                self._maybe_restage()
                 job = None if self.state.read_only else self.state.maybe_start_batch()
                 if job is not None:
                     self._stage(job)
@@ -184,7 +193,8 @@ class WriteShell:
                 self.shard.release(self.writer_id)
             except Exception as error:
                 log.warning("releasing the reader lease failed (it expires): %r", error)
-            owner.close()
+            if owner is not None:
+                owner.close()
             for consumer in follow:
                 consumer.close()
             self.producer.flush(10)
@@ -253,6 +263,17 @@ class WriteShell:
             WRITTEN.labels(self.config.sink_id).inc(result.bytes_written)
         return results
 
+    def _maybe_restage(self) -> None:
+        """Stage the current description again when its batch stayed unappended for
+        `RESTAGE_AFTER` of `max_part_age` (module docs of `services.append.state.TooOld`)."""
+        desc, bound = self.state.batch_description, RESTAGE_AFTER * self.config.shard_max_part_age
+        if desc is None or time.monotonic() - self.staged_at < bound:
+            return
+        if desc.lower == self.state.persist_frontier and self.state.restage():
+            log.warning("%s staged %.0fs ago and still not appended: staging it again", desc,
+                        time.monotonic() - self.staged_at)  # fmt: skip
+            self.staged_at = time.monotonic()
+
     def _stage(self, job: StageJob) -> None:
         started = time.monotonic()
         results = self._run(self._specs(job.partitions, job))
@@ -270,6 +291,7 @@ class WriteShell:
                 desc.append_worker)  # fmt: skip
         self.producer.flush(30)
         self.state.batch_staged(job, covered)
+        self.staged_at = time.monotonic()
         if self.compactor is not None:
             self.compactor.poke()
         BATCHES.labels(self.config.sink_id).inc()

@@ -31,7 +31,8 @@ class WriteState:
     """What the write driver knows.
 
     Invariants: 1. the description's lower never regresses (regressing ones are dropped);
-    2. a partition is staged at most once per lower by this driver; 3. nothing is staged
+    2. a partition is staged at most once per lower by this driver, unless `restage` asks
+    again (the staged batch outlived the parts' age bound unappended); 3. nothing is staged
     unless the shard's upper equals the description's lower and every owned partition's
     desired progress is at or past its upper.
     """
@@ -99,6 +100,15 @@ class WriteState:
         if not pending or not ready:
             return None
         return StageJob(desc, pending)
+
+    def restage(self) -> bool:
+        """Stage the current description's partitions again (their batch stayed unappended so
+        long that the shard would refuse its parts as too old); whether anything was staged."""
+        if not self.staged:
+            return False
+        self.staged = set()
+        self.trace(f"staging {self.batch_description} again")
+        return True
 
     def batch_staged(self, job: StageJob, partitions: tuple[int, ...]) -> None:
         """`partitions` of `job` were staged and reported."""

@@ -121,3 +121,21 @@ def test_a_redelivered_batch_never_deletes_the_parts_it_kept() -> None:
     assert state.absorb_batch(batch(d, (0, 1, 2))) == [] and first == []
     [append] = appends(state.absorb_batch_description(d))
     assert len(append.parts) == 3
+
+
+def test_parts_too_old_are_dropped_and_fresh_ones_for_the_same_description_appended() -> None:
+    from services.append.state import TooOld
+
+    state, d = worker(), desc(0, 5)
+    state.absorb_batch_description(d)
+    [first] = appends(state.absorb_batch(batch(d, (0, 1, 2), writer="old")))
+    commands = state.absorb_append_outcome(TooOld())
+    assert deleted(commands) == {p.key for p in first.parts}
+    assert state.lower == F(0) and state.batch_description == d and not state.sealed
+    assert appends(state.absorb_batch(batch(d, (0, 1), writer="fresh"))) == []
+    [again] = appends(state.absorb_batch(batch(d, (2,), writer="fresh")))
+    assert again.desc == d and {p.key for p in again.parts} == {
+        f"k/fresh/{d.lower}/{p}" for p in range(P)
+    }
+    assert appends(state.absorb_append_outcome(Appended(F(5)))) == []
+    assert state.lower == F(5)

@@ -69,3 +69,15 @@ def test_stages_each_partition_once_and_new_owned_ones_too() -> None:
     state.set_owned(frozenset({0, 1}))  # a rebalance hands over partition 1
     state.advance_desired_frontier(1, F(10))
     assert state.maybe_start_batch() == StageJob(desc(0, 5), (1,))
+
+
+def test_restage_stages_the_current_description_again_once_asked() -> None:
+    state = ready_state()
+    assert state.restage() is False  # nothing staged: nothing to do
+    state.absorb_batch_description(desc(0, 5))
+    job = state.maybe_start_batch()
+    assert job is not None
+    state.batch_staged(job, (0, 1))
+    assert state.maybe_start_batch() is None
+    assert state.restage() is True
+    assert state.maybe_start_batch() == StageJob(desc(0, 5), (0, 1))
