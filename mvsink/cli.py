@@ -31,6 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from mvsink.bench import FAULTS
 from mvsink.config import Config, Topics, cache_dir, load_config, state_dir
 from mvsink.errors import MvsinkError
 from mvsink.frontier import Frontier
@@ -376,6 +377,15 @@ def cmd_bench_soak(args: argparse.Namespace) -> int:
     return 0 if figures["correct"] and figures["measured"] else 1
 
 
+def cmd_bench_faults(args: argparse.Namespace) -> int:
+    from mvsink.bench.faults import run_faults
+
+    figures = run_faults(args.config, [f for f in args.faults.split(",") if f],
+                         args.outage, args.keys, args.change, args.interval, Path(args.out),
+                         say)  # fmt: skip
+    return 0 if figures["passed"] else 1
+
+
 def cmd_bench_readonly(args: argparse.Namespace) -> int:
     from mvsink.bench.steady import run_readonly
 
@@ -468,6 +478,17 @@ def build_parser() -> argparse.ArgumentParser:
                                 help="seconds between ticks (0: as fast as the producer can)")  # fmt: skip
     bench_pipeline.add_argument("--no-stack", action="store_true", help="use configured endpoints")
     bench_pipeline.set_defaults(func=cmd_bench_pipeline)
+    faults = bench_commands.add_parser(
+        "faults", help="the fault matrix: Kafka, MinIO and each service killed or stalled"
+    )
+    faults.add_argument("--faults", default=",".join(FAULTS),
+                        help=f"comma-separated, in order (default all: {','.join(FAULTS)})")  # fmt: skip
+    faults.add_argument("--outage", type=float, default=15.0, help="seconds each fault lasts")
+    faults.add_argument("--keys", type=int, default=40)
+    faults.add_argument("--change", type=int, default=8, help="keys changed per tick")
+    faults.add_argument("--interval", type=float, default=1.0, help="seconds between ticks")
+    faults.add_argument("--out", default="bench-out", help="directory for faults.json")
+    faults.set_defaults(func=cmd_bench_faults)
     restart = bench_commands.add_parser("restart", help="resume time over a shard equal to desired")
     restart.add_argument("--updates", type=int, default=10_000_000, help="updates in the shard")
     readonly = bench_commands.add_parser("readonly", help="correction state of a read-only replica")

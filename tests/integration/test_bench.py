@@ -101,3 +101,31 @@ def test_bench_soak_keeps_the_shard_small(
     assert figures["view_updates"] == 500  # one row per key after the final full merge
     assert (out / "soak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "end/early" in text and "shard equals desired: True" in text
+
+
+def test_bench_faults_survives_every_fault(
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path
+) -> None:
+    """The fault matrix on a stack of its own (the session's is never killed), short outages:
+    every fault survived with no service exit, the shard equal to the view at every upper
+    checked, readiness lost during each dependency's outage, nothing left after the sweep."""
+    from mvsink.bench import FAULTS
+    from mvsink.config import cache_dir
+
+    out = tmp_path / "out"
+    env = {**cli_env(kafka_bootstrap, s3_settings, tmp_path), "MVSINK_CACHE_DIR": str(cache_dir())}
+    done = subprocess.run([sys.executable, "-m", "mvsink.cli", "bench", "faults", "--outage", "6",
+                           "--out", str(out)], env=env, capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    figures = json.loads((out / "faults.json").read_text())
+    assert figures["passed"] is True
+    assert [row["fault"] for row in figures["faults"]] == list(FAULTS)
+    assert figures["uppers_checked"] > len(FAULTS) and figures["mismatches"] == []
+    assert figures["duplicates"] == 0 and figures["unreferenced_after_sweep"] == 0
+    for row in figures["faults"]:
+        assert row["exited"] == {}, row
+        assert row["first_append_s"] >= 0 and row["converged_s"] >= row["first_append_s"]
+        if row["fault"].split("-")[0] in ("kafka", "minio"):
+            assert set(row["unready_after_s"]) == {"mint", "write", "append"}, row
+    assert "fault matrix PASSED" in done.stderr
