@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import Producer
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from mvsink import Say
 from mvsink.config import Config, Topics, config_env
 from mvsink.errors import MvsinkError
 from mvsink.frontier import Frontier
-from mvsink.kafka import TopicSpec, client_config, ensure_topics, poll_message, tail_consumer
+from mvsink.kafka import TopicSpec, client_config, consumer_config, ensure_topics, poll_message
 from mvsink.producer import DesiredProducer
 from mvsink.provision import provision
 from mvsink.rows import parse_row_schema
@@ -42,81 +42,116 @@ KEYS = ["customer"]
 
 class ViewJob:
     """Per-customer order count and total over the order events, maintained tick by tick in
-    Spark and published as desired updates."""
+    Spark and published as desired updates.
+
+    Restartable from what Kafka holds, so a failed tick is simply retried by a new `ViewJob`
+    (`run_view`): the desired producer's committed frontier `F` says which ticks were published;
+    the view state is rebuilt from the events of the ticks before `F`, and every later event
+    already in `<sink>.orders` (a failed attempt's) becomes input of the next tick. A tick's
+    input is whatever the topic holds beyond what was folded, read to its end."""
 
     def __init__(self, config: Config, spark: Any, say: Say, customers: int = 40) -> None:
         self.config, self.spark, self.say = config, spark, say
         self.orders_topic = f"{config.sink_id}.orders"
         ensure_topics(config.kafka_bootstrap, [TopicSpec(self.orders_topic, 1)])
-        self.events = Producer(client_config(config.kafka_bootstrap))
-        self.reader = tail_consumer(config.kafka_bootstrap, self.orders_topic, [0])
+        self.events = Producer(
+            client_config(config.kafka_bootstrap, **{"enable.idempotence": True})
+        )
         self.desired = DesiredProducer(
             config, parse_row_schema(ROW_SCHEMA), f"view.{config.sink_id}"
         )
         self.frontier = self.desired.start().time or 0
         self.customers = [f"customer-{i:03d}" for i in range(customers)]
-        #: customer -> (orders, total in cents)
+        self.rng = random.Random(7 + self.frontier)
+        #: customer -> (orders, total in cents), over the events of ticks before `frontier`
         self.state: dict[str, tuple[int, int]] = {}
-        self.rng = random.Random(7)
+        self.reader = Consumer(consumer_config(config.kafka_bootstrap))
+        self.reader.assign([TopicPartition(self.orders_topic, 0, OFFSET_BEGINNING)])
+        #: Events already in the topic that no published tick folded yet.
+        self.carried: list[tuple[str, int]] = []
+        for tick, customer, amount in self._read_to_end(self.reader):
+            if tick < self.frontier:
+                self.state[customer] = _plus(self.state.get(customer), 1, amount)
+            else:
+                self.carried.append((customer, amount))
+
+    def close(self) -> None:
+        self.reader.close()
 
     def emit_orders(self, tick: int, count: int) -> None:
-        """The input: `count` random order events of this tick."""
+        """The input: `count` random order events of this tick.
+
+        Raises:
+            TimeoutError: not every event was acknowledged (Kafka unavailable).
+        """
         for _ in range(count):
             customer = self.rng.choice(self.customers)
             amount = self.rng.randint(100, 10000)  # cents: sums are exact
             self.events.produce(self.orders_topic, f"{tick},{customer},{amount}".encode(),
                                 key=customer.encode())  # fmt: skip
-        self.events.flush(30)
+        left = self.events.flush(30)
+        if left:
+            raise TimeoutError(f"tick {tick}: {left} order events not acknowledged in 30s")
 
-    def _read_tick(self, tick: int, count: int) -> pa.Table:
-        rows: list[tuple[str, int]] = []
-        deadline = time.monotonic() + 30
-        while len(rows) < count:
+    def _read_to_end(self, consumer: Consumer, timeout: float = 30.0) -> list[tuple[int, str, int]]:
+        """`(tick, customer, amount)` of every event from the consumer's position to the end of
+        the topic as it is now.
+
+        Raises:
+            TimeoutError: the end was not reached within `timeout` (Kafka unavailable).
+        """
+        partition = TopicPartition(self.orders_topic, 0)
+        _, high = consumer.get_watermark_offsets(partition, timeout=timeout)
+        deadline, events, position = time.monotonic() + timeout, [], -1
+        [assigned] = consumer.position([partition])
+        position = assigned.offset if assigned.offset >= 0 else 0
+        while position < high:
             if time.monotonic() > deadline:
-                raise MvsinkError(f"tick {tick}: read {len(rows)} of {count} order events")
-            message = poll_message(self.reader, 0.2)
+                raise TimeoutError(
+                    f"{self.orders_topic}: read to {position} of {high} in {timeout}s"
+                )
+            message = poll_message(consumer, 0.2)
             if message is not None:
-                _, customer, amount = (message.value() or b"").decode().split(",")
-                rows.append((customer, int(amount)))
-        return pa.table({"customer": [r[0] for r in rows], "amount": [r[1] for r in rows]})
+                tick, customer, amount = (message.value() or b"").decode().split(",")
+                events.append((int(tick), customer, int(amount)))
+                position = int(message.offset() or 0) + 1
+        return events
 
     def tick(self, orders: int) -> int:
-        """One tick: events in, view maintained in Spark, changes out; the new frontier."""
+        """One tick: events in, view maintained in Spark, changes out; the new frontier. The
+        view's state changes only once the tick is published."""
         tick = self.frontier
         self.emit_orders(tick, orders)
-        events = self.spark.createDataFrame(self._read_tick(tick, orders).to_pandas())
+        rows = self.carried + [(c, a) for _, c, a in self._read_to_end(self.reader)]
+        events = self.spark.createDataFrame(rows, "customer string, amount long")
         from pyspark.sql import functions as F
 
         deltas = events.groupBy("customer").agg(F.count("*").alias("n"), F.sum("amount").alias("s"))
+        state = dict(self.state)
         changes: list[tuple[str, int, float, int, int]] = []
         for row in deltas.collect():
-            old = self.state.get(row["customer"])
+            old = state.get(row["customer"])
             if old is not None:
                 changes.append((row["customer"], old[0], old[1] / 100, tick, -1))
-            new = ((old or (0, 0))[0] + row["n"], (old or (0, 0))[1] + row["s"])
-            self.state[row["customer"]] = new
+            new = state[row["customer"]] = _plus(old, row["n"], row["s"])
             changes.append((row["customer"], new[0], new[1] / 100, tick, 1))
         self.desired.send(pa.table({
             "customer": [c[0] for c in changes], "orders": [c[1] for c in changes],
             "total": [c[2] for c in changes], "_time": [c[3] for c in changes],
             "_diff": [c[4] for c in changes],
         }))  # fmt: skip
-        self.frontier = tick + 1
-        self.desired.advance_to(Frontier.at(self.frontier))
+        self.desired.advance_to(Frontier.at(tick + 1))
+        self.state, self.carried, self.frontier = state, [], tick + 1
         return len({c[0] for c in changes})
 
     def direct_view(self) -> dict[str, tuple[int, float]]:
         """The view computed from scratch by Spark over every event in the input topic."""
-        consumer = tail_consumer(self.config.kafka_bootstrap, self.orders_topic, [0])
-        rows = []
-        idle = time.monotonic()
-        while time.monotonic() - idle < 2.0:
-            message = poll_message(consumer, 0.2)
-            if message is not None:
-                idle = time.monotonic()
-                _, customer, amount = (message.value() or b"").decode().split(",")
-                rows.append((customer, int(amount)))
-        consumer.close()
+        consumer = Consumer(consumer_config(self.config.kafka_bootstrap))
+        consumer.assign([TopicPartition(self.orders_topic, 0, OFFSET_BEGINNING)])
+        try:
+            rows = [(customer, amount) for _, customer, amount in self._read_to_end(consumer)]
+        finally:
+            consumer.close()
         from pyspark.sql import functions as F
 
         frame = self.spark.createDataFrame(rows, "customer string, amount long")
@@ -124,6 +159,10 @@ class ViewJob:
             F.count("*").alias("orders"), F.sum("amount").alias("total")
         )
         return {r["customer"]: (r["orders"], r["total"] / 100) for r in agg.collect()}
+
+
+def _plus(old: tuple[int, int] | None, orders: int, cents: int) -> tuple[int, int]:
+    return ((old or (0, 0))[0] + orders, (old or (0, 0))[1] + cents)
 
 
 def shard_view(shard: Shard, as_of: int) -> dict[str, tuple[int, float]]:
@@ -202,6 +241,7 @@ def run_demo(config: Config, say: Say, ticks: int = 8, orders: int = 200) -> Non
     procs = start_services(config, logs)
     say(f"started mint, write (Spark), append; logs in {logs}")
     spark = spark_session(f"mvsink-view-{run}")
+    view: ViewJob | None = None
     try:
         view = ViewJob(config, spark, say)
         for _ in range(ticks):
@@ -230,6 +270,8 @@ def run_demo(config: Config, say: Say, ticks: int = 8, orders: int = 200) -> Non
         say(f"demo OK: shard == view; shard state seqno {shard.state().seqno}, "
             f"{len(shard.state().parts())} parts")  # fmt: skip
     finally:
+        if view is not None:
+            view.close()
         spark.stop()
         for proc in procs:
             proc.terminate()
@@ -243,22 +285,48 @@ def run_demo(config: Config, say: Say, ticks: int = 8, orders: int = 200) -> Non
 def run_view(config: Config, say: Say, ticks: int, orders: int, interval: float,
              stopped: Callable[[], bool]) -> int:  # fmt: skip
     """The view job alone, for the configured sink (services run elsewhere, e.g. compose):
-    `ticks` ticks (0 = until stopped), one every `interval` seconds; the ticks run."""
+    `ticks` ticks (0 = until stopped), one every `interval` seconds; the ticks run.
+
+    An unavailable Kafka is ridden through as the services do (`mvsink.health`): the tick is
+    retried by a new `ViewJob` after a capped, jittered backoff, with one line when the outage
+    starts and one when it ends; any other error stops the job."""
+    from mvsink.health import Backoff, transient
     from mvsink.spark import spark_session
 
     if config.row_schema and config.row_schema != ROW_SCHEMA:
         raise MvsinkError(f"the demo view publishes rows ({ROW_SCHEMA}), not ({config.row_schema})")
     spark = spark_session(f"mvsink-view-{config.sink_id}", config.spark_master)
-    done = 0
+    done, view, backoff, outage = 0, None, Backoff(), None
     try:
-        view = ViewJob(config, spark, say)
         while (ticks == 0 or done < ticks) and not stopped():
             started = time.monotonic()
-            changed = view.tick(orders)
+            try:
+                view = view or ViewJob(config, spark, say)
+                changed = view.tick(orders)
+            except Exception as error:
+                if not transient(error):
+                    raise
+                if outage is None:
+                    outage = time.monotonic()
+                    say(f"Kafka unavailable, retrying with backoff until it is back: {error!r}")
+                if view is not None:
+                    view.close()
+                view = None  # the next one starts from what Kafka holds
+                wake = time.monotonic() + backoff.next()
+                while time.monotonic() < wake and not stopped():
+                    time.sleep(0.2)
+                continue
+            if outage is not None:
+                say(f"Kafka is back after {time.monotonic() - outage:.1f}s: desired at "
+                    f"{{{view.frontier}}}")  # fmt: skip
+                outage = None
+                backoff.reset()
             done += 1
             say(f"tick {view.frontier - 1}: {orders} orders, {changed} customers changed; "
                 f"desired at {{{view.frontier}}}")  # fmt: skip
             time.sleep(max(0.0, interval - (time.monotonic() - started)))
     finally:
+        if view is not None:
+            view.close()
         spark.stop()
     return done
