@@ -123,8 +123,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_view(args: argparse.Namespace) -> int:
     from mvsink.demo import run_view
-    from mvsink.service import Stopping
+    from mvsink.service import Stopping, quiet_retries
 
+    quiet_retries()
     stopping = Stopping()
     stopping.install()
     config = load_config(args.config)

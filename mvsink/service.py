@@ -67,9 +67,17 @@ def configure_logging(service: str, level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    if level.upper() != "DEBUG":  # one line per outage (mvsink.health), not one per retry
-        logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
-        logging.getLogger("mvsink.librdkafka").addFilter(_not_a_reconnect)
+    if level.upper() != "DEBUG":
+        quiet_retries()
+
+
+def quiet_retries() -> None:
+    """One line per outage (`mvsink.health`), not one per retry: drop urllib3's retry warnings
+    and librdkafka's reconnect failures."""
+    logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
+    librdkafka = logging.getLogger("mvsink.librdkafka")
+    if _not_a_reconnect not in librdkafka.filters:
+        librdkafka.addFilter(_not_a_reconnect)
 
 
 def _not_a_reconnect(record: logging.LogRecord) -> bool:

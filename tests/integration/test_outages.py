@@ -41,9 +41,10 @@ pytestmark = pytest.mark.integration
 READY_BOUND = 10.0
 OUTAGE = 20.0
 SERVICES = ("mint", "write", "append")
-#: Longer than the view's 30 s wait for its events to be acknowledged: a tick fails and is
-#: retried by a job rebuilt from Kafka (a shorter outage is ridden through by the client alone).
-VIEW_OUTAGE = 45.0
+#: Longer than every wait of the view's Kafka calls (30 s for its events, 60 s for the desired
+#: transaction), so the tick in flight fails and is retried by a job rebuilt from Kafka; a
+#: shorter outage may be ridden through by the client alone.
+VIEW_OUTAGE = 75.0
 
 
 @pytest.fixture
@@ -188,6 +189,7 @@ def test_the_view_tool_rides_through_a_kafka_outage(
         view.send_signal(signal.SIGTERM)
         assert view.wait(60) == 0, text()[-3000:]
     assert text().count("Kafka unavailable") == 1 and text().count("Kafka is back") == 1
+    assert "FAIL [" not in text(), "a line per reconnect attempt"
 
     job = ViewJob(config, spark, print)  # rebuilt from the order events of the published ticks
     expected = {(c, n, cents / 100): 1 for c, (n, cents) in job.state.items()}
