@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -102,7 +102,7 @@ class ViewJob:
         """
         partition = TopicPartition(self.orders_topic, 0)
         _, high = consumer.get_watermark_offsets(partition, timeout=timeout)
-        deadline, events, position = time.monotonic() + timeout, [], -1
+        deadline, events = time.monotonic() + timeout, []
         [assigned] = consumer.position([partition])
         position = assigned.offset if assigned.offset >= 0 else 0
         while position < high:
@@ -187,16 +187,36 @@ def service_env(config: Config) -> dict[str, str]:
     return env
 
 
+SERVICES = ("mint", "write", "append")
+
+
+def start_service(config: Config, name: str, logs: Path, **env: str) -> subprocess.Popen[bytes]:
+    """Start `python -m services.<name>` for the sink of `config`, appending its output to
+    `logs/<name>.log`; `env` adds to `service_env` (e.g. a fixed `MVSINK_METRICS_PORT`)."""
+    logs.mkdir(parents=True, exist_ok=True)
+    with (logs / f"{name}.log").open("ab") as out:
+        return subprocess.Popen([sys.executable, "-m", f"services.{name}"],
+                                env={**service_env(config), **env}, stdout=out,
+                                stderr=subprocess.STDOUT)  # fmt: skip
+
+
 def start_services(config: Config, logs: Path) -> list[subprocess.Popen[bytes]]:
     """Start mint, write and append for the sink of `config`, logging into `logs`."""
-    env = service_env(config)
-    logs.mkdir(parents=True, exist_ok=True)
-    procs = []
-    for name in ("mint", "write", "append"):
-        with (logs / f"{name}.log").open("ab") as out:
-            procs.append(subprocess.Popen([sys.executable, "-m", f"services.{name}"], env=env,
-                                          stdout=out, stderr=subprocess.STDOUT))  # fmt: skip
-    return procs
+    return [start_service(config, name, logs) for name in SERVICES]
+
+
+def stop_services(procs: Iterable[subprocess.Popen[bytes]], timeout: float = 60.0) -> None:
+    """SIGTERM to every process still running, then wait; kill what outlives `timeout`."""
+    procs = list(procs)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
 
 
 def _compare(say: Say, shard: dict[str, tuple[int, float]], view: dict[str, tuple[int, float]],
@@ -273,13 +293,7 @@ def run_demo(config: Config, say: Say, ticks: int = 8, orders: int = 200) -> Non
         if view is not None:
             view.close()
         spark.stop()
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_services(procs, timeout=30)
 
 
 def run_view(config: Config, say: Say, ticks: int, orders: int, interval: float,

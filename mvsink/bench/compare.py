@@ -52,7 +52,7 @@ from mvsink.bench.workload import (
     encode_ticks,
 )
 from mvsink.config import Config, Topics, state_dir
-from mvsink.demo import service_env, start_services
+from mvsink.demo import service_env, start_services, stop_services
 from mvsink.kafka import drain, tail_consumer
 from mvsink.messages import ShardUpper
 from mvsink.provision import provision
@@ -161,13 +161,7 @@ class System(ABC):
                                  f"log {self.logs / (label + '.log')}")  # fmt: skip
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            proc.terminate()
-        for proc in self.procs.values():
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_services(self.procs.values())
 
     @abstractmethod
     def finish(self, run: Run, final: pa.Table) -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -45,7 +44,7 @@ from mvsink.bench import FAULTS
 from mvsink.bench.compare import save_figures
 from mvsink.bench.workload import BenchError
 from mvsink.config import Config, Topics, cache_dir, load_config, state_dir
-from mvsink.demo import service_env
+from mvsink.demo import SERVICES, start_service, stop_services
 from mvsink.frontier import Frontier
 from mvsink.producer import DesiredProducer
 from mvsink.provision import provision
@@ -56,7 +55,6 @@ from mvsink.stack.manager import Stack
 from mvsink.stack.procs import free_ports
 from mvsink.stack.state import load_records
 
-SERVICES = ("mint", "write", "append")
 ROW_SCHEMA = "key string not null, value long"
 #: The services' readiness bound here (seconds), and short deletion bounds so the closing sweep
 #: can run a little after the services stop. `retain_history` keeps the uppers the checker
@@ -170,26 +168,16 @@ class Pipeline:
         self.config, self.logs = config, logs
         self.ports = dict(zip(SERVICES, free_ports(len(SERVICES)), strict=True))
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        logs.mkdir(parents=True, exist_ok=True)
 
     def start(self, name: str) -> None:
-        env = {**service_env(self.config), "MVSINK_METRICS_PORT": str(self.ports[name])}
-        with (self.logs / f"{name}.log").open("ab") as out:
-            self.procs[name] = subprocess.Popen([sys.executable, "-m", f"services.{name}"],
-                                                env=env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        self.procs[name] = start_service(self.config, name, self.logs,
+                                         MVSINK_METRICS_PORT=str(self.ports[name]))  # fmt: skip
 
     def exited(self) -> dict[str, int]:
         return {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_services(self.procs.values())
 
 
 def run_faults(config_path: str | None, faults: list[str], outage: float, keys: int, change: int,

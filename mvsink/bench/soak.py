@@ -37,8 +37,6 @@ from __future__ import annotations
 import math
 import re
 import statistics
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -51,7 +49,7 @@ from mvsink.bench.compare import MvsinkSystem, Run, drive, percentile, save_figu
 from mvsink.bench.steady import empty_tick, first_job, read_once, sink_config, wait_upper
 from mvsink.bench.workload import BenchError, EncodedTick, Feeder, Workload, encode_ticks
 from mvsink.config import Config, state_dir
-from mvsink.demo import service_env
+from mvsink.demo import start_service, stop_services
 from mvsink.provision import provision
 from mvsink.s3 import s3_client
 from mvsink.shard import Shard, open_shard
@@ -286,7 +284,7 @@ def _cold_restart(
     the write service again and publish `tick`: its first staging job's seconds (nan if none
     was logged) against the read."""
     config, log = system.config, system.logs / "write.log"
-    _stop(system.procs["write"])
+    stop_services([system.procs["write"]])
     # No writer, no compactor: the shard holds still. The median of a few reads, as one read of
     # a small shard takes tens of milliseconds and varies by half of that.
     reads = [read_once(shard) for _ in range(READS)]
@@ -295,10 +293,7 @@ def _cold_restart(
     for item in client.list_objects(config.s3.bucket, prefix=_checkpoints(config), recursive=True):
         client.remove_object(config.s3.bucket, item.object_name)
     offset = log.stat().st_size
-    with log.open("ab") as output:  # as `mvsink.demo.start_services` starts it, alone
-        system.procs["write"] = subprocess.Popen([sys.executable, "-m", "services.write"],
-                                                 env=service_env(config), stdout=output,
-                                                 stderr=subprocess.STDOUT)  # fmt: skip
+    system.procs["write"] = start_service(config, "write", system.logs)
     system.ends[tick.time] = feeder.feed(config, tick)
     wait_upper(system, tick.time + 1, "a cold restart of the write service")
     seconds, _ = first_job(log, offset)
@@ -307,15 +302,6 @@ def _cold_restart(
         f"{baseline['seconds']:.3f}s ({baseline['parts']:.0f} parts, {baseline['bytes'] / 2**10:,.0f} KiB): "
         f"x{ratio:.1f}")  # fmt: skip
     return {"job_s": seconds, "read_once_s": baseline["seconds"], "ratio": ratio}
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
 
 
 def _consolidated_view(sink: Config, shard: Shard, attempts: int = 5) -> dict[str, int | None]:

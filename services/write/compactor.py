@@ -111,11 +111,6 @@ class Compactor:
                 log.info("%s recovered", what)
             self._failing.discard(what)
 
-    def run_once(self) -> None:
-        """Merges, then garbage collection and the sweep when due (errors propagate)."""
-        self.merge()
-        self.collect()
-
     def merge(self) -> None:
         """Up to `MERGES_PER_ROUND` merges as the policy asks."""
         for _ in range(MERGES_PER_ROUND):
