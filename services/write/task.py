@@ -30,22 +30,21 @@ import logging
 import os
 import time
 from dataclasses import dataclass, field
-from typing import cast
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from mvsink.codec import decode_message
+from mvsink.desired import decode_desired
 from mvsink.errors import DecodeError
 from mvsink.frontier import Frontier, advance
 from mvsink.kafka import READ_TO_END, client_config, consumer_config, poll_message
-from mvsink.messages import Progress, Updates, UpdatesArrow
+from mvsink.messages import Progress
 from mvsink.rows import updates_decoder
 from mvsink.settings import S3Settings
 from mvsink.shard import PartGone, PartRef, SelectedPart, Shard, ShardState, open_shard
 from mvsink.spark import trim_worker_path
-from mvsink.updates import TIME, updates_from_ipc
+from mvsink.updates import TIME
 from services.write import checkpoint
 from services.write.checkpoint import PartitionState
 
@@ -248,16 +247,12 @@ def _fold_desired(spec: TaskSpec, state: PartitionState) -> int:
             if message is None:
                 continue
             try:
-                record = decode_message(message, (UpdatesArrow, Updates, Progress))
-                if isinstance(record, Progress):
+                table = decode_desired(message, spec.row_schema, decode_rows)
+                if isinstance(table, Progress):
                     state.desired_frontier = advance(
-                        state.desired_frontier, record.frontier
+                        state.desired_frontier, table.frontier
                     ).frontier
                     continue
-                if isinstance(record, UpdatesArrow):
-                    table = updates_from_ipc(record.ipc, spec.row_schema)
-                else:
-                    table = decode_rows(cast(Updates, record))
                 if table.num_rows:
                     low = pc.min(table.column(TIME)).as_py()
                     if not state.desired_frontier.less_equal_time(low):

@@ -1,0 +1,56 @@
+"""Reading the desired collection back from its topic (docs/design.md §3.1): one decoder for
+every record a desired partition holds, used by the write tasks as they fold desired, and a
+reader of the whole collection as of a time, for tools that check a shard against it from
+outside the services (`mvsink compose verify`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import cast
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from confluent_kafka import Consumer, Message, TopicPartition
+
+from mvsink.codec import decode_message
+from mvsink.kafka import READ_TO_END, consumer_config, poll_message
+from mvsink.messages import Progress, Updates, UpdatesArrow
+from mvsink.rows import updates_decoder
+from mvsink.updates import TIME, advance_times, consolidate, part_schema, updates_from_ipc
+
+
+def decode_desired(message: Message, row_schema: pa.Schema,
+                   decode_rows: Callable[[Updates], pa.Table]) -> Progress | pa.Table:  # fmt: skip
+    """A desired record: its `Progress`, or its updates as a table (Arrow IPC or Avro rows,
+    decoded by `decode_rows = updates_decoder(row_schema)`). Raises `DecodeError`."""
+    record = decode_message(message, (UpdatesArrow, Updates, Progress))
+    if isinstance(record, Progress):
+        return record
+    if isinstance(record, UpdatesArrow):
+        return updates_from_ipc(record.ipc, row_schema)
+    return decode_rows(cast(Updates, record))
+
+
+def read_desired(bootstrap: str, topic: str, partitions: int, row_schema: pa.Schema,
+                 as_of: int, timeout: float = 60.0) -> pa.Table:  # fmt: skip
+    """The desired collection at `as_of`: every committed update with a time before `as_of`,
+    read to the end of each partition, with times advanced to `as_of` and consolidated. A caller must know that
+    desired's progress passed `as_of` (e.g. a shard's upper: nothing is minted before it)."""
+    consumer = Consumer(consumer_config(bootstrap, extra=READ_TO_END))
+    decode_rows = updates_decoder(row_schema)
+    tables: list[pa.Table] = []
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        ended: set[int] = set()
+        while len(ended) < partitions:
+            message = poll_message(consumer, min(timeout, 5.0), on_eof=ended.add)
+            if message is None:
+                continue
+            decoded = decode_desired(message, row_schema, decode_rows)
+            if isinstance(decoded, pa.Table) and decoded.num_rows:
+                tables.append(decoded.filter(pc.less(decoded.column(TIME), as_of)))
+    finally:
+        consumer.close()
+    if not tables:
+        return part_schema(row_schema).empty_table()
+    return consolidate(advance_times(pa.concat_tables(tables), as_of, as_of), row_schema)
