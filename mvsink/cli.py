@@ -387,6 +387,17 @@ def cmd_bench_faults(args: argparse.Namespace) -> int:
     return 0 if figures["passed"] else 1
 
 
+def cmd_compose_verify(args: argparse.Namespace) -> int:
+    from mvsink.compose.verify import run_verify
+
+    figures = run_verify(state_dir() / "compose", cache_dir(), say, keep=args.keep,
+                         timeout=args.timeout)  # fmt: skip
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compose.json").write_text(json.dumps(figures, indent=2, default=str))
+    return 0
+
+
 def cmd_bench_readonly(args: argparse.Namespace) -> int:
     from mvsink.bench.steady import run_readonly
 
@@ -510,6 +521,18 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--out", default="bench-out", help="directory for the JSON figures")
         sub.add_argument("--no-stack", action="store_true", help="use configured endpoints")
         sub.set_defaults(func=func)
+
+    compose = commands.add_parser("compose", help="the docker compose deployment")
+    compose_commands = compose.add_subparsers(dest="compose_command", required=True,
+                                              metavar="ACTION")  # fmt: skip
+    verify = compose_commands.add_parser(
+        "verify", help="engine, images, up scaled, kill and restart, converge, down (README)"
+    )
+    verify.add_argument("--keep", action="store_true", help="leave the project running")
+    verify.add_argument("--timeout", type=float, default=300.0,
+                        help="seconds to wait for each convergence")  # fmt: skip
+    verify.add_argument("--out", default="bench-out", help="directory for compose.json")
+    verify.set_defaults(func=cmd_compose_verify)
 
     desired = commands.add_parser("desired", help="publish desired updates and progress")
     desired.add_argument("--producer-id", help="transactional id (default cli.<sink>)")

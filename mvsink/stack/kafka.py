@@ -72,14 +72,8 @@ class KafkaNode:
         )  # fmt: skip
 
     def ready(self) -> bool:
-        """Whether a metadata request to the broker succeeds."""
-        from confluent_kafka.admin import AdminClient
-
-        if not procs.accepts_connections(self.port):  # spare librdkafka's connect-retry noise
-            return False
-        admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
-        metadata = admin.list_topics(timeout=2)
-        return len(metadata.brokers) > 0
+        """Whether the broker is ready (`kafka_ready`)."""
+        return kafka_ready(self.bootstrap)
 
     def _write_config(self) -> Path:
         loopback = procs.LOOPBACK
@@ -121,3 +115,15 @@ class KafkaNode:
             "logger.apache.name=org.apache\nlogger.apache.level=WARN\n"
         )
         return props
+
+
+def kafka_ready(bootstrap: str) -> bool:
+    """Whether a metadata request to the broker at `host:port` succeeds."""
+    from confluent_kafka.admin import AdminClient
+
+    host, port = bootstrap.rsplit(":", 1)
+    if host == procs.LOOPBACK and not procs.accepts_connections(int(port)):
+        return False  # spare librdkafka's connect-retry noise
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+    metadata = admin.list_topics(timeout=2)
+    return len(metadata.brokers) > 0

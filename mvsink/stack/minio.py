@@ -90,7 +90,11 @@ class MinioNode:
         )  # fmt: skip
 
     def ready(self) -> bool:
-        """Whether `/minio/health/cluster` answers 200."""
-        url = f"http://{self.endpoint}/minio/health/cluster"
-        with urllib.request.urlopen(url, timeout=2) as response:
-            return bool(response.status == 200)
+        """Whether the server is ready (`minio_ready`)."""
+        return minio_ready(self.endpoint)
+
+
+def minio_ready(endpoint: str) -> bool:
+    """Whether the MinIO at `host:port` answers 200 on `/minio/health/cluster`."""
+    with urllib.request.urlopen(f"http://{endpoint}/minio/health/cluster", timeout=2) as response:
+        return bool(response.status == 200)

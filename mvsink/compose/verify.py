@@ -1,0 +1,307 @@
+"""`mvsink compose verify`: the compose deployment, end to end, on this machine.
+
+Phases, each timed and printed:
+
+1. **engine**: a Docker engine and the compose v2 plugin, provided where missing
+   (`mvsink.compose.engine`);
+2. **base**: `debian:bookworm-slim`, pulled or made with debootstrap;
+3. **build**: `docker compose build` of every image (cached layers make a rebuild quick);
+4. **up**: `docker compose up -d --scale write=2 --scale append=2` as a project of its own
+   (`mvsink-verify-<id>`, fresh volumes, Kafka and MinIO published on free loopback ports);
+5. **converge**: checked from outside the containers, as a user would: the shard read through
+   MinIO's published port equals the view job's output -- the desired topic read through
+   Kafka's published listener -- at the shard's upper, with no row whose diff is not 1;
+6. **scaled**: the logs show both write containers holding desired partitions and staging, and
+   both append containers holding an append worker and appending;
+7. **kill**: `docker kill` of one write and one append container; the survivors converge the
+   shard; the killed two are started again and it converges again;
+8. **restart kafka**, **restart minio**: `docker compose restart` of each; converge again;
+9. **down**: `docker compose down -v` (always, unless `--keep`).
+
+"Converge" after a fault means: the shard's upper moved at least `ADVANCE` times past where it
+was when the fault was over, and equals the view there. A phase that fails prints the
+containers' states and log tails, and the command exits non-zero.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mvsink import Say
+from mvsink.compose import engine
+from mvsink.config import Config, load_config
+from mvsink.desired import read_desired
+from mvsink.errors import MvsinkError
+from mvsink.rows import parse_row_schema
+from mvsink.shard import Shard, open_shard
+from mvsink.stack.procs import free_ports
+from mvsink.updates import DIFF
+
+#: Times the upper must move past a fault before the shard counts as converged again.
+ADVANCE = 3
+#: The demo view's row schema (the compose file's default `MVSINK_ROW_SCHEMA`).
+ROW_SCHEMA = "customer string not null, orders long, total double"
+LOG_LINE = re.compile(r"^(?P<container>\S+)\s+\| (?P<text>.*)$")
+#: A logged list of partitions or workers: `[0, 2]`.
+HELD = re.compile(r"\[([\d, ]*)\]")
+
+
+class VerifyError(MvsinkError):
+    """A phase of the compose verification failed."""
+
+
+@dataclass
+class Phases:
+    """Times each phase and prints one line per phase."""
+
+    say: Say
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        self.say(f"[compose] {name} ...")
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.seconds[name] = time.monotonic() - started
+        self.say(f"[compose] {name}: done in {self.seconds[name]:.1f}s")
+
+    def table(self) -> str:
+        width = max(len(n) for n in self.seconds)
+        rows = [f"  {name:<{width}}  {secs:8.1f}s" for name, secs in self.seconds.items()]
+        return "\n".join(["phase times:", *rows, f"  {'total':<{width}}  "
+                          f"{sum(self.seconds.values()):8.1f}s"])  # fmt: skip
+
+
+@dataclass
+class Deployment:
+    """One compose project of this verification, seen from this machine."""
+
+    project: str
+    env: dict[str, str]
+    config: Config
+    say: Say
+
+    def compose(self, *args: str, timeout: float = 600.0) -> str:
+        return engine.compose(args, project=self.project, env=self.env, timeout=timeout).stdout
+
+    def containers(self, service: str) -> list[str]:
+        """Names of the service's containers, in replica order."""
+        out = self.compose("ps", "-a", "--format", "{{.Name}}", service)
+        return sorted(out.split(), key=lambda n: int(n.rsplit("-", 1)[-1]))
+
+    def logs(self, service: str) -> dict[str, list[str]]:
+        """Each container's log lines."""
+        lines: dict[str, list[str]] = {}
+        for line in self.compose("logs", "--no-color", service, timeout=120).splitlines():
+            match = LOG_LINE.match(line)
+            if match:
+                lines.setdefault(match["container"], []).append(match["text"])
+        return lines
+
+    def diagnose(self) -> None:
+        """Print what the containers are doing: states and log tails."""
+        result = engine.compose(["ps", "-a"], project=self.project, env=self.env, check=False)
+        self.say(result.stdout)
+        for service in ("mint", "write", "append", "view", "kafka", "minio", "provision"):
+            tail = engine.compose(["logs", "--no-color", "--tail", "25", service],
+                                  project=self.project, env=self.env, check=False)  # fmt: skip
+            self.say(f"--- {service} (last lines) ---\n{tail.stdout}{tail.stderr}")
+
+
+def _deployment(say: Say) -> Deployment:
+    project = f"mvsink-verify-{uuid.uuid4().hex[:6]}"
+    kafka_port, minio_port = free_ports(2)
+    env = {
+        **engine.build_env(),
+        "MVSINK_S3_ACCESS_KEY": f"verify{secrets.token_hex(4)}",
+        "MVSINK_S3_SECRET_KEY": secrets.token_hex(16),
+        "MVSINK_KAFKA_HOST_PORT": str(kafka_port),
+        "MVSINK_MINIO_HOST_PORT": str(minio_port),
+        "MVSINK_SINK_ID": "verify",
+        "MVSINK_SHARD_ID": "verify",
+        "MVSINK_PARTITIONS": "4",
+        "MVSINK_APPEND_WORKERS": "2",
+        "MVSINK_ROW_SCHEMA": ROW_SCHEMA,
+    }
+    host = {
+        **{k: v for k, v in env.items() if k.startswith("MVSINK_") and "HOST_PORT" not in k},
+        "MVSINK_KAFKA_BOOTSTRAP": f"127.0.0.1:{kafka_port}",
+        "MVSINK_S3_ENDPOINT": f"127.0.0.1:{minio_port}",
+        "MVSINK_S3_BUCKET": "mvsink",
+        "MVSINK_S3_SECURE": "false",
+    }
+    host.pop("MVSINK_BUILD_CA", None)
+    return Deployment(project, env, load_config(None, env=host), say)
+
+
+def _rows(table: Any, names: list[str]) -> dict[tuple[Any, ...], int]:
+    got: dict[tuple[Any, ...], int] = {}
+    for row in table.to_pylist():
+        key = tuple(row[n] for n in names)
+        got[key] = got.get(key, 0) + int(row[DIFF])
+    return got
+
+
+def check_once(shard: Shard, config: Config) -> tuple[int, bool, int]:
+    """The shard's upper, whether the shard equals the view job's output there, and the number
+    of rows of the shard whose diff is not 1 (a duplicate or a retraction with no row)."""
+    upper = shard.upper().time or 0
+    schema = parse_row_schema(config.row_schema)
+    names = list(schema.names)
+    got = _rows(shard.snapshot(upper), names)
+    want = _rows(read_desired(config.kafka_bootstrap, config.topics.desired, config.partitions,
+                              schema, upper), names)  # fmt: skip
+    return upper, got == want, sum(1 for d in got.values() if d != 1)
+
+
+def wait_converged(deployment: Deployment, shard: Shard, after: int, timeout: float) -> int:
+    """Wait until the shard's upper is at least `after` and the shard equals the view there;
+    that upper. Errors of a check (a service still away) are retried until `timeout`."""
+    say, deadline, last, said = deployment.say, time.monotonic() + timeout, "", 0.0
+    while True:
+        try:
+            upper, equal, odd = check_once(shard, deployment.config)
+            status = f"upper {upper}, equal to the view: {equal}, rows with diff != 1: {odd}"
+            if upper >= after and equal and odd == 0:
+                say(f"  converged: {status}")
+                return upper
+        except Exception as error:  # Kafka or MinIO restarting: the next round asks again
+            status = f"not readable yet ({type(error).__name__}: {str(error)[:120]})"
+        if time.monotonic() > deadline:
+            raise VerifyError(f"no convergence in {timeout:.0f}s past upper {after}: {status}")
+        if status != last or time.monotonic() - said > 15:
+            say(f"  waiting for upper >= {after}: {status}")
+            last, said = status, time.monotonic()
+        time.sleep(1.0)
+
+
+def check_scaled(deployment: Deployment, timeout: float = 120.0) -> dict[str, Any]:
+    """Both write containers hold desired partitions and staged; both append containers hold
+    an append worker and appended. Their figures."""
+    deadline = time.monotonic() + timeout
+    while True:
+        figures = {
+            "write": _work(deployment.logs("write"), "desired partitions assigned: ", "staged "),
+            "append": _work(deployment.logs("append"), "append workers assigned: ", "appended "),
+        }
+        busy = {s: [c for c, f in figures[s].items() if f["holds"] and f["done"]]
+                for s in figures}  # fmt: skip
+        if all(len(b) >= 2 for b in busy.values()):
+            for service, containers in figures.items():
+                for name, f in containers.items():
+                    deployment.say(f"  {name}: holds {f['holds']}, {f['done']} "
+                                   f"{'batches staged' if service == 'write' else 'appends'}")  # fmt: skip
+            return figures
+        if time.monotonic() > deadline:
+            raise VerifyError(
+                f"the scaled services do not all work after {timeout:.0f}s: {figures}"
+            )
+        time.sleep(2.0)
+
+
+def _work(logs: dict[str, list[str]], holds: str, done: str) -> dict[str, dict[str, Any]]:
+    """Per container: what it holds now (its last assignment line) and its lines of work."""
+    figures: dict[str, dict[str, Any]] = {}
+    for container, lines in logs.items():
+        held = [HELD.match(line.split(holds, 1)[1]) for line in lines if holds in line]
+        last = held[-1] if held else None
+        figures[container] = {
+            "holds": [int(n) for n in last[1].replace(",", " ").split()] if last else [],
+            "done": sum(1 for line in lines if done in line),
+        }
+    return figures
+
+
+def _running(container: str) -> bool:
+    result = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", container],
+                            capture_output=True, text=True, timeout=30)  # fmt: skip
+    return result.stdout.strip() == "true"
+
+
+def _image_sizes(deployment: Deployment) -> dict[str, int]:
+    names = sorted(set(deployment.compose("config", "--images").split()))
+    sizes = {}
+    for name in names:
+        out = subprocess.run(["docker", "image", "inspect", "-f", "{{.Size}}", name],
+                             capture_output=True, text=True, timeout=30)  # fmt: skip
+        sizes[name] = int(out.stdout.strip() or 0)
+    return sizes
+
+
+def run_verify(home: Path, cache: Path, say: Say, *, keep: bool = False,
+               timeout: float = 300.0) -> dict[str, Any]:  # fmt: skip
+    """The phases of the module docs; the figures (phase seconds, image sizes, work)."""
+    phases = Phases(say)
+    home.mkdir(parents=True, exist_ok=True)
+    with phases.phase("engine"):
+        engine.ensure_engine(home, say)
+        engine.ensure_compose(cache, say)
+    with phases.phase("base"):
+        engine.ensure_base(home, say)
+    deployment = _deployment(say)
+    with phases.phase("build"):
+        deployment.compose("build", timeout=3600)
+    sizes = _image_sizes(deployment)
+    for name, size in sizes.items():
+        say(f"  image {name}: {size / 2**20:.0f} MiB")
+    figures: dict[str, Any] = {"images": sizes, "project": deployment.project}
+    failed = True
+    try:
+        with phases.phase("up"):
+            deployment.compose("up", "-d", "--scale", "write=2", "--scale", "append=2",
+                               timeout=900)  # fmt: skip
+        shard = open_shard(deployment.config.shard_id, None, deployment.config.s3)
+        converge: Callable[[int], int] = lambda after: wait_converged(  # noqa: E731
+            deployment, shard, after, timeout
+        )
+        with phases.phase("converge"):
+            upper = converge(ADVANCE)
+        with phases.phase("scaled"):
+            figures["work"] = check_scaled(deployment)
+        with phases.phase("kill write and append"):
+            victims = [deployment.containers("write")[0], deployment.containers("append")[0]]
+            subprocess.run(["docker", "kill", *victims], check=True, capture_output=True,
+                           timeout=60)  # fmt: skip
+            say(f"  killed {', '.join(victims)}")
+            upper = converge(upper + ADVANCE)
+            stopped = [v for v in victims if not _running(v)]
+            if stopped:  # `docker kill` is a manual stop: no restart policy applies
+                subprocess.run(["docker", "start", *stopped], check=True, capture_output=True,
+                               timeout=120)  # fmt: skip
+                say(f"  started {', '.join(stopped)} again")
+            upper = converge(upper + ADVANCE)
+        for component in ("kafka", "minio"):
+            with phases.phase(f"restart {component}"):
+                deployment.compose("restart", component, timeout=300)
+                upper = converge(upper + ADVANCE)
+        _, equal, odd = check_once(shard, deployment.config)
+        figures.update(upper=upper, equal=equal, rows_with_diff_not_1=odd)
+        failed = False
+    except Exception:
+        deployment.diagnose()
+        raise
+    finally:
+        if keep:
+            say(f"[compose] --keep: project {deployment.project} left running "
+                f"(docker compose -p {deployment.project} down -v)")  # fmt: skip
+        else:
+            with phases.phase("down"):
+                deployment.compose("down", "-v", "--remove-orphans", timeout=300)
+        say(phases.table())
+        figures["seconds"] = phases.seconds
+        if failed:
+            say("[compose] verification FAILED")
+    say(f"[compose] verification OK: shard == view at upper {figures['upper']}, "
+        "no duplicates, through kills and restarts")  # fmt: skip
+    return figures

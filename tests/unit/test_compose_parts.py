@@ -1,0 +1,88 @@
+"""The pure parts of `mvsink compose verify` and of making the base image: reading work out of
+the services' logs, the phase table, trimming a debootstrapped tree, the build environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from mvsink.compose import engine
+from mvsink.compose.verify import LOG_LINE, Phases, _work
+
+WRITE_LOGS = {
+    "v-write-1": [
+        "INFO desired partitions assigned: [0, 1, 2, 3] (checkpoints {})",
+        "INFO staged desc[0, 1): partitions [0, 1, 2, 3], 4 parts",
+        "INFO desired partitions revoked: [0, 1, 2, 3]",
+        "INFO desired partitions assigned: [0, 1] (checkpoints {})",
+        "INFO staged desc[1, 2): partitions [0, 1], 2 parts",
+    ],
+    "v-write-2": ["INFO desired partitions assigned: [] (checkpoints {})"],
+}
+
+
+def test_work_reads_the_last_assignment_and_counts_the_work() -> None:
+    figures = _work(WRITE_LOGS, "desired partitions assigned: ", "staged ")
+    assert figures["v-write-1"] == {"holds": [0, 1], "done": 2}
+    assert figures["v-write-2"] == {"holds": [], "done": 0}  # an empty assignment holds nothing
+
+
+@pytest.mark.parametrize(
+    ("line", "container", "text"),
+    [
+        ("proj-write-1  | INFO staged x", "proj-write-1", "INFO staged x"),
+        ("proj-append-2 | appended 3 parts", "proj-append-2", "appended 3 parts"),
+    ],
+)
+def test_log_lines_split_into_container_and_text(line: str, container: str, text: str) -> None:
+    match = LOG_LINE.match(line)
+    assert match is not None and (match["container"], match["text"]) == (container, text)
+
+
+def test_phases_time_each_phase_and_total(capsys: pytest.CaptureFixture[str]) -> None:
+    said: list[str] = []
+    phases = Phases(said.append)
+    with phases.phase("build"):
+        pass
+    with pytest.raises(RuntimeError), phases.phase("up"):
+        raise RuntimeError("boom")
+    assert list(phases.seconds) == ["build", "up"]  # a failed phase is timed too
+    table = phases.table()
+    assert "build" in table and "up" in table and "total" in table
+    assert said[0] == "[compose] build ..." and said[1].startswith("[compose] build: done in")
+
+
+def test_slim_trims_a_debootstrapped_tree(tmp_path: Path) -> None:
+    root = tmp_path
+    for name in ("var/cache/apt/archives/a.deb", "var/lib/apt/lists/x_Packages",
+                 "usr/share/man/man1/ls.1.gz", "usr/share/doc/bash/README",
+                 "usr/share/doc/bash/copyright", "usr/share/locale/de/LC_MESSAGES/x.mo",
+                 "usr/share/locale/locale.alias", "etc/apt/sources.list", "usr/bin/bash"):  # fmt: skip
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("x")
+    (root / "etc/apt/sources.list").write_text("deb http://mirror.example/debian bookworm main\n")
+    (root / "etc/dpkg/dpkg.cfg.d").mkdir(parents=True)
+    (root / "etc/apt/sources.list.d").mkdir(parents=True)
+    engine._slim(root)
+    kept = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+    assert kept == {
+        "usr/share/doc/bash/copyright", "usr/share/locale/locale.alias", "usr/bin/bash",
+        "etc/dpkg/dpkg.cfg.d/docker-slim", "etc/apt/sources.list.d/debian.sources",
+    }  # fmt: skip
+    assert "path-exclude /usr/share/doc/*" in (root / "etc/dpkg/dpkg.cfg.d/docker-slim").read_text()
+    sources = (root / "etc/apt/sources.list.d/debian.sources").read_text()
+    assert "URIs: http://mirror.example/debian\n" in sources
+    assert "URIs: http://mirror.example/debian-security\n" in sources
+    assert "bookworm-security" in sources and "bookworm-updates" in sources
+
+
+def test_build_env_carries_the_extra_certificates(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setattr(engine, "EXTRA_CA_DIR", tmp_path)
+    monkeypatch.delenv("MVSINK_BUILD_CA", raising=False)
+    assert "MVSINK_BUILD_CA" not in engine.build_env()
+    (tmp_path / "b.crt").write_text("-----BEGIN CERTIFICATE-----\nB\n-----END CERTIFICATE-----\n")
+    (tmp_path / "a.crt").write_text("-----BEGIN CERTIFICATE-----\nA\n-----END CERTIFICATE-----\n")
+    bundle = engine.build_env()["MVSINK_BUILD_CA"]
+    assert bundle.index("\nA\n") < bundle.index("\nB\n") and bundle.count("BEGIN") == 2
