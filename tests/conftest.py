@@ -4,9 +4,14 @@ Where they come from, first match wins:
 
 1. environment: `MVSINK_TEST_KAFKA_BOOTSTRAP` and `MVSINK_TEST_S3_ENDPOINT` (+
    `MVSINK_TEST_S3_ACCESS_KEY`, `MVSINK_TEST_S3_SECRET_KEY`) point at running services;
-2. testcontainers, when a Docker engine answers;
+2. testcontainers, when a Docker engine answers: the project's own Kafka and MinIO images, the
+   ones `docker-compose.yaml` builds (built first if missing; nothing is pulled), configured
+   with that file's Kafka settings and published on free loopback ports;
 3. the embedded stack (`mvsink.stack`), started in a fresh temporary home with its own free
    ports, using the shared download/build cache.
+
+`MVSINK_TEST_SERVICES=containers` (or `embedded`) insists on one of the last two: with
+`containers` and no Docker engine the session fails rather than fall back.
 
 A component that cannot start fails the session with its log tail. Nothing is ever skipped.
 Pure tests request none of these fixtures and start nothing.
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -23,12 +29,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from mvsink.config import S3Settings, Secret, cache_dir
+from mvsink.config import REPO_ROOT, S3Settings, Secret, cache_dir, state_dir
 from mvsink.s3 import ensure_bucket, s3_client
 
-MINIO_IMAGE = "minio/minio:RELEASE.2025-10-15T17-29-55Z"
-KAFKA_IMAGE = "apache/kafka:4.1.1"
+COMPOSE = yaml.safe_load((REPO_ROOT / "docker-compose.yaml").read_text())["services"]
+#: The images `docker-compose.yaml` builds for Kafka and MinIO (`docker/kafka`, `docker/minio`).
+KAFKA_IMAGE, MINIO_IMAGE = COMPOSE["kafka"]["image"], COMPOSE["minio"]["image"]
 
 
 @dataclass(frozen=True)
@@ -50,16 +58,6 @@ def _s3_settings(endpoint: str, access_key: str, secret_key: str) -> S3Settings:
                       Secret(access_key), Secret(secret_key), secure=False)  # fmt: skip
 
 
-def _docker_engine_reachable() -> bool:
-    try:
-        import docker
-
-        docker.from_env(timeout=3).ping()
-    except Exception:
-        return False
-    return True
-
-
 def _from_env() -> Services | None:
     bootstrap = os.environ.get("MVSINK_TEST_KAFKA_BOOTSTRAP")
     endpoint = os.environ.get("MVSINK_TEST_S3_ENDPOINT")
@@ -70,19 +68,63 @@ def _from_env() -> Services | None:
     return Services(bootstrap, s3, "environment")
 
 
-def _from_containers(stack: list[Any]) -> Services:
-    from testcontainers.kafka import KafkaContainer
-    from testcontainers.minio import MinioContainer
+def _kafka_environment(host_port: int) -> dict[str, str]:
+    """The compose file's Kafka settings, its host listener advertised on `host_port` and its
+    own listener on `localhost` (a lone container has no `kafka` host name: the broker's
+    transaction manager talks to itself through that listener)."""
+    return {k: str(v).replace("${MVSINK_KAFKA_HOST_PORT:-19092}", str(host_port))
+            .replace("PLAINTEXT://kafka:9092", "PLAINTEXT://localhost:9092")
+            for k, v in COMPOSE["kafka"]["environment"].items()}  # fmt: skip
 
-    kafka = KafkaContainer(KAFKA_IMAGE).with_env("KAFKA_LOG_CLEANER_BACKOFF_MS", "1000")
-    minio = MinioContainer(MINIO_IMAGE)
+
+def _from_containers(stack: list[Any]) -> Services:
+    # No Ryuk: the reaper is an image from a registry (nothing is pulled here); the fixture
+    # stops its containers itself.
+    os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+    from testcontainers.core.container import DockerContainer
+
+    from mvsink.compose.engine import ensure_images, image_exists
+    from mvsink.stack.kafka import kafka_ready
+    from mvsink.stack.minio import minio_ready
+    from mvsink.stack.procs import free_ports
+
+    missing = [s for s in ("kafka", "minio") if not image_exists(COMPOSE[s]["image"])]
+    if missing:
+        ensure_images(missing, state_dir() / "compose", cache_dir(), _say)
+    kafka_port, minio_port = free_ports(2)
+    access_key, secret_key = f"test{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    kafka = _on_loopback(DockerContainer(KAFKA_IMAGE), 19092, kafka_port)
+    for name, value in _kafka_environment(kafka_port).items():
+        kafka = kafka.with_env(name, value)
+    minio = (_on_loopback(DockerContainer(MINIO_IMAGE), 9000, minio_port)
+             .with_env("MINIO_ROOT_USER", access_key).with_env("MINIO_ROOT_PASSWORD", secret_key))  # fmt: skip
     for container in (kafka, minio):
         container.start()
         stack.append(container)
-    config = minio.get_config()
-    s3 = _s3_settings(config["endpoint"], config["access_key"], config["secret_key"])
-    bootstrap = kafka.get_bootstrap_server().replace("localhost", "127.0.0.1")
-    return Services(bootstrap, s3, "testcontainers")
+    bootstrap, endpoint = f"127.0.0.1:{kafka_port}", f"127.0.0.1:{minio_port}"
+    for what, ready, container in (("Kafka", lambda: kafka_ready(bootstrap), kafka),
+                                   ("MinIO", lambda: minio_ready(endpoint), minio)):  # fmt: skip
+        deadline = time.monotonic() + 120
+        while not _answers(ready):
+            if time.monotonic() > deadline:
+                logs = b"".join(container.get_logs()).decode(errors="replace")[-3000:]
+                raise RuntimeError(f"{what} container not ready after 120s:\n{logs}")
+            time.sleep(0.5)
+    return Services(bootstrap, _s3_settings(endpoint, access_key, secret_key), "testcontainers")
+
+
+def _on_loopback(container: Any, port: int, host_port: int) -> Any:
+    """`container` with `port` published on 127.0.0.1:`host_port` only (`with_bind_ports`
+    would publish on every interface)."""
+    container.ports[f"{port}/tcp"] = ("127.0.0.1", host_port)  # docker-py's (ip, port) form
+    return container
+
+
+def _answers(ready: Any) -> bool:
+    try:
+        return bool(ready())
+    except Exception:
+        return False
 
 
 def _from_embedded(home: Path, stack: list[Any]) -> Services:
@@ -100,8 +142,16 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
     """Real Kafka and S3 for the whole session (see module docs for where they come from)."""
     started: list[Any] = []
     try:
+        from mvsink.compose.engine import docker_answers
+
+        choice = os.environ.get("MVSINK_TEST_SERVICES", "auto")
+        if choice not in ("auto", "containers", "embedded"):
+            raise ValueError(f"MVSINK_TEST_SERVICES={choice!r}: auto, containers or embedded")
         found = _from_env()
-        if found is None and _docker_engine_reachable():
+        if found is None and choice == "containers" and not docker_answers():
+            raise RuntimeError("MVSINK_TEST_SERVICES=containers but no Docker engine answers "
+                               "(`./run compose-test` provides one)")  # fmt: skip
+        if found is None and choice != "embedded" and docker_answers():
             found = _from_containers(started)
         if found is None:
             found = _from_embedded(tmp_path_factory.mktemp("stack"), started)
