@@ -5,6 +5,7 @@ outside the services (`mvsink compose verify`)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import cast
 
@@ -13,6 +14,7 @@ import pyarrow.compute as pc
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from mvsink.codec import decode_message
+from mvsink.errors import MvsinkError
 from mvsink.kafka import READ_TO_END, consumer_config, poll_message
 from mvsink.messages import Progress, Updates, UpdatesArrow
 from mvsink.rows import updates_decoder
@@ -35,15 +37,20 @@ def read_desired(bootstrap: str, topic: str, partitions: int, row_schema: pa.Sch
                  as_of: int, timeout: float = 60.0) -> pa.Table:  # fmt: skip
     """The desired collection at `as_of`: every committed update with a time before `as_of`,
     read to the end of each partition, with times advanced to `as_of` and consolidated. A caller must know that
-    desired's progress passed `as_of` (e.g. a shard's upper: nothing is minted before it)."""
+    desired's progress passed `as_of` (e.g. a shard's upper: nothing is minted before it).
+    Raises `MvsinkError` if the partitions are not all read to their end within `timeout`."""
     consumer = Consumer(consumer_config(bootstrap, extra=READ_TO_END))
     decode_rows = updates_decoder(row_schema)
     tables: list[pa.Table] = []
     try:
         consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         ended: set[int] = set()
+        deadline = time.monotonic() + timeout
         while len(ended) < partitions:
-            message = poll_message(consumer, min(timeout, 5.0), on_eof=ended.add)
+            if time.monotonic() > deadline:
+                raise MvsinkError(f"reading {topic} to its end took over {timeout}s "
+                                  f"(partitions at their end: {sorted(ended)})")  # fmt: skip
+            message = poll_message(consumer, 0.5, on_eof=ended.add)
             if message is None:
                 continue
             decoded = decode_desired(message, row_schema, decode_rows)

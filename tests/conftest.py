@@ -37,6 +37,8 @@ from mvsink.s3 import ensure_bucket, s3_client
 COMPOSE = yaml.safe_load((REPO_ROOT / "docker-compose.yaml").read_text())["services"]
 #: The images `docker-compose.yaml` builds for Kafka and MinIO (`docker/kafka`, `docker/minio`).
 KAFKA_IMAGE, MINIO_IMAGE = COMPOSE["kafka"]["image"], COMPOSE["minio"]["image"]
+#: Label of the test containers: the pid of the session that started them.
+ORPHAN_LABEL = "mvsink.test.session-pid"
 
 
 @dataclass(frozen=True)
@@ -91,16 +93,18 @@ def _from_containers(stack: list[Any]) -> Services:
     missing = [s for s in ("kafka", "minio") if not image_exists(COMPOSE[s]["image"])]
     if missing:
         ensure_images(missing, state_dir() / "compose", cache_dir(), _say)
+    _remove_orphans()
+    labels = {ORPHAN_LABEL: str(os.getpid())}
     kafka_port, minio_port = free_ports(2)
     access_key, secret_key = f"test{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
-    kafka = _on_loopback(DockerContainer(KAFKA_IMAGE), 19092, kafka_port)
+    kafka = _on_loopback(DockerContainer(KAFKA_IMAGE, labels=labels), 19092, kafka_port)
     for name, value in _kafka_environment(kafka_port).items():
         kafka = kafka.with_env(name, value)
-    minio = (_on_loopback(DockerContainer(MINIO_IMAGE), 9000, minio_port)
+    minio = (_on_loopback(DockerContainer(MINIO_IMAGE, labels=labels), 9000, minio_port)
              .with_env("MINIO_ROOT_USER", access_key).with_env("MINIO_ROOT_PASSWORD", secret_key))  # fmt: skip
     for container in (kafka, minio):
+        stack.append(container)  # stopped by the fixture even if its start fails half-way
         container.start()
-        stack.append(container)
     bootstrap, endpoint = f"127.0.0.1:{kafka_port}", f"127.0.0.1:{minio_port}"
     for what, ready, container in (("Kafka", lambda: kafka_ready(bootstrap), kafka),
                                    ("MinIO", lambda: minio_ready(endpoint), minio)):  # fmt: skip
@@ -111,6 +115,18 @@ def _from_containers(stack: list[Any]) -> Services:
                 raise RuntimeError(f"{what} container not ready after 120s:\n{logs}")
             time.sleep(0.5)
     return Services(bootstrap, _s3_settings(endpoint, access_key, secret_key), "testcontainers")
+
+
+def _remove_orphans() -> None:
+    """Remove the containers of test sessions that died without stopping theirs (no Ryuk)."""
+    import docker
+    from mvsink.stack.procs import pid_alive
+
+    client = docker.from_env()
+    for container in client.containers.list(all=True, filters={"label": ORPHAN_LABEL}):
+        if not pid_alive(int(container.labels.get(ORPHAN_LABEL, "0"))):
+            _say(f"removing {container.name}, left by a test session that died")
+            container.remove(force=True, v=True)
 
 
 def _on_loopback(container: Any, port: int, host_port: int) -> Any:

@@ -201,7 +201,7 @@ def test_only_kafka_and_minio_publish_ports_and_only_on_loopback(compose: dict[s
 def test_the_host_listener_is_advertised_on_the_published_port(compose: dict[str, Any]) -> None:
     kafka = compose["services"]["kafka"]
     (published,) = kafka["ports"]
-    host_port = published.split(":")[1]
+    host_port = published.rsplit(":", 1)[0].split(":", 1)[1]  # 127.0.0.1:<this>:19092
     assert f"HOST://127.0.0.1:{host_port}" in kafka["environment"]["KAFKA_ADVERTISED_LISTENERS"]
     assert (
         published.endswith(":19092") and "HOST://:19092" in kafka["environment"]["KAFKA_LISTENERS"]

@@ -2,8 +2,9 @@
 # Start one KRaft node. Every KAFKA_<NAME> variable becomes the server property <name>
 # (lower case, `_` -> `.`, `__` -> `_`, `___` -> `-`), as in the official apache/kafka image;
 # the defaults below make a single node that listens on :9092 (clients) and :9093 (controller).
-# KAFKA_CLUSTER_ID fixes the cluster id (default: a random one at the first start). The storage
-# is formatted once, on the first start with an empty data volume.
+# KAFKA_CLUSTER_ID fixes the cluster id (default: a random one at the first start);
+# KAFKA_HEAP_OPTS (default -Xms256m -Xmx768m) and KAFKA_OPTS are JVM options, not properties.
+# The storage is formatted once, on the first start with an empty data volume.
 set -eu
 LIBS="/opt/kafka/libs/*"
 CONFIG="${KAFKA_CONFIG_DIR:-/var/lib/kafka}/server.properties"
@@ -24,7 +25,7 @@ DATA=/var/lib/kafka/data
   echo "share.coordinator.state.topic.replication.factor=1"
   echo "share.coordinator.state.topic.min.isr=1"
   env | grep '^KAFKA_' | grep -v -e '^KAFKA_CLUSTER_ID=' -e '^KAFKA_HEAP_OPTS=' \
-      -e '^KAFKA_CONFIG_DIR=' | while IFS='=' read -r name value; do
+      -e '^KAFKA_OPTS=' -e '^KAFKA_CONFIG_DIR=' | while IFS='=' read -r name value; do
     key=$(printf '%s' "${name#KAFKA_}" | tr 'A-Z' 'a-z' \
           | sed -e 's/___/-/g' -e 's/__/@/g' -e 's/_/./g' -e 's/@/_/g')
     echo "$key=$value"
@@ -35,7 +36,7 @@ if [ ! -f "$DATA/meta.properties" ]; then
   cluster="${KAFKA_CLUSTER_ID:-$(java -cp "$LIBS" kafka.tools.StorageTool random-uuid)}"
   java -cp "$LIBS" kafka.tools.StorageTool format "--cluster-id=$cluster" "--config=$CONFIG"
 fi
-# shellcheck disable=SC2086  # KAFKA_HEAP_OPTS is a list of options
-exec java ${KAFKA_HEAP_OPTS:--Xms256m -Xmx768m} -XX:+UseG1GC -Djava.awt.headless=true \
+# shellcheck disable=SC2086  # the *_OPTS are lists of options
+exec java ${KAFKA_HEAP_OPTS:--Xms256m -Xmx768m} -XX:+UseG1GC -Djava.awt.headless=true ${KAFKA_OPTS:-} \
   -Dlog4j2.configurationFile=/opt/kafka/config/log4j2.properties \
   -cp "$LIBS" kafka.Kafka "$CONFIG"

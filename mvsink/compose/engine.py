@@ -13,8 +13,8 @@ can, or raises `StackError` saying what to install:
   ./cmd` in a copy), cached, and installed as `~/.docker/cli-plugins/docker-compose`.
 * `ensure_base`: `debian:bookworm-slim`. Pulled where a registry answers; otherwise made with
   `debootstrap --variant=minbase bookworm` and trimmed as the official slim image is (no docs,
-  man pages or locales, now or in later `apt-get install`s), then `docker import`ed under that
-  name, so the Dockerfiles build unchanged.
+  man pages or locales, nor downloaded packages, now or in later `apt-get install`s), then
+  `docker import`ed under that name, so the Dockerfiles build unchanged.
 * `build_env`: the environment for `docker compose build`: `MVSINK_BUILD_CA`, the certificates
   this machine trusts beyond Debian's (`/usr/local/share/ca-certificates`), which the build
   stages need behind a TLS-intercepting proxy (`docker/trust-build-ca`).
@@ -50,6 +50,15 @@ SLIM_EXCLUDES = (
     "path-exclude /usr/share/locale/*\n"
     "path-include /usr/share/locale/locale.alias\n"
 )
+#: As the official image: downloaded packages are deleted after every install, so no layer
+#: keeps them.
+APT_CLEAN = (
+    'DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb '
+    '/var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };\n'
+    'APT::Update::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb '
+    '/var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };\n'
+    'Dir::Cache::pkgcache "";\nDir::Cache::srcpkgcache "";\n'
+)
 #: Debian's own suites, as the official image lists them; `{uri}` is the mirror debootstrap used.
 SOURCES = (
     "Types: deb\n"
@@ -83,7 +92,10 @@ def compose_answers() -> bool:
     """Whether `docker compose` (v2) runs."""
     if shutil.which("docker") is None:
         return False
-    return _run(["docker", "compose", "version"], 30).returncode == 0
+    try:
+        return _run(["docker", "compose", "version"], 30).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
 
 
 def _apt_install(packages: Sequence[str], log: Path, say: Say, why: str) -> None:
@@ -133,9 +145,8 @@ def ensure_compose(cache: Path, say: Say) -> None:
             flags = f"-s -w -X {COMPOSE_MODULE}/internal.Version={COMPOSE_VERSION}"
             env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-buildvcs=false")
             procs.run_checked(
-                ["sh", "-c", f'cd "{tree}" && "{go}" build -trimpath -ldflags "{flags}" '
-                 f'-o "{built}.tmp" ./cmd'],
-                log=log, env=env, what="building docker compose",
+                [go, "build", "-trimpath", "-ldflags", flags, "-o", f"{built}.tmp", "./cmd"],
+                log=log, env=env, what="building docker compose", cwd=tree,
             )  # fmt: skip
         Path(f"{built}.tmp").rename(built)
     plugins = Path.home() / ".docker" / "cli-plugins"
@@ -158,8 +169,8 @@ def ensure_base(home: Path, say: Say) -> None:
     pulled = _run(["docker", "pull", BASE_IMAGE], 600)
     if pulled.returncode == 0:
         return
-    say(f"{BASE_IMAGE} cannot be pulled ({pulled.stderr.strip().splitlines()[-1:]}); "
-        "making it with debootstrap ...")  # fmt: skip
+    why = (pulled.stderr.strip().splitlines() or ["no reason given"])[-1]
+    say(f"{BASE_IMAGE} cannot be pulled ({why}); making it with debootstrap ...")
     log = home / "debootstrap.log"
     if shutil.which("debootstrap") is None:
         _apt_install(["debootstrap"], home / "apt.log", say, "making the base image")
@@ -168,10 +179,25 @@ def ensure_base(home: Path, say: Say) -> None:
         procs.run_checked(["debootstrap", "--variant=minbase", "bookworm", str(root)], log=log,
                           what="debootstrap")  # fmt: skip
         _slim(root)
-        procs.run_checked(
-            ["sh", "-c", f'tar -C "{root}" -c . | docker import -c \'CMD ["bash"]\' - {BASE_IMAGE}'],
-            log=log, what="docker import",
-        )  # fmt: skip
+        _import(root, log)
+
+
+def _import(root: Path, log: Path) -> None:
+    """`tar -C root -c . | docker import - BASE_IMAGE`, failing if either side fails."""
+    with log.open("ab") as out:
+        tar = subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE,
+                               stderr=out)  # fmt: skip
+        imported = subprocess.run(["docker", "import", "-c", 'CMD ["bash"]', "-", BASE_IMAGE],
+                                  stdin=tar.stdout, stdout=out, stderr=out)  # fmt: skip
+        assert tar.stdout is not None
+        tar.stdout.close()
+        tar_exit = tar.wait()
+    if tar_exit != 0 or imported.returncode != 0:
+        if imported.returncode == 0:  # a partial tree must not pass for the base image
+            _run(["docker", "image", "rm", BASE_IMAGE])
+        raise StackError(f"importing {root} as {BASE_IMAGE} failed (tar exit {tar_exit}, "
+                         f"docker import exit {imported.returncode}); log {log}:\n"
+                         f"{procs.log_tail(log)}")  # fmt: skip
 
 
 def _slim(root: Path) -> None:
@@ -188,6 +214,8 @@ def _slim(root: Path) -> None:
         if path.name != "locale.alias":
             shutil.rmtree(path) if path.is_dir() else path.unlink()
     (root / "etc/dpkg/dpkg.cfg.d/docker-slim").write_text(SLIM_EXCLUDES)
+    (root / "etc/apt/apt.conf.d/docker-clean").write_text(APT_CLEAN)
+    (root / "etc/apt/apt.conf.d/docker-no-languages").write_text('Acquire::Languages "none";\n')
     listed = (root / "etc/apt/sources.list").read_text().split()  # deb URI bookworm main
     (root / "etc/apt/sources.list").unlink()
     uri = listed[listed.index("deb") + 1].rstrip("/")

@@ -13,8 +13,10 @@ Phases, each timed and printed:
    Kafka's published listener -- at the shard's upper, with no row whose diff is not 1;
 6. **scaled**: the logs show both write containers holding desired partitions and staging, and
    both append containers holding an append worker and appending;
-7. **kill**: `docker kill` of one write and one append container; the survivors converge the
-   shard; the killed two are started again and it converges again;
+7. **kill**: `docker kill` of one write and one append container; the shard converges and the
+   survivors' logs show work since the kill (they took over the partitions and the worker);
+   the killed two are started again (`docker kill` is a manual stop: the restart policy leaves
+   them down), the shard converges and their logs show work since their start;
 8. **restart kafka**, **restart minio**: `docker compose restart` of each; converge again;
 9. **down**: `docker compose down -v` (always, unless `--keep`).
 
@@ -25,12 +27,14 @@ containers' states and log tails, and the command exits non-zero.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 import secrets
 import subprocess
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +57,9 @@ ROW_SCHEMA = "customer string not null, orders long, total double"
 LOG_LINE = re.compile(r"^(?P<container>\S+)\s+\| (?P<text>.*)$")
 #: A logged list of partitions or workers: `[0, 2]`.
 HELD = re.compile(r"\[([\d, ]*)\]")
+#: What each scaled service logs when it holds something, and for each piece of work it did.
+WRITE_HOLDS, WRITE_WORK = "desired partitions assigned: ", re.compile(r"\bstaged .*: partitions \[")
+APPEND_HOLDS, APPEND_WORK = "append workers assigned: ", re.compile(r"\bappended \d+ parts for ")
 
 
 class VerifyError(MvsinkError):
@@ -133,12 +140,12 @@ def _deployment(say: Say) -> Deployment:
         "MVSINK_PARTITIONS": "4",
         "MVSINK_APPEND_WORKERS": "2",
         "MVSINK_ROW_SCHEMA": ROW_SCHEMA,
+        "MVSINK_S3_BUCKET": "mvsink",
     }
     host = {
         **{k: v for k, v in env.items() if k.startswith("MVSINK_") and "HOST_PORT" not in k},
         "MVSINK_KAFKA_BOOTSTRAP": f"127.0.0.1:{kafka_port}",
         "MVSINK_S3_ENDPOINT": f"127.0.0.1:{minio_port}",
-        "MVSINK_S3_BUCKET": "mvsink",
         "MVSINK_S3_SECURE": "false",
     }
     host.pop("MVSINK_BUILD_CA", None)
@@ -154,34 +161,39 @@ def _rows(table: Any, names: list[str]) -> dict[tuple[Any, ...], int]:
 
 
 def check_once(shard: Shard, config: Config) -> tuple[int, bool, int]:
-    """The shard's upper, whether the shard equals the view job's output there, and the number
-    of rows of the shard whose diff is not 1 (a duplicate or a retraction with no row)."""
+    """The shard's upper, whether the shard equals the view job's output there (an empty view
+    never counts: the view job publishes rows from its first tick), and the number of rows of
+    the shard whose diff is not 1 (a duplicate or a retraction with no row)."""
     upper = shard.upper().time or 0
     schema = parse_row_schema(config.row_schema)
     names = list(schema.names)
     got = _rows(shard.snapshot(upper), names)
     want = _rows(read_desired(config.kafka_bootstrap, config.topics.desired, config.partitions,
                               schema, upper), names)  # fmt: skip
-    return upper, got == want, sum(1 for d in got.values() if d != 1)
+    return upper, bool(want) and got == want, sum(1 for d in got.values() if d != 1)
 
 
-def wait_converged(deployment: Deployment, shard: Shard, after: int, timeout: float) -> int:
-    """Wait until the shard's upper is at least `after` and the shard equals the view there;
-    that upper. Errors of a check (a service still away) are retried until `timeout`."""
+def wait_converged(deployment: Deployment, shard: Shard, advance: int, timeout: float) -> int:
+    """Read the shard's upper now, then wait until it moved at least `advance` times past it and
+    the shard equals the view there; that upper. Errors of a read (a service still away) are
+    retried until `timeout`."""
     say, deadline, last, said = deployment.say, time.monotonic() + timeout, "", 0.0
+    base: int | None = None
     while True:
         try:
+            if base is None:
+                base = shard.upper().time or 0
             upper, equal, odd = check_once(shard, deployment.config)
             status = f"upper {upper}, equal to the view: {equal}, rows with diff != 1: {odd}"
-            if upper >= after and equal and odd == 0:
+            if upper >= base + advance and equal and odd == 0:
                 say(f"  converged: {status}")
                 return upper
         except Exception as error:  # Kafka or MinIO restarting: the next round asks again
             status = f"not readable yet ({type(error).__name__}: {str(error)[:120]})"
         if time.monotonic() > deadline:
-            raise VerifyError(f"no convergence in {timeout:.0f}s past upper {after}: {status}")
+            raise VerifyError(f"no convergence in {timeout:.0f}s ({advance} past {base}): {status}")
         if status != last or time.monotonic() - said > 15:
-            say(f"  waiting for upper >= {after}: {status}")
+            say(f"  waiting for upper >= {'?' if base is None else base + advance}: {status}")
             last, said = status, time.monotonic()
         time.sleep(1.0)
 
@@ -192,8 +204,8 @@ def check_scaled(deployment: Deployment, timeout: float = 120.0) -> dict[str, An
     deadline = time.monotonic() + timeout
     while True:
         figures = {
-            "write": _work(deployment.logs("write"), "desired partitions assigned: ", "staged "),
-            "append": _work(deployment.logs("append"), "append workers assigned: ", "appended "),
+            "write": _work(deployment.logs("write"), WRITE_HOLDS, WRITE_WORK),
+            "append": _work(deployment.logs("append"), APPEND_HOLDS, APPEND_WORK),
         }
         busy = {s: [c for c, f in figures[s].items() if f["holds"] and f["done"]]
                 for s in figures}  # fmt: skip
@@ -210,7 +222,9 @@ def check_scaled(deployment: Deployment, timeout: float = 120.0) -> dict[str, An
         time.sleep(2.0)
 
 
-def _work(logs: dict[str, list[str]], holds: str, done: str) -> dict[str, dict[str, Any]]:
+def _work(
+    logs: dict[str, list[str]], holds: str, done: re.Pattern[str]
+) -> dict[str, dict[str, Any]]:
     """Per container: what it holds now (its last assignment line) and its lines of work."""
     figures: dict[str, dict[str, Any]] = {}
     for container, lines in logs.items():
@@ -218,9 +232,47 @@ def _work(logs: dict[str, list[str]], holds: str, done: str) -> dict[str, dict[s
         last = held[-1] if held else None
         figures[container] = {
             "holds": [int(n) for n in last[1].replace(",", " ").split()] if last else [],
-            "done": sum(1 for line in lines if done in line),
+            "done": sum(1 for line in lines if done.search(line)),
         }
     return figures
+
+
+def check_work_since(deployment: Deployment, since: str, containers: dict[str, str],
+                     timeout: float = 120.0) -> None:  # fmt: skip
+    """Each of `containers` (name -> its service) did work after `since` (RFC 3339): a write
+    container staged, an append container appended."""
+    deadline, pending = time.monotonic() + timeout, dict(containers)
+    while pending:
+        for name, service in list(pending.items()):
+            logs = subprocess.run(["docker", "logs", "--since", since, name], capture_output=True,
+                                  text=True, timeout=60)  # fmt: skip
+            holds, work = (WRITE_HOLDS, WRITE_WORK) if service == "write" else (APPEND_HOLDS,
+                                                                                 APPEND_WORK)  # fmt: skip
+            figures = _work({name: (logs.stdout + logs.stderr).splitlines()}, holds, work)[name]
+            if figures["done"]:
+                deployment.say(f"  {name} worked since {since}: {figures['done']} "
+                               f"{'batches staged' if service == 'write' else 'appends'}")  # fmt: skip
+                del pending[name]
+        if pending and time.monotonic() > deadline:
+            raise VerifyError(f"no work since {since} in {timeout:.0f}s from {sorted(pending)}")
+        if pending:
+            time.sleep(2.0)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _down_stale(say: Say) -> None:
+    """`down -v` every `mvsink-verify-*` project an interrupted run left behind."""
+    listed = subprocess.run(["docker", "compose", "ls", "--all", "--format", "json"],
+                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    for project in json.loads(listed.stdout or "[]"):
+        if str(project.get("Name", "")).startswith("mvsink-verify-"):
+            say(f"  removing {project['Name']}, left behind by an interrupted run")
+            engine.compose(["down", "-v", "--remove-orphans"], project=project["Name"],
+                           env={**os.environ, "MVSINK_S3_ACCESS_KEY": "x",
+                                "MVSINK_S3_SECRET_KEY": "x"}, check=False)  # fmt: skip
 
 
 def _running(container: str) -> bool:
@@ -249,6 +301,7 @@ def run_verify(home: Path, cache: Path, say: Say, *, keep: bool = False,
         engine.ensure_compose(cache, say)
     with phases.phase("base"):
         engine.ensure_base(home, say)
+    _down_stale(say)
     deployment = _deployment(say)
     with phases.phase("build"):
         deployment.compose("build", timeout=3600)
@@ -262,29 +315,35 @@ def run_verify(home: Path, cache: Path, say: Say, *, keep: bool = False,
             deployment.compose("up", "-d", "--scale", "write=2", "--scale", "append=2",
                                timeout=900)  # fmt: skip
         shard = open_shard(deployment.config.shard_id, None, deployment.config.s3)
-        converge: Callable[[int], int] = lambda after: wait_converged(  # noqa: E731
-            deployment, shard, after, timeout
-        )
+
+        def converge() -> int:
+            return wait_converged(deployment, shard, ADVANCE, timeout)
+
         with phases.phase("converge"):
-            upper = converge(ADVANCE)
+            upper = converge()
         with phases.phase("scaled"):
             figures["work"] = check_scaled(deployment)
         with phases.phase("kill write and append"):
-            victims = [deployment.containers("write")[0], deployment.containers("append")[0]]
+            writers, appenders = deployment.containers("write"), deployment.containers("append")
+            victims = [writers[0], appenders[0]]
+            killed_at = _now()
             subprocess.run(["docker", "kill", *victims], check=True, capture_output=True,
                            timeout=60)  # fmt: skip
             say(f"  killed {', '.join(victims)}")
-            upper = converge(upper + ADVANCE)
+            upper = converge()  # the survivors took over the victims' partitions and worker
+            check_work_since(deployment, killed_at, {writers[1]: "write", appenders[1]: "append"})
             stopped = [v for v in victims if not _running(v)]
+            started_at = _now()
             if stopped:  # `docker kill` is a manual stop: no restart policy applies
                 subprocess.run(["docker", "start", *stopped], check=True, capture_output=True,
                                timeout=120)  # fmt: skip
                 say(f"  started {', '.join(stopped)} again")
-            upper = converge(upper + ADVANCE)
+            upper = converge()
+            check_work_since(deployment, started_at, {writers[0]: "write", appenders[0]: "append"})
         for component in ("kafka", "minio"):
             with phases.phase(f"restart {component}"):
                 deployment.compose("restart", component, timeout=300)
-                upper = converge(upper + ADVANCE)
+                upper = converge()
         _, equal, odd = check_once(shard, deployment.config)
         figures.update(upper=upper, equal=equal, rows_with_diff_not_1=odd)
         failed = False
@@ -297,7 +356,10 @@ def run_verify(home: Path, cache: Path, say: Say, *, keep: bool = False,
                 f"(docker compose -p {deployment.project} down -v)")  # fmt: skip
         else:
             with phases.phase("down"):
-                deployment.compose("down", "-v", "--remove-orphans", timeout=300)
+                down = engine.compose(["down", "-v", "--remove-orphans"], project=deployment.project,
+                                      env=deployment.env, timeout=300, check=False)  # fmt: skip
+                if down.returncode != 0:  # say so, but never hide the error that got us here
+                    say(f"  docker compose down failed: {down.stderr[-2000:]}")
         say(phases.table())
         figures["seconds"] = phases.seconds
         if failed:

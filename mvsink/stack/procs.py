@@ -96,15 +96,21 @@ def require_tool(name: str, hint: str) -> str:
 
 
 def run_checked(
-    cmd: Sequence[str], *, log: Path, env: Mapping[str, str] | None = None, what: str
+    cmd: Sequence[str],
+    *,
+    log: Path,
+    env: Mapping[str, str] | None = None,
+    what: str,
+    cwd: Path | None = None,
 ) -> None:
-    """Run a build/setup command to completion, logging to `log`; raise with its tail on failure."""
+    """Run a build/setup command to completion (in `cwd`), logging to `log`; raise with its
+    tail on failure."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as out:
         out.write(f"\n$ {' '.join(cmd)}\n".encode())
         out.flush()
         result = subprocess.run(
-            list(cmd), stdout=out, stderr=subprocess.STDOUT, env=dict(env or os.environ)
+            list(cmd), stdout=out, stderr=subprocess.STDOUT, env=dict(env or os.environ), cwd=cwd
         )
     if result.returncode != 0:
         raise StackError(f"{what} failed (exit {result.returncode}); log {log}:\n{log_tail(log)}")

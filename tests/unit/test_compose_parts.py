@@ -8,12 +8,13 @@ from pathlib import Path
 import pytest
 
 from mvsink.compose import engine
-from mvsink.compose.verify import LOG_LINE, Phases, _work
+from mvsink.compose.verify import APPEND_WORK, LOG_LINE, WRITE_WORK, Phases, _work
 
 WRITE_LOGS = {
     "v-write-1": [
         "INFO desired partitions assigned: [0, 1, 2, 3] (checkpoints {})",
         "INFO staged desc[0, 1): partitions [0, 1, 2, 3], 4 parts",
+        "WARNING desc[1, 2) staged 9s ago and still not appended: staging it again",
         "INFO desired partitions revoked: [0, 1, 2, 3]",
         "INFO desired partitions assigned: [0, 1] (checkpoints {})",
         "INFO staged desc[1, 2): partitions [0, 1], 2 parts",
@@ -23,7 +24,7 @@ WRITE_LOGS = {
 
 
 def test_work_reads_the_last_assignment_and_counts_the_work() -> None:
-    figures = _work(WRITE_LOGS, "desired partitions assigned: ", "staged ")
+    figures = _work(WRITE_LOGS, "desired partitions assigned: ", WRITE_WORK)
     assert figures["v-write-1"] == {"holds": [0, 1], "done": 2}
     assert figures["v-write-2"] == {"holds": [], "done": 0}  # an empty assignment holds nothing
 
@@ -63,13 +64,16 @@ def test_slim_trims_a_debootstrapped_tree(tmp_path: Path) -> None:
         (root / name).write_text("x")
     (root / "etc/apt/sources.list").write_text("deb http://mirror.example/debian bookworm main\n")
     (root / "etc/dpkg/dpkg.cfg.d").mkdir(parents=True)
+    (root / "etc/apt/apt.conf.d").mkdir(parents=True)
     (root / "etc/apt/sources.list.d").mkdir(parents=True)
     engine._slim(root)
     kept = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
     assert kept == {
         "usr/share/doc/bash/copyright", "usr/share/locale/locale.alias", "usr/bin/bash",
         "etc/dpkg/dpkg.cfg.d/docker-slim", "etc/apt/sources.list.d/debian.sources",
+        "etc/apt/apt.conf.d/docker-clean", "etc/apt/apt.conf.d/docker-no-languages",
     }  # fmt: skip
+    assert "/var/cache/apt/archives/*.deb" in (root / "etc/apt/apt.conf.d/docker-clean").read_text()
     assert "path-exclude /usr/share/doc/*" in (root / "etc/dpkg/dpkg.cfg.d/docker-slim").read_text()
     sources = (root / "etc/apt/sources.list.d/debian.sources").read_text()
     assert "URIs: http://mirror.example/debian\n" in sources
@@ -86,3 +90,10 @@ def test_build_env_carries_the_extra_certificates(tmp_path: Path,
     (tmp_path / "a.crt").write_text("-----BEGIN CERTIFICATE-----\nA\n-----END CERTIFICATE-----\n")
     bundle = engine.build_env()["MVSINK_BUILD_CA"]
     assert bundle.index("\nA\n") < bundle.index("\nB\n") and bundle.count("BEGIN") == 2
+
+
+def test_work_patterns_match_work_and_not_warnings() -> None:
+    assert WRITE_WORK.search("INFO staged desc[3, 4): partitions [1], 1 parts, 7 updates in 0.2s")
+    assert not WRITE_WORK.search("WARNING desc[3, 4) staged 9s ago and still not appended")
+    assert APPEND_WORK.search("INFO appended 2 parts for desc[3, 4) (seqno 9) in 3.1 ms")
+    assert not APPEND_WORK.search("WARNING desc[3, 4) staged 9s ago and still not appended: x")

@@ -52,6 +52,7 @@ def _wrapped(cause: BaseException) -> MvsinkError:
         (KafkaException(KafkaError(KafkaError._TRANSPORT)), True),
         (KafkaException(KafkaError(KafkaError._ALL_BROKERS_DOWN)), True),
         (KafkaException(KafkaError(KafkaError._TIMED_OUT)), True),
+        (KafkaException(KafkaError(KafkaError._DESTROY_BROKER)), True),
         (KafkaException(KafkaError(KafkaError._FENCED, fatal=True)), False),
         (KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)), False),
         (_wrapped(ConnectionRefusedError(errno.ECONNREFUSED, "refused")), True),
