@@ -74,8 +74,16 @@ SOURCES = (
 )
 
 
-def _run(cmd: Sequence[str], timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout)
+def docker(*args: str, timeout: float = 60.0, check: bool = False,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """`docker ARGS`, its output captured as text; with `check`, a failure raises `StackError`
+    carrying that output."""
+    result = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout,
+                            env=env)  # fmt: skip
+    if check and result.returncode != 0:
+        raise StackError(f"`docker {' '.join(args)[:200]}` failed (exit {result.returncode}):\n"
+                         f"{result.stdout[-3000:]}{result.stderr[-3000:]}")  # fmt: skip
+    return result
 
 
 def docker_answers() -> bool:
@@ -83,7 +91,7 @@ def docker_answers() -> bool:
     if shutil.which("docker") is None:
         return False
     try:
-        return _run(["docker", "version", "--format", "{{.Server.Version}}"], 15).returncode == 0
+        return docker("version", "--format", "{{.Server.Version}}", timeout=15).returncode == 0
     except subprocess.TimeoutExpired:
         return False
 
@@ -93,7 +101,7 @@ def compose_answers() -> bool:
     if shutil.which("docker") is None:
         return False
     try:
-        return _run(["docker", "compose", "version"], 30).returncode == 0
+        return docker("compose", "version", timeout=30).returncode == 0
     except subprocess.TimeoutExpired:
         return False
 
@@ -132,7 +140,8 @@ def ensure_compose(cache: Path, say: Say) -> None:
             "about 3 minutes on 2 cores) ...")  # fmt: skip
         log = built.parent / "build.log"
         built.parent.mkdir(parents=True, exist_ok=True)
-        module = _run([go, "mod", "download", "-json", f"{COMPOSE_MODULE}@{COMPOSE_VERSION}"], 600)
+        module = subprocess.run([go, "mod", "download", "-json", f"{COMPOSE_MODULE}@{COMPOSE_VERSION}"],
+                                capture_output=True, text=True, timeout=600)  # fmt: skip
         if module.returncode != 0:
             raise StackError(f"go mod download {COMPOSE_MODULE}@{COMPOSE_VERSION} failed:\n"
                              f"{module.stdout}{module.stderr}")  # fmt: skip
@@ -159,14 +168,14 @@ def ensure_compose(cache: Path, say: Say) -> None:
 
 def image_exists(name: str) -> bool:
     """Whether the engine has image `name`."""
-    return _run(["docker", "image", "inspect", name]).returncode == 0
+    return docker("image", "inspect", name).returncode == 0
 
 
 def ensure_base(home: Path, say: Say) -> None:
     """`debian:bookworm-slim`, pulled or made (module docs)."""
     if image_exists(BASE_IMAGE):
         return
-    pulled = _run(["docker", "pull", BASE_IMAGE], 600)
+    pulled = docker("pull", BASE_IMAGE, timeout=600)
     if pulled.returncode == 0:
         return
     why = (pulled.stderr.strip().splitlines() or ["no reason given"])[-1]
@@ -194,7 +203,7 @@ def _import(root: Path, log: Path) -> None:
         tar_exit = tar.wait()
     if tar_exit != 0 or imported.returncode != 0:
         if imported.returncode == 0:  # a partial tree must not pass for the base image
-            _run(["docker", "image", "rm", BASE_IMAGE])
+            docker("image", "rm", BASE_IMAGE)
         raise StackError(f"importing {root} as {BASE_IMAGE} failed (tar exit {tar_exit}, "
                          f"docker import exit {imported.returncode}); log {log}:\n"
                          f"{procs.log_tail(log)}")  # fmt: skip
@@ -231,15 +240,9 @@ def build_env() -> dict[str, str]:
 
 def compose(args: Sequence[str], *, project: str, env: dict[str, str] | None = None,
             timeout: float = 600.0, check: bool = True) -> subprocess.CompletedProcess[str]:  # fmt: skip
-    """`docker compose -f docker-compose.yaml -p project ARGS`; raises `StackError` with its
-    output when `check` and it fails."""
-    cmd = ["docker", "compose", "-f", str(COMPOSE_FILE), "-p", project, *args]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                            env=env or dict(os.environ))  # fmt: skip
-    if check and result.returncode != 0:
-        raise StackError(f"`docker compose {' '.join(args)}` failed (exit {result.returncode}):\n"
-                         f"{result.stdout[-3000:]}{result.stderr[-3000:]}")  # fmt: skip
-    return result
+    """`docker compose -f docker-compose.yaml -p project ARGS` (`docker`)."""
+    return docker("compose", "-f", str(COMPOSE_FILE), "-p", project, *args, timeout=timeout,
+                  check=check, env=env)  # fmt: skip
 
 
 def ensure_images(services: Sequence[str], home: Path, cache: Path, say: Say) -> float:

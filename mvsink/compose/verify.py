@@ -31,7 +31,6 @@ import json
 import os
 import re
 import secrets
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -60,6 +59,9 @@ HELD = re.compile(r"\[([\d, ]*)\]")
 #: What each scaled service logs when it holds something, and for each piece of work it did.
 WRITE_HOLDS, WRITE_WORK = "desired partitions assigned: ", re.compile(r"\bstaged .*: partitions \[")
 APPEND_HOLDS, APPEND_WORK = "append workers assigned: ", re.compile(r"\bappended \d+ parts for ")
+#: Per scaled service: its holds marker, its work pattern, and what its work is called.
+WORK = {"write": (WRITE_HOLDS, WRITE_WORK, "batches staged"),
+        "append": (APPEND_HOLDS, APPEND_WORK, "appends")}  # fmt: skip
 
 
 class VerifyError(MvsinkError):
@@ -203,17 +205,14 @@ def check_scaled(deployment: Deployment, timeout: float = 120.0) -> dict[str, An
     an append worker and appended. Their figures."""
     deadline = time.monotonic() + timeout
     while True:
-        figures = {
-            "write": _work(deployment.logs("write"), WRITE_HOLDS, WRITE_WORK),
-            "append": _work(deployment.logs("append"), APPEND_HOLDS, APPEND_WORK),
-        }
+        figures = {service: _work(deployment.logs(service), holds, work)
+                   for service, (holds, work, _) in WORK.items()}  # fmt: skip
         busy = {s: [c for c, f in figures[s].items() if f["holds"] and f["done"]]
                 for s in figures}  # fmt: skip
         if all(len(b) >= 2 for b in busy.values()):
             for service, containers in figures.items():
                 for name, f in containers.items():
-                    deployment.say(f"  {name}: holds {f['holds']}, {f['done']} "
-                                   f"{'batches staged' if service == 'write' else 'appends'}")  # fmt: skip
+                    deployment.say(f"  {name}: holds {f['holds']}, {f['done']} {WORK[service][2]}")
             return figures
         if time.monotonic() > deadline:
             raise VerifyError(
@@ -244,14 +243,11 @@ def check_work_since(deployment: Deployment, since: str, containers: dict[str, s
     deadline, pending = time.monotonic() + timeout, dict(containers)
     while pending:
         for name, service in list(pending.items()):
-            logs = subprocess.run(["docker", "logs", "--since", since, name], capture_output=True,
-                                  text=True, timeout=60)  # fmt: skip
-            holds, work = (WRITE_HOLDS, WRITE_WORK) if service == "write" else (APPEND_HOLDS,
-                                                                                 APPEND_WORK)  # fmt: skip
+            logs = engine.docker("logs", "--since", since, name)
+            holds, work, called = WORK[service]
             figures = _work({name: (logs.stdout + logs.stderr).splitlines()}, holds, work)[name]
             if figures["done"]:
-                deployment.say(f"  {name} worked since {since}: {figures['done']} "
-                               f"{'batches staged' if service == 'write' else 'appends'}")  # fmt: skip
+                deployment.say(f"  {name} worked since {since}: {figures['done']} {called}")
                 del pending[name]
         if pending and time.monotonic() > deadline:
             raise VerifyError(f"no work since {since} in {timeout:.0f}s from {sorted(pending)}")
@@ -265,8 +261,7 @@ def _now() -> str:
 
 def _down_stale(say: Say) -> None:
     """`down -v` every `mvsink-verify-*` project an interrupted run left behind."""
-    listed = subprocess.run(["docker", "compose", "ls", "--all", "--format", "json"],
-                            capture_output=True, text=True, timeout=60)  # fmt: skip
+    listed = engine.docker("compose", "ls", "--all", "--format", "json")
     for project in json.loads(listed.stdout or "[]"):
         if str(project.get("Name", "")).startswith("mvsink-verify-"):
             say(f"  removing {project['Name']}, left behind by an interrupted run")
@@ -276,18 +271,16 @@ def _down_stale(say: Say) -> None:
 
 
 def _running(container: str) -> bool:
-    result = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", container],
-                            capture_output=True, text=True, timeout=30)  # fmt: skip
-    return result.stdout.strip() == "true"
+    return engine.docker("inspect", "-f", "{{.State.Running}}", container).stdout.strip() == "true"
 
 
 def _image_sizes(deployment: Deployment) -> dict[str, int]:
     names = sorted(set(deployment.compose("config", "--images").split()))
     sizes = {}
     for name in names:
-        out = subprocess.run(["docker", "image", "inspect", "-f", "{{.Size}}", name],
-                             capture_output=True, text=True, timeout=30)  # fmt: skip
-        sizes[name] = int(out.stdout.strip() or 0)
+        sizes[name] = int(
+            engine.docker("image", "inspect", "-f", "{{.Size}}", name).stdout.strip() or 0
+        )
     return sizes
 
 
@@ -327,16 +320,14 @@ def run_verify(home: Path, cache: Path, say: Say, *, keep: bool = False,
             writers, appenders = deployment.containers("write"), deployment.containers("append")
             victims = [writers[0], appenders[0]]
             killed_at = _now()
-            subprocess.run(["docker", "kill", *victims], check=True, capture_output=True,
-                           timeout=60)  # fmt: skip
+            engine.docker("kill", *victims, check=True)
             say(f"  killed {', '.join(victims)}")
             upper = converge()  # the survivors took over the victims' partitions and worker
             check_work_since(deployment, killed_at, {writers[1]: "write", appenders[1]: "append"})
             stopped = [v for v in victims if not _running(v)]
             started_at = _now()
             if stopped:  # `docker kill` is a manual stop: no restart policy applies
-                subprocess.run(["docker", "start", *stopped], check=True, capture_output=True,
-                               timeout=120)  # fmt: skip
+                engine.docker("start", *stopped, check=True, timeout=120)
                 say(f"  started {', '.join(stopped)} again")
             upper = converge()
             check_work_since(deployment, started_at, {writers[0]: "write", appenders[0]: "append"})
