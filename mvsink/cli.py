@@ -55,7 +55,10 @@ def _stack() -> Stack:
 
 
 def cmd_stack_up(args: argparse.Namespace) -> int:
-    endpoints = _stack().up(timeout=args.timeout)
+    if args.spark_workers is not None and args.spark_workers < 0:
+        raise MvsinkError(f"--spark-workers must be >= 0, not {args.spark_workers}")
+    endpoints = _stack().up(timeout=args.timeout, spark_workers=args.spark_workers,
+                            spark_cores=args.spark_cores)  # fmt: skip
     if not args.no_provision:
         _provision(load_config(args.config))
     cmd_stack_status(args)
@@ -72,11 +75,13 @@ def cmd_stack_down(args: argparse.Namespace) -> int:
 
 
 def cmd_stack_status(args: argparse.Namespace) -> int:
-    print(f"{'component':<10} {'state':<14} {'address':<22} {'pid':>8}  log")
-    for row in _stack().status():
+    rows = _stack().status()
+    print(f"{'component':<14} {'state':<14} {'address':<24} {'pid':>8}  log")
+    for row in rows:
         pid = str(row.pid) if row.pid else "-"
-        print(f"{row.name:<10} {row.state:<14} {row.address:<22} {pid:>8}  {row.log}")
-    print(f"{'spark':<10} {'in-process':<14} {'local[*] (default)':<22} {'-':>8}  -")
+        print(f"{row.name:<14} {row.state:<14} {row.address:<24} {pid:>8}  {row.log}")
+    if not any(r.name == "spark-master" and r.state == "running" for r in rows):
+        print(f"{'spark':<14} {'in-process':<14} {'local[*] (default)':<24} {'-':>8}  -")
     return 0
 
 
@@ -89,6 +94,9 @@ def cmd_stack_env(args: argparse.Namespace) -> int:
     print(f"export MVSINK_S3_ENDPOINT={rows['minio'].address}")
     print(f"export MVSINK_S3_ACCESS_KEY_FILE={home / 'credentials' / 's3-access-key'}")
     print(f"export MVSINK_S3_SECRET_KEY_FILE={home / 'credentials' / 's3-secret-key'}")
+    master = rows.get("spark-master")
+    if master is not None and master.state == "running":
+        print(f"export MVSINK_SPARK_MASTER={master.address}")
     return 0
 
 
@@ -336,6 +344,12 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
     from mvsink.bench.compare import SYSTEMS, run
     from mvsink.bench.workload import Workload
 
+    spark_workers = (
+        tuple(int(n) for n in args.spark_workers.split(",")) if args.spark_workers else ()
+    )
+    if spark_workers and (args.no_stack or args.spark_master or min(spark_workers) < 0):
+        raise MvsinkError("--spark-workers takes sizes >= 0 of the embedded cluster: not with "
+                          "--no-stack or --spark-master")  # fmt: skip
     if not args.no_stack:
         _stack().up()
     keys, ticks = (
@@ -349,9 +363,16 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
         say(f"unknown system(s) {sorted(unknown)}: choose from {', '.join(SYSTEMS)}")
         return 2
     workload = Workload(keys, args.change, ticks, args.partitions)
-    figures = run(load_config(args.config), workload, Path(args.out), say, args.in_flight, systems,
-                  args.append_workers, args.wire)  # fmt: skip
-    return 0 if figures.get("mvsink_shard_equals_desired") in (True, None) else 1
+    stack = _stack()
+    try:
+        figures = run(load_config(args.config), workload, Path(args.out), say, args.in_flight,
+                      systems, args.append_workers, args.wire, args.spark_master, spark_workers,
+                      lambda n: stack.spark_up(n))  # fmt: skip
+    finally:
+        if spark_workers:
+            stack.spark_up(0)
+    correct = [v for k, v in figures.items() if k.endswith("shard_equals_desired")]
+    return 0 if all(v in (True, None) for v in correct) else 1
 
 
 def cmd_bench_restart(args: argparse.Namespace) -> int:
@@ -419,6 +440,11 @@ def build_parser() -> argparse.ArgumentParser:
     up = stack_commands.add_parser("up", help="build what is missing, start, provision")
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait per component")
     up.add_argument("--no-provision", action="store_true", help="do not create sink topics")
+    up.add_argument("--spark-workers", type=int, metavar="N",
+                    help="also run a Spark standalone master with N workers (0 stops it; "
+                         "another N scales it)")  # fmt: skip
+    up.add_argument("--spark-cores", type=int, default=1, metavar="C",
+                    help="cores per Spark worker (default 1)")  # fmt: skip
     up.set_defaults(func=cmd_stack_up)
     stack_commands.add_parser("down", help="stop what `up` started").set_defaults(
         func=cmd_stack_down
@@ -473,6 +499,10 @@ def build_parser() -> argparse.ArgumentParser:
         default="arrow",
         help="desired records: v2 UpdatesArrow (default) or v1 Avro rows",
     )
+    bench.add_argument("--spark-master", help="mvsink's write service runs on this Spark master")
+    bench.add_argument("--spark-workers", metavar="N,N,...",
+                       help="mvsink once per size of the embedded Spark cluster, e.g. 0,1,2 "
+                            "(0: local[*]), side by side")  # fmt: skip
     bench.add_argument("--no-stack", action="store_true", help="use configured endpoints")
     bench.set_defaults(func=cmd_bench_compare)
     bench_commands = bench.add_subparsers(dest="bench_command", required=False, metavar="WHAT")

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import io
 import json
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar, cast
 
@@ -61,7 +63,15 @@ KINDS: Mapping[int, str] = {
 }
 _KIND_IDS = {name: kind for kind, name in KINDS.items()}
 
-SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
+
+def _schemas_dir() -> Traversable:
+    """`schemas/` beside the package: a folder, or inside the zip a Spark driver shipped to its
+    executors (`mvsink.spark.code_zip`)."""
+    root = Path(__file__).resolve().parent.parent
+    return zipfile.Path(root, "schemas/") if zipfile.is_zipfile(root) else root / "schemas"
+
+
+SCHEMAS_DIR = _schemas_dir()
 
 T = TypeVar("T")
 
@@ -72,7 +82,7 @@ class SchemaVersion:
 
     kind: str
     version: int
-    path: Path
+    path: Traversable
     parsed: Any
 
 
@@ -81,8 +91,10 @@ def schema_versions(kind: str) -> tuple[SchemaVersion, ...]:
     """All released versions of `kind`, oldest first."""
     folder = SCHEMAS_DIR / kind
     found: list[SchemaVersion] = []
-    for path in folder.glob("v*.avsc"):
-        version = int(path.stem[1:])
+    for path in folder.iterdir() if folder.is_dir() else ():
+        if not (path.name.startswith("v") and path.name.endswith(".avsc")):
+            continue
+        version = int(path.name[1:].removesuffix(".avsc"))
         parsed = fastavro.parse_schema(json.loads(path.read_text()), named_schemas={})
         found.append(SchemaVersion(kind, version, path, parsed))
     if not found:

@@ -1,17 +1,38 @@
-"""Spark for mvsink: a session factory tuned for a small box, and executor-side Parquet I/O
-against object storage (pyarrow + the S3 client inside `mapInArrow`; no Hadoop S3 connector).
+"""Spark for mvsink: a session factory tuned for a small box, executor-side Parquet I/O against
+object storage (pyarrow + the S3 client inside `mapInArrow`; no Hadoop S3 connector), and tasks
+pinned to executors.
 
-`local[*]` by default; `master` (or `MVSINK_SPARK_MASTER`) points at a cluster instead.
+`local[*]` by default; `master` (or `MVSINK_SPARK_MASTER`) points at a cluster instead: any
+master Spark accepts (`spark://…`, `yarn`, `k8s://…`). On a cluster:
+
+* **Code.** The executors get the project's own code the way Spark's Python package
+  management recommends for pure-Python code: `code_zip` packs the `mvsink` and `services`
+  packages this driver runs (a content-addressed zip, built at session start) and the session
+  ships it with `spark.submit.pyFiles`; PySpark puts it first on each Python worker's path. The
+  third-party libraries (pyarrow, confluent-kafka, minio, fastavro) must be in the executors'
+  Python (`spark.pyspark.python`; the services image has them), or in a packed virtualenv the
+  user adds with `spark.archives`.
+* **Addresses.** Executors connect back to the driver at `MVSINK_SPARK_DRIVER_HOST` (default
+  127.0.0.1; `auto` is this machine's hostname, as in a container). The driver binds 127.0.0.1
+  when that is loopback, else every interface.
+* **Placement.** `executor_id` tells a task which executor it runs in and `live_executors` the
+  driver which executors exist; `run_pinned` runs each group of work with a preferred executor
+  (Spark's executor locality, delay scheduling), so state an executor keeps stays in use.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
+import socket
 import sys
+import tempfile
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import TYPE_CHECKING
+import zipfile
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -22,6 +43,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
+T = TypeVar("T")
+R = TypeVar("R")
 PART_RESULT_SCHEMA = "key string, rows long, bytes long"
 
 
@@ -39,10 +62,13 @@ def spark_session(
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    host = driver_host()
+    if host.startswith("127."):
+        os.environ.setdefault("SPARK_LOCAL_IP", host)
     cores = os.cpu_count() or 2
+    master = master or os.environ.get("MVSINK_SPARK_MASTER") or "local[*]"
     settings = {
-        "spark.master": master or os.environ.get("MVSINK_SPARK_MASTER") or "local[*]",
+        "spark.master": master,
         "spark.app.name": app_name,
         "spark.ui.enabled": str(ui).lower(),
         "spark.ui.showConsoleProgress": "false",
@@ -50,17 +76,129 @@ def spark_session(
         "spark.default.parallelism": str(2 * cores),
         "spark.sql.execution.arrow.pyspark.enabled": "true",
         "spark.sql.session.timeZone": "UTC",
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.host": host,
+        "spark.driver.bindAddress": host if host.startswith("127.") else "0.0.0.0",
         "spark.driver.memory": "2g",
         "spark.python.worker.reuse": "true",
         "spark.log.level": "WARN",
+        **({} if master.startswith("local") else {"spark.submit.pyFiles": str(code_zip())}),
         **(conf or {}),
     }
     builder = SparkSession.builder
     for key, value in settings.items():
         builder = builder.config(key, value)
     return builder.getOrCreate()
+
+
+def driver_host() -> str:
+    """Where executors reach the driver (`MVSINK_SPARK_DRIVER_HOST`; `auto`: the hostname)."""
+    host = os.environ.get("MVSINK_SPARK_DRIVER_HOST", "").strip() or "127.0.0.1"
+    return socket.gethostname() if host == "auto" else host
+
+
+#: What is shipped to executors: the packages' Python files, and the Avro schemas they read.
+CODE_PACKAGES = ("mvsink", "services")
+
+
+def code_zip(directory: Path | None = None) -> Path:
+    """A zip of the `mvsink` and `services` packages as this process imports them (their `.py`
+    files) and of `schemas/`, named by the hash of its contents, built once per content in
+    `directory` (default: the temporary directory)."""
+    import importlib
+
+    from mvsink.codec import SCHEMAS_DIR
+
+    trees = [(name, Path(importlib.import_module(name).__file__ or "").parent, "*.py")
+             for name in CODE_PACKAGES]  # fmt: skip
+    trees.append(("schemas", Path(str(SCHEMAS_DIR)), "*"))
+    files: list[tuple[str, bytes]] = []
+    for name, root, pattern in trees:
+        for path in sorted(root.rglob(pattern)):
+            if path.is_file() and "__pycache__" not in path.parts:
+                files.append((f"{name}/{path.relative_to(root).as_posix()}", path.read_bytes()))
+    digest = hashlib.sha256()
+    for arcname, data in files:
+        digest.update(arcname.encode() + b"\0" + data)
+    target = (
+        directory or Path(tempfile.gettempdir())
+    ) / f"mvsink-code-{digest.hexdigest()[:16]}.zip"
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_suffix(f".{os.getpid()}.tmp")
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
+            for arcname, data in files:
+                # A fixed date: the same sources make the same bytes.
+                archive.writestr(zipfile.ZipInfo(arcname, (2020, 1, 1, 0, 0, 0)), data)
+        partial.replace(target)
+    return target
+
+
+def executor_id() -> str:
+    """The id of the Spark executor this (Python worker) process serves: `driver` in local
+    mode. Every cluster manager launches an executor as `CoarseGrainedExecutorBackend
+    --executor-id <id>`, and a Python worker is that JVM's child (or grandchild, through
+    PySpark's daemon), so the id is read from the nearest ancestor's command line."""
+    pid = os.getppid()
+    for _ in range(4):
+        try:
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"--executor-id" in args:
+                return args[args.index(b"--executor-id") + 1].decode()
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            break
+        if pid <= 1:
+            break
+    return "driver"
+
+
+def executor_dir() -> Path:
+    """A directory private to this executor, shared by its Python workers and removed with it:
+    the first of Spark's local directories for it (`SPARK_LOCAL_DIRS`)."""
+    local = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0]
+    return Path(local or tempfile.gettempdir()) / "mvsink"
+
+
+def live_executors(spark: SparkSession) -> dict[str, str]:
+    """The executors alive now, id -> host (local mode: `{"driver": host}`)."""
+    sc = spark.sparkContext
+    status = sc._jsc.sc().env().blockManager().master().getMemoryStatus()
+    found: dict[str, str] = {}
+    keys = status.keysIterator()
+    while keys.hasNext():
+        block_manager = keys.next()
+        found[str(block_manager.executorId())] = str(block_manager.host())
+    if len(found) > 1:
+        found.pop("driver", None)  # on a cluster the driver runs no tasks
+    return found
+
+
+def run_pinned(
+    spark: SparkSession, work: Sequence[tuple[T, str | None]], run: Callable[[T], Iterable[R]]
+) -> list[R]:
+    """`run(item)` for each `(item, executor)` of `work`, one task per item, preferring that
+    executor (`None`: anywhere); every result, in order. Spark waits `spark.locality.wait`
+    (3 s) for a busy preferred executor, and schedules anywhere when it is gone."""
+    from pyspark import RDD
+    from pyspark.serializers import CPickleSerializer
+
+    sc = spark.sparkContext
+    jvm: Any = sc._jvm
+    serializer: Any = CPickleSerializer()
+    executors = live_executors(spark)
+    scala = jvm.scala.jdk.javaapi.CollectionConverters
+    pairs = jvm.java.util.ArrayList()
+    for item, executor in work:
+        where = jvm.java.util.ArrayList()
+        if executor in executors:
+            where.add(f"executor_{executors[executor]}_{executor}")
+        pairs.add(jvm.scala.Tuple2(bytearray(serializer.dumps(item)), scala.asScala(where).toSeq()))
+    tag = jvm.scala.reflect.ClassTag.apply(jvm.java.lang.Class.forName("[B"))
+    rdd: Any = RDD(
+        sc._jsc.sc().makeRDD(scala.asScala(pairs).toSeq(), tag).toJavaRDD(), sc, serializer
+    )
+    results: list[R] = rdd.flatMap(run).collect()
+    return results
 
 
 def trim_worker_path() -> int:

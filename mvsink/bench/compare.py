@@ -12,7 +12,10 @@ and not yet durable. Durable means: mvsink's shard upper passed the tick; the pe
 the micro-batch holding the tick's progress record; the raw loops wrote the tick's Parquet.
 
 Systems, one after the other (never two at once on this box):
-1. mvsink: mint + write (Spark) + append, P partitions, A append workers;
+1. mvsink: mint + write (Spark) + append, P partitions, A append workers; its write service on
+   `local[*]`, on `--spark-master`, or once per size of `--spark-workers` (e.g. `0,1,2`: local,
+   then the embedded standalone cluster scaled to 1 and 2 workers; columns `mvsink`,
+   `mvsink-1w`, `mvsink-2w`, side by side on the same workload);
 2. peer: Structured Streaming, Kafka source -> `foreachBatch` -> Parquet (`mvsink.bench.systems`);
 3. raw: a consume-and-write loop per partition (`mvsink.bench.systems`).
 
@@ -35,6 +38,7 @@ import time
 import urllib.request
 import uuid
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -59,6 +63,33 @@ from mvsink.provision import provision
 from mvsink.shard import open_shard
 
 SYSTEMS = ("mvsink", "peer", "raw")
+HEADINGS = {"mvsink": "mvsink", "peer": "peer (Spark SS)", "raw": "raw limit"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One column of the table: a system, and for mvsink where its write service's Spark runs."""
+
+    name: str
+    system: str
+    spark_master: str | None = None
+    #: Scale the embedded Spark cluster to this many workers before starting (0: local[*]).
+    spark_workers: int | None = None
+
+
+def variants(systems: tuple[str, ...], spark_master: str | None,
+             spark_workers: tuple[int, ...]) -> list[Variant]:  # fmt: skip
+    """The columns for `systems`: mvsink once per `spark_workers` size (or on `spark_master`)."""
+    found: list[Variant] = []
+    for system in systems:
+        if system != "mvsink":
+            found.append(Variant(system, system))
+        elif spark_workers:
+            found.extend(Variant("mvsink" if i == 0 else f"mvsink-{n}w", "mvsink", None, n)
+                         for i, n in enumerate(spark_workers))  # fmt: skip
+        else:
+            found.append(Variant("mvsink", "mvsink", spark_master))
+    return found
 
 
 # -- processes ------------------------------------------------------------------------------
@@ -129,6 +160,7 @@ class Run:
     bytes_read_back: int = 0
     correct: bool | None = None
     detail: str = ""
+    spark_master: str | None = None
 
     @property
     def updates_per_s(self) -> float:
@@ -334,8 +366,11 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run(config: Config, workload: Workload, out: Path, say: Say, in_flight: int = 2,
-        systems: tuple[str, ...] = SYSTEMS, append_workers: int = 2, wire: str = "arrow") -> dict[str, Any]:  # fmt: skip
-    """Run the benchmark; the figures (also written to `out/bench.json` and `out/bench.png`)."""
+        systems: tuple[str, ...] = SYSTEMS, append_workers: int = 2, wire: str = "arrow",
+        spark_master: str | None = None, spark_workers: tuple[int, ...] = (),
+        scale: Callable[[int], str | None] | None = None) -> dict[str, Any]:  # fmt: skip
+    """Run the benchmark; the figures (also written to `out/bench.json` and `out/bench.png`).
+    `scale(n)` runs the embedded Spark cluster with `n` workers (its master URL)."""
     run_id = f"cmp-{uuid.uuid4().hex[:6]}"
     logs = state_dir() / "bench" / run_id
     base = replace(
@@ -353,17 +388,26 @@ def run(config: Config, workload: Workload, out: Path, say: Say, in_flight: int 
         "peer": PeerSystem,
         "raw": RawSystem,
     }
-    for name in systems:
+    columns = variants(systems, spark_master, spark_workers)
+    for variant in columns:
+        name, master = variant.name, variant.spark_master
+        if variant.spark_workers is not None:
+            if scale is None:
+                raise BenchError("--spark-workers needs the embedded stack")
+            master = scale(variant.spark_workers) if variant.spark_workers else "local[*]"
         sink_id = f"{run_id}-{name}"
         sink = replace(
             base,
             sink_id=sink_id,
             shard_id=sink_id,
             topics=Topics.for_sink(sink_id, config.topics.frontiers),
+            spark_master=master or base.spark_master,
         )
         provision(sink)
-        system = kinds[name](sink, logs / name)
-        say(f"{name}: starting ...")
+        system = kinds[variant.system](sink, logs / name)
+        say(
+            f"{name}: starting{f' (Spark {sink.spark_master})' if variant.system == 'mvsink' else ''} ..."
+        )
         system.start()
         sampler = RssSampler({label: proc.pid for label, proc in system.procs.items()})
         try:
@@ -373,6 +417,7 @@ def run(config: Config, workload: Workload, out: Path, say: Say, in_flight: int 
         finally:
             sampler.stop()
             system.stop()
+        result.spark_master = sink.spark_master if variant.system == "mvsink" else None
         runs[name] = result
         say(f"  {name}: {result.updates_per_s:,.0f} updates/s; freshness p50 {percentile(result.freshness, 50):.2f}s "
             f"p99 {percentile(result.freshness, 99):.2f}s; {result.detail}")  # fmt: skip
@@ -409,7 +454,13 @@ def _figures(
         "freshness_p50_s": None,
         "freshness_p99_s": None,
     }
+    figures["systems"] = list(runs)
     for name, result in runs.items():
+        figures[f"{name}_updates_per_s"] = rate(name)
+        if result.spark_master:
+            figures[f"{name}_spark_master"] = result.spark_master
+        if name != "mvsink" and result.correct is not None:
+            figures[f"{name}_shard_equals_desired"] = result.correct
         prefix = "" if name == "mvsink" else f"{name}_"
         figures[f"{prefix}freshness_p50_s"] = round(percentile(result.freshness, 50), 3)
         figures[f"{prefix}freshness_p99_s"] = round(percentile(result.freshness, 99), 3)
@@ -441,8 +492,9 @@ def _report(figures: dict[str, Any], say: Say) -> None:
             return " ".join(f"{k}={v:,.0f}" for k, v in value.items()) + unit
         return f"{value:,.2f}{unit}" if isinstance(value, float) else f"{value}{unit}"
 
+    names = figures.get("systems") or [n for n in SYSTEMS if f"{n}_peak_rss_mib" in figures]
     say("")
-    say(f"{'':<34} {'mvsink':>18} {'peer (Spark SS)':>18} {'raw limit':>18}")
+    say(f"{'':<34} " + " ".join(f"{HEADINGS.get(n, n):>18}" for n in names))
     rows = [
         ("updates/s (steady ticks)", "{}updates_per_s", ""),
         ("freshness p50", "{}freshness_p50_s", " s"),
@@ -454,13 +506,13 @@ def _report(figures: dict[str, Any], say: Say) -> None:
     ]
     for label, key, unit in rows:
         cells = []
-        for name in SYSTEMS:
+        for name in names:
             k = key.format(f"{name}_")
             if name == "mvsink" and k not in figures:
                 k = key.format("")
             cells.append(show(figures.get(k), unit))
-        say(f"{label:<34} {cells[0]:>18} {cells[1]:>18} {cells[2]:>18}")
-    for name in SYSTEMS:
+        say(f"{label:<34} " + " ".join(f"{c:>18}" for c in cells))
+    for name in names:
         if f"{name}_peak_rss_mib" in figures:
             say(f"peak RSS {name:<25} {show(figures[f'{name}_peak_rss_mib'], ' MiB')}")
     say(f"ratio mvsink/peer {show(figures['ratio_vs_peer'])}   ratio mvsink/raw {show(figures['ratio_vs_raw'])}"
@@ -473,13 +525,12 @@ def _chart(figures: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [n for n in SYSTEMS if figures.get(f"{n}_updates_per_s") is not None]
-    fig, (rate, fresh, rss) = plt.subplots(1, 3, figsize=(12, 3.6))
-    rate.bar(
-        names,
-        [figures[f"{n}_updates_per_s"] for n in names],
-        color=["#3b6", "#69c", "#aaa"][: len(names)],
-    )
+    names = [n for n in figures.get("systems", SYSTEMS)
+             if figures.get(f"{n}_updates_per_s") is not None]  # fmt: skip
+    fig, (rate, fresh, rss) = plt.subplots(1, 3, figsize=(4 + 2.7 * len(names), 3.6))
+    palette = {"peer": "#69c", "raw": "#aaa"}
+    rate.bar(names, [figures[f"{n}_updates_per_s"] for n in names],
+             color=[palette.get(n, "#3b6") for n in names])  # fmt: skip
     rate.set_title("updates/s (steady ticks)")
     width = 0.38
     xs = np.arange(len(names))

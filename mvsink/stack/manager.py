@@ -6,10 +6,12 @@ Steps of `up`, each idempotent, so a rerun after any failure picks up where it s
    parallel, once per cache;
 2. reuse the ports recorded by the last start if they are still free, else pick free ones;
 3. start each component that is not running, record its pid, wait until it answers;
-4. (the CLI) provision the sink's topics and bucket.
+4. with `spark_workers=N`: a Spark standalone master and workers 1..N (`mvsink.stack.spark`),
+   stopping workers above N, so `up` again with another N scales the cluster;
+5. (the CLI) provision the sink's topics and bucket.
 
-Spark is not a server here: jobs run `local[*]` in-process (`mvsink.spark`), or on a cluster
-given by `--master` / `MVSINK_SPARK_MASTER`.
+Without a cluster, Spark jobs run `local[*]` in-process (`mvsink.spark`); with one, a service
+uses it when its `spark.master` (`MVSINK_SPARK_MASTER`) names it (`mvsink stack env` prints it).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from mvsink.stack import kafka, minio, procs
+from mvsink.stack import kafka, minio, procs, spark
 from mvsink.stack.state import ComponentRecord, credentials, load_records, save_records
 
 
@@ -62,8 +64,11 @@ class Stack:
 
     # -- up -----------------------------------------------------------------------------------
 
-    def up(self, timeout: float = 180.0) -> Endpoints:
-        """Build what is missing, start what is not running, wait until both answer."""
+    def up(
+        self, timeout: float = 180.0, spark_workers: int | None = None, spark_cores: int = 1
+    ) -> Endpoints:
+        """Build what is missing, start what is not running, wait until all answer; with
+        `spark_workers` (0 stops the cluster), a Spark cluster of that many workers."""
         started = time.monotonic()
         with ThreadPoolExecutor(max_workers=2) as pool:
             libs_future = pool.submit(kafka.ensure_libs, self.cache, self.say)
@@ -87,6 +92,8 @@ class Stack:
                          log=kafka_node.log, timeout=timeout)  # fmt: skip
         procs.wait_ready("MinIO", minio_node.ready, pid=records["minio"].pid,
                          log=minio_node.log, timeout=timeout)  # fmt: skip
+        if spark_workers is not None:
+            self.spark_up(spark_workers, spark_cores, timeout)
         self.say(f"stack up in {time.monotonic() - started:.1f}s")
         return Endpoints(kafka_node.bootstrap, minio_node.endpoint, access_key, secret_key)
 
@@ -98,16 +105,59 @@ class Stack:
         ports = _reuse_ports(record, ("port", "console_port"))
         return minio.MinioNode(self.home / "minio", ports["port"], ports["console_port"])
 
+    def spark_up(self, workers: int, cores: int = 1, timeout: float = 180.0) -> str | None:
+        """Run a Spark master and exactly `workers` workers (stopping those above; 0 stops
+        the cluster); the master URL (None when stopped)."""
+        records = load_records(self.home)
+        for name in sorted(n for n in records if n.startswith(SPARK_WORKER)):
+            if int(name.removeprefix(SPARK_WORKER)) > workers or workers == 0:
+                self._stop(records.pop(name))
+                save_records(self.home, records)
+        if workers == 0:
+            if SPARK_MASTER in records:
+                self._stop(records.pop(SPARK_MASTER))
+            save_records(self.home, records)
+            return None
+        ports = _reuse_ports(records.get(SPARK_MASTER), ("port", "ui_port"))
+        master = spark.SparkMaster(self.home / "spark", ports["port"], ports["ui_port"])
+        if not _running(records.get(SPARK_MASTER)):
+            pid = master.start(self.say)
+            records[SPARK_MASTER] = _record(SPARK_MASTER, pid, master.url, master.log, ports)
+            save_records(self.home, records)
+        procs.wait_ready("Spark master", master.ready, pid=records[SPARK_MASTER].pid,
+                         log=master.log, timeout=timeout)  # fmt: skip
+        memory = spark.worker_memory(workers)
+        started = []
+        for index in range(1, workers + 1):  # start them all, then wait for each
+            name = f"{SPARK_WORKER}{index}"
+            worker = spark.SparkWorker(self.home / "spark" / name, index,
+                                       _reuse_ports(records.get(name), ("port",))["port"],
+                                       master, cores, memory)  # fmt: skip
+            if not _running(records.get(name)):
+                pid = worker.start(self.say)
+                records[name] = _record(name, pid, f"{procs.LOOPBACK}:{worker.port}",
+                                        worker.log, {"port": worker.port})  # fmt: skip
+                save_records(self.home, records)
+            started.append((name, worker))
+        for name, worker in started:
+            procs.wait_ready(f"Spark worker {worker.index}", worker.ready,
+                             pid=records[name].pid, log=worker.log, timeout=timeout)  # fmt: skip
+        return master.url
+
+    def _stop(self, record: ComponentRecord) -> None:
+        if record.alive:
+            self.say(f"stopping {record.name} (pid {record.pid}) ...")
+            procs.stop(record.pid)
+
     # -- down / status ----------------------------------------------------------------------------
 
     def down(self) -> list[str]:
         """Stop the components this stack started; the names of those that were running."""
         records = load_records(self.home)
         stopped = []
-        for name, record in records.items():
+        for name, record in reversed(records.items()):  # workers before their master
             if record.alive:
-                self.say(f"stopping {name} (pid {record.pid}) ...")
-                procs.stop(record.pid)
+                self._stop(record)
                 stopped.append(name)
         return stopped
 
@@ -115,7 +165,8 @@ class Stack:
         """Each recorded component: running or stopped, address, pid, log."""
         records = load_records(self.home)
         rows = []
-        for name in ("kafka", "minio"):
+        spark_names = sorted(n for n in records if n.startswith("spark-"))
+        for name in ("kafka", "minio", *spark_names):
             record = records.get(name)
             if record is None:
                 rows.append(ComponentStatus(name, "never started", "-", None, "-"))
@@ -123,6 +174,10 @@ class Stack:
             state = "running" if record.alive else "stopped"
             rows.append(ComponentStatus(name, state, record.address, record.pid, record.log))
         return rows
+
+
+SPARK_MASTER = "spark-master"
+SPARK_WORKER = "spark-worker-"
 
 
 def _running(record: ComponentRecord | None) -> bool:

@@ -6,6 +6,7 @@ Layout under the stack home (default `<state dir>/stack`)::
     credentials/s3-access-key, credentials/s3-secret-key   (mode 0600, generated once)
     kafka/                  server.properties, data/, kafka.log
     minio/                  data/, minio.log
+    spark/                  master.log, spark-worker-<i>/ (worker.log, work/: executors' logs)
 
 `down` stops only the pids recorded here, so it never touches anything it did not start.
 """

@@ -1,0 +1,148 @@
+"""Embedded Spark cluster: a standalone master and N workers from the pip-installed PySpark.
+
+PySpark's wheel carries Spark's launcher (`pyspark/bin/spark-class`) and jars, so the same
+`org.apache.spark.deploy.master.Master` and `...worker.Worker` a Spark distribution runs start
+here with no download. Every listener binds 127.0.0.1; the REST submission server is off (the
+services connect as drivers, nothing submits through it).
+
+* `SparkMaster.start` runs the master on `port` (RPC) and `ui_port` (web UI, whose `/json/` is
+  the readiness check of the master and of its workers);
+* `SparkWorker.start` runs worker `index` with `cores` and `memory`, registered with the master;
+  it is ready when the master lists it ALIVE. Its executors (and their Python workers) are its
+  children, in its process group: stopping or `kill -9`-ing the group takes them all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from mvsink.errors import StackError
+from mvsink.stack import procs
+
+
+def spark_home() -> Path:
+    """The Spark installation inside the installed PySpark package."""
+    import pyspark
+
+    home = Path(pyspark.__file__).parent
+    if not (home / "bin" / "spark-class").exists():
+        raise StackError(f"{home} has no bin/spark-class: reinstall pyspark from PyPI")
+    return home
+
+
+def _env(home: Path) -> dict[str, str]:
+    spark = spark_home()
+    return {
+        **procs.base_env(),
+        "SPARK_HOME": str(spark),
+        "SPARK_LOCAL_IP": procs.LOOPBACK,
+        "SPARK_LOG_DIR": str(home / "logs"),
+        "SPARK_DAEMON_MEMORY": "512m",
+    }
+
+
+def _spark_class(home: Path, main: str, args: list[str], log: Path) -> int:
+    procs.require_tool("java", "install a JDK 17 (Spark 4 needs 17+)")
+    home.mkdir(parents=True, exist_ok=True)
+    launcher = spark_home() / "bin" / "spark-class"
+    return procs.spawn([str(launcher), main, *args], log=log, env=_env(home), cwd=home)
+
+
+def cluster_status(ui_port: int) -> dict[str, object]:
+    """The master's `/json/` view: status, alive workers, applications."""
+    url = f"http://{procs.LOOPBACK}:{ui_port}/json/"
+    with urllib.request.urlopen(url, timeout=2) as response:
+        return dict(json.load(response))
+
+
+def alive_worker_ports(ui_port: int) -> set[int]:
+    """The RPC ports of the workers the master at `ui_port` lists ALIVE."""
+    workers = cluster_status(ui_port).get("workers", [])
+    assert isinstance(workers, list)
+    return {int(w["port"]) for w in workers if w.get("state") == "ALIVE"}
+
+
+@dataclass
+class SparkMaster:
+    """The standalone master under `home`."""
+
+    home: Path
+    port: int
+    ui_port: int
+
+    @property
+    def url(self) -> str:
+        """The master URL drivers connect to."""
+        return f"spark://{procs.LOOPBACK}:{self.port}"
+
+    @property
+    def log(self) -> Path:
+        """The master's log."""
+        return self.home / "master.log"
+
+    def start(self, say: procs.Say) -> int:
+        """Launch the master; its pid (not yet ready)."""
+        props = self.home / "master.properties"
+        self.home.mkdir(parents=True, exist_ok=True)
+        props.write_text("spark.master.rest.enabled=false\n")
+        say(f"starting Spark master on {self.url} (web UI port {self.ui_port}) ...")
+        return _spark_class(
+            self.home,
+            "org.apache.spark.deploy.master.Master",
+            ["--host", procs.LOOPBACK, "--port", str(self.port),
+             "--webui-port", str(self.ui_port), "--properties-file", str(props)],
+            self.log,
+        )  # fmt: skip
+
+    def ready(self) -> bool:
+        """Whether the master is the ALIVE leader."""
+        return cluster_status(self.ui_port).get("status") == "ALIVE"
+
+
+@dataclass
+class SparkWorker:
+    """Standalone worker `index` under `home`, registered with `master`."""
+
+    home: Path
+    index: int
+    port: int
+    master: SparkMaster
+    cores: int
+    memory: str
+
+    @property
+    def log(self) -> Path:
+        """The worker's log (its executors log under `work/`)."""
+        return self.home / "worker.log"
+
+    def start(self, say: procs.Say) -> int:
+        """Launch the worker; its pid (not yet ready)."""
+        say(f"starting Spark worker {self.index} ({self.cores} cores, {self.memory}) ...")
+        work = self.home / "work"
+        work.mkdir(parents=True, exist_ok=True)
+        return _spark_class(
+            self.home,
+            "org.apache.spark.deploy.worker.Worker",
+            ["--host", procs.LOOPBACK, "--port", str(self.port), "--webui-port", "0",
+             "--cores", str(self.cores), "--memory", self.memory, "--work-dir", str(work),
+             self.master.url],
+            self.log,
+        )  # fmt: skip
+
+    def ready(self) -> bool:
+        """Whether the master lists this worker ALIVE."""
+        return self.port in alive_worker_ports(self.master.ui_port)
+
+
+def worker_memory(workers: int) -> str:
+    """Memory per worker for executors: a share of this machine's, at most 4 GiB."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        total = 8 << 30
+    share = max(1 << 30, min(4 << 30, total // (4 * max(1, workers))))
+    return f"{share >> 20}m"
