@@ -40,16 +40,24 @@ writes no data and never moves the shard's upper; it does hold a reader lease (a
 now and then, like persist's leased readers), so the shard's `since` waits for its folds. It
 does not compact (mint mints nothing for it, and compaction follows staging jobs).
 
+Placement
+---------
+Each job runs one task per executor core; a partition's task goes to the executor holding its
+warm state (`services.write.affinity`: a stable partition -> executor map learned from where
+tasks ran, as Spark executor locality preferences), whose Python workers share it through the
+executor's local directory (`services.write.checkpoint`). The code reaches a cluster's
+executors as a zip the driver builds and ships at start (`mvsink.spark`).
+
 Failure handling
 ----------------
 A killed driver or executor loses nothing: the next task resumes from the last checkpoint
-(desired offsets and shard state both replayable); parts staged but never reported are
-garbage for the sweeper. Invalid desired records (undecodable, or an update below its
+(desired offsets and shard state both replayable), in whichever executor Spark runs it, which
+becomes the partition's home; parts staged but never reported are garbage for the sweeper. Invalid desired records (undecodable, or an update below its
 partition's progress) go to `<sink>.dead-letter` with topic/partition/offset and the reason,
 and never reach the shard.
 
 `python -m services.write`; decisions in `services.write.state` (pure), the buffer in
-`services.write.correction` (pure Arrow), the per-partition task in `services.write.task` and
-its checkpoints in `services.write.checkpoint`, the compactor thread in
+`services.write.correction` (pure Arrow), placement in `services.write.affinity` (pure), the
+per-partition task in `services.write.task` and its checkpoints in `services.write.checkpoint`, the compactor thread in
 `services.write.compactor`, I/O in `services.write.shell`.
 """

@@ -1,6 +1,14 @@
 """A write task's correction state per desired partition, and its checkpoints in object storage
-(`sinks/<sink>/write/p<N>/<version:020d>.arrow`): the executor's cache when it holds the version
-the driver expects, else that version's checkpoint, else empty.
+(`sinks/<sink>/write/p<N>/<version:020d>.arrow`).
+
+A task continues from the version the driver expects, found in the first of:
+1. `CACHE`, this Python worker's memory;
+2. the executor's warm copy (`executor_dir()/warm/<sink>/p<N>.pickle`): an executor runs
+   several Python workers and Spark picks any for a task, so each saved state is also written
+   where every Python worker of the executor finds it (the executor's local directory, removed
+   with it). It includes the parts the state staged, so their read-back stays free;
+3. the checkpoint in object storage (a restart, or a partition moved to another executor);
+4. empty (version -1: nothing checkpointed yet).
 
 A checkpoint is an Arrow IPC stream (LZ4, `updates_to_ipc`) of the consolidated corrections with
 the state's metadata (`since`, `folded_offset`, `desired_frontier`, `persist_folded`, writer) in
@@ -12,9 +20,13 @@ the newest.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
+import pickle
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -23,6 +35,7 @@ from minio.error import S3Error
 from mvsink.frontier import Frontier
 from mvsink.s3 import PreconditionFailed, conditional_put, get_bytes, s3_client
 from mvsink.settings import S3Settings
+from mvsink.spark import executor_dir
 from mvsink.updates import part_schema, updates_to_ipc
 from services.write.correction import Correction
 
@@ -61,33 +74,68 @@ def empty(row_schema: pa.Schema, as_of: int, version: int) -> PartitionState:
 
 
 def load(sink_id: str, partition: int, version: int, s3: S3Settings, row_schema: pa.Schema,
-         as_of: int) -> PartitionState:  # fmt: skip
-    """The state at checkpoint `version` (-1: none yet): cached, else read."""
+         as_of: int) -> tuple[PartitionState, int]:  # fmt: skip
+    """The state at checkpoint `version` (-1: none yet), and the bytes read from object storage
+    to get it (0 when this executor holds it)."""
     cached = CACHE.get((sink_id, partition))
     if cached is not None and cached.version == version:
-        return cached
+        return cached, 0
+    warm = _load_warm(sink_id, partition, version)
+    if warm is not None:
+        CACHE[(sink_id, partition)] = warm
+        return warm, 0
     if version < 0:
-        return empty(row_schema, as_of, -1)
-    table, legacy = _read(sink_id, partition, version, s3)
+        return empty(row_schema, as_of, -1), 0
+    table, legacy, size = _read(sink_id, partition, version, s3)
     meta = json.loads(table.schema.metadata[b"mvsink.write"])
     table = table.replace_schema_metadata(None).cast(part_schema(row_schema))
     since = Frontier.from_elements(meta["since"])
     return PartitionState(version, Correction(row_schema, since, table),
                           meta["folded_offset"], Frontier.from_elements(meta["desired_frontier"]),
-                          Frontier.from_elements(meta["persist_folded"]), legacy=legacy)  # fmt: skip
+                          Frontier.from_elements(meta["persist_folded"]), legacy=legacy), size  # fmt: skip
 
 
-def _read(sink_id: str, partition: int, version: int, s3: S3Settings) -> tuple[pa.Table, bool]:
-    """Checkpoint `version`, and whether it was a (legacy) Parquet one."""
+def _warm_path(sink_id: str, partition: int) -> Path:
+    return executor_dir() / "warm" / sink_id / f"p{partition}.pickle"
+
+
+def _load_warm(sink_id: str, partition: int, version: int) -> PartitionState | None:
+    """The executor's warm copy of the partition if it is at `version`."""
+    try:
+        with _warm_path(sink_id, partition).open("rb") as source:
+            state = pickle.load(source)  # written by this executor's own Python workers
+    except (OSError, EOFError, pickle.UnpicklingError):
+        return None
+    return state if isinstance(state, PartitionState) and state.version == version else None
+
+
+def _save_warm(sink_id: str, partition: int, state: PartitionState | None) -> None:
+    """Write (or, for None, drop) the executor's warm copy; atomic (write, then rename)."""
+    path = _warm_path(sink_id, partition)
+    if state is None:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".{os.getpid()}.tmp")
+    with partial.open("wb") as out:
+        pickle.dump(state, out, protocol=pickle.HIGHEST_PROTOCOL)
+    partial.replace(path)
+
+
+def _read(sink_id: str, partition: int, version: int, s3: S3Settings) -> tuple[pa.Table, bool, int]:
+    """Checkpoint `version`, whether it was a (legacy) Parquet one, and its size."""
     client = s3_client(s3)
     try:
         data = get_bytes(client, s3.bucket, checkpoint_key(sink_id, partition, version))
     except S3Error as error:
         if error.code != "NoSuchKey":
             raise
-        legacy = checkpoint_key(sink_id, partition, version, "parquet")
-        return pq.read_table(io.BytesIO(get_bytes(client, s3.bucket, legacy))), True
-    return pa.ipc.open_stream(data).read_all(), False
+        legacy = get_bytes(
+            client, s3.bucket, checkpoint_key(sink_id, partition, version, "parquet")
+        )
+        return pq.read_table(io.BytesIO(legacy)), True, len(legacy)
+    return pa.ipc.open_stream(data).read_all(), False, len(data)
 
 
 def save(sink_id: str, partition: int, s3: S3Settings, writer_id: str,
@@ -107,9 +155,11 @@ def save(sink_id: str, partition: int, s3: S3Settings, writer_id: str,
     key = checkpoint_key(sink_id, partition, version)
     if isinstance(conditional_put(client, s3.bucket, key, data), PreconditionFailed):
         CACHE.pop((sink_id, partition), None)
+        _save_warm(sink_id, partition, None)
         return None
     state.version = version
     CACHE[(sink_id, partition)] = state
+    _save_warm(sink_id, partition, state)
     if version >= 2:  # keep the previous version for a driver that has not seen this one
         client.remove_object(s3.bucket, checkpoint_key(sink_id, partition, version - 2))
     if state.legacy:  # the first Arrow checkpoint after Parquet ones: those are garbage now

@@ -24,6 +24,8 @@ from mvsink.rows import parse_row_schema
 from mvsink.s3 import s3_client
 from mvsink.service import Stopping, writer_identity
 from mvsink.shard import AsOfBeforeSince, Shard, open_shard
+from mvsink.spark import live_executors, run_pinned
+from services.write.affinity import groups, place
 from services.write.compactor import Compactor
 from services.write.state import StageJob, WriteState
 from services.write.task import TaskResult, TaskSpec, run_tasks, warm_up
@@ -71,6 +73,8 @@ class WriteShell:
         self.versions: dict[int, int] = {}
         #: The shard upper each owned partition's corrections have folded (task results).
         self.folded: dict[int, Frontier] = {}
+        #: The executor holding each partition's warm state (`services.write.affinity`).
+        self.home: dict[int, str] = {}
         self.next_hold = 0.0
         #: When the last batch was staged (for `_maybe_restage`).
         self.staged_at = time.monotonic()
@@ -150,10 +154,7 @@ class WriteShell:
             if self.config.compaction:
                 self.compactor = Compactor(self.config, self.writer_id, self.spark)
                 self.compactor.start()
-            slots = self.spark.sparkContext.defaultParallelism
-            started = time.monotonic()
-            self.spark.sparkContext.parallelize(range(slots), slots).map(warm_up).collect()
-            log.info("Spark executors warmed up in %.2fs", time.monotonic() - started)
+            self._warm_up()
             topics = self.config.topics
             owner = Consumer(consumer_config(
                 self.config.kafka_bootstrap, group_id=f"{self.config.sink_id}.write",
@@ -239,15 +240,31 @@ class WriteShell:
             for p in partitions
         ]
 
+    def _warm_up(self) -> None:
+        """Import the task code in every executor slot; log where the executors got it."""
+        slots = self.spark.sparkContext.defaultParallelism
+        started = time.monotonic()
+        found = set(self.spark.sparkContext.parallelize(range(slots), slots).map(warm_up).collect())
+        log.info("Spark %s: executors %s warmed up in %.2fs, code from %s",
+                 self.spark.sparkContext.master, sorted({e for e, _ in found}),
+                 time.monotonic() - started, sorted({c for _, c in found}))  # fmt: skip
+
     def _run(self, specs: list[TaskSpec]) -> list[TaskResult]:
-        # One Spark task per executor core, each running its share of the partitions in turn:
-        # a wave of tasks costs ~0.15 s of scheduling here, so one wave per job, not P/cores.
-        slots = max(1, min(len(specs), self.spark.sparkContext.defaultParallelism))
-        groups = [specs[i::slots] for i in range(slots)]
-        results: list[TaskResult] = (
-            self.spark.sparkContext.parallelize(groups, slots).flatMap(run_tasks).collect()
-        )
+        """Run `specs` on their partitions' home executors (`services.write.affinity`)."""
+        executors = live_executors(self.spark)
+        placement = place((s.partition for s in specs), self.home, executors)
+        by_partition = {s.partition: s for s in specs}
+        slots = max(1, self.spark.sparkContext.defaultParallelism // len(executors))
+        work = [([by_partition[p] for p in group], executor)
+                for group, executor in groups(placement, slots)]  # fmt: skip
+        results = run_pinned(self.spark, work, run_tasks)
+        moved = {r.partition: f"{self.home[r.partition]} -> {r.executor}" for r in results
+                 if self.home.get(r.partition, r.executor) != r.executor}  # fmt: skip
+        if moved:
+            log.info("partitions moved between executors: %s (alive: %s)", moved,
+                     sorted(executors))  # fmt: skip
         for result in results:
+            self.home[result.partition] = result.executor
             if result.stale:
                 log.warning("partition %d was checkpointed by another owner", result.partition)
                 self.versions.pop(result.partition, None)

@@ -43,7 +43,7 @@ from mvsink.messages import Progress
 from mvsink.rows import updates_decoder
 from mvsink.settings import S3Settings
 from mvsink.shard import PartGone, PartRef, SelectedPart, Shard, ShardState, open_shard
-from mvsink.spark import trim_worker_path
+from mvsink.spark import executor_id, trim_worker_path
 from mvsink.updates import TIME
 from services.write import checkpoint
 from services.write.checkpoint import PartitionState
@@ -88,7 +88,8 @@ class TaskResult:
     persist_folded: Frontier
     corrections: int
     dead_letters: int
-    #: Bytes of shard parts read back from object storage (own kept parts excluded).
+    #: Bytes read back from object storage: the checkpoint (unless this executor held the
+    #: state) and the shard's parts (except the parts this executor staged and kept).
     bytes_read_back: int
     #: Bytes written to object storage: the staged part and the checkpoint.
     bytes_written: int
@@ -100,6 +101,8 @@ class TaskResult:
     seconds: dict[str, float] = field(default_factory=dict)
     #: The checkpoint was older than the shard's since: rebuilt from all of desired.
     rebuilt: bool = False
+    #: The executor the task ran in (`mvsink.spark.executor_id`): the partition's new home.
+    executor: str = "driver"
 
 
 #: How often a fold starts over when merges replace the parts it is reading.
@@ -110,7 +113,7 @@ _SHARDS: dict[str, Shard] = {}
 def run_task(spec: TaskSpec) -> TaskResult:
     """One desired partition's step (see the module docs)."""
     lap = _Laps()
-    state = checkpoint.load(
+    state, bytes_read = checkpoint.load(
         spec.sink_id, spec.partition, spec.version, spec.s3, spec.row_schema, spec.as_of
     )
     shard = _shard(spec)
@@ -126,7 +129,6 @@ def run_task(spec: TaskSpec) -> TaskResult:
     lap("load")
     dead = _fold_desired(spec, state)
     lap("desired")
-    bytes_read = 0
     for _ in range(_READ_ATTEMPTS):
         try:
             bytes_read += _fold_persist(spec, state, shard, shard_state)
@@ -155,7 +157,8 @@ def run_task(spec: TaskSpec) -> TaskResult:
     return TaskResult(spec.partition, state.version, part, state.folded_offset,
                       state.desired_frontier, state.persist_folded, len(state.correction),
                       dead, bytes_read, (part.bytes if part else 0) + (checkpointed or 0),
-                      outdated, checkpointed is None, lap.seconds, rebuilt)  # fmt: skip
+                      outdated, checkpointed is None, lap.seconds, rebuilt,
+                      executor_id())  # fmt: skip
 
 
 def _fold_persist(
@@ -194,10 +197,13 @@ def _fold_persist(
     return sum(c.part.bytes for c in to_read)
 
 
-def warm_up(_: object) -> int:
+def warm_up(_: object) -> tuple[str, str]:
     """A no-op task: unpickling it imports this module (Arrow, Kafka, S3 clients) into the
-    executor's Python worker, so the first real job after a start does not pay for that."""
-    return os.getpid()
+    executor's Python worker, so the first real job after a start does not pay for that. Its
+    executor, and where it imported the code from (the shipped zip on a cluster)."""
+    import mvsink
+
+    return executor_id(), os.path.dirname(os.path.dirname(mvsink.__file__ or ""))
 
 
 def run_tasks(specs: list[TaskSpec]) -> list[TaskResult]:

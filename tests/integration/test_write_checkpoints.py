@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import uuid
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -22,7 +23,16 @@ pytestmark = pytest.mark.integration
 ROWS = parse_row_schema("k string not null")
 
 
-def test_a_parquet_checkpoint_loads_and_is_replaced(s3_settings: S3Settings) -> None:
+@pytest.fixture(autouse=True)
+def _fresh_executor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test runs as a fresh executor: its own local directory and empty memory."""
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-1"))
+    checkpoint.CACHE.clear()
+
+
+def test_a_parquet_checkpoint_loads_and_is_replaced(
+    s3_settings: S3Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     client = s3_client(s3_settings)
     ensure_bucket(client, s3_settings.bucket)
     sink = f"ckpt-{uuid.uuid4().hex[:6]}"
@@ -39,17 +49,52 @@ def test_a_parquet_checkpoint_loads_and_is_replaced(s3_settings: S3Settings) -> 
         pq.write_table(rows.replace_schema_metadata({"mvsink.write": json.dumps(meta)}), buf)
         client.put_object(s3_settings.bucket, checkpoint.checkpoint_key(sink, 0, version, "parquet"),
                           io.BytesIO(buf.getvalue()), len(buf.getvalue()))  # fmt: skip
-    state = checkpoint.load(sink, 0, 5, s3_settings, ROWS, 0)
+    state, size = checkpoint.load(sink, 0, 5, s3_settings, ROWS, 0)
+    assert size == len(buf.getvalue())
     assert state.legacy and state.folded_offset == 7 and state.desired_frontier == Frontier.at(4)
     assert sorted(state.correction.consolidate().column("k").to_pylist()) == ["a", "b"]
     assert checkpoint.save(sink, 0, s3_settings, "w", state)  # writes version 6 as Arrow
     names = sorted(o.object_name.rsplit("/", 1)[-1] for o in
                    client.list_objects(s3_settings.bucket, prefix=f"sinks/{sink}/write/p0/"))  # fmt: skip
     assert names == [f"{6:020d}.arrow"]
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-2"))
     checkpoint.CACHE.clear()  # a new executor: loads version 6 from object storage
-    again = checkpoint.load(sink, 0, 6, s3_settings, ROWS, 0)
+    again, size = checkpoint.load(sink, 0, 6, s3_settings, ROWS, 0)
+    assert size > 0
     assert (
         not again.legacy
         and again.folded_offset == 7
         and again.correction.consolidate().num_rows == 2
     )
+
+
+def test_another_python_worker_of_the_executor_continues_from_its_warm_copy(
+    s3_settings: S3Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark runs a task in any of an executor's Python workers: one that never held the
+    partition continues from the executor's warm copy (staged parts included) without reading
+    object storage; another executor reads the checkpoint; a lost race drops the warm copy."""
+    ensure_bucket(s3_client(s3_settings), s3_settings.bucket)
+    sink = f"warm-{uuid.uuid4().hex[:6]}"
+    state, size = checkpoint.load(sink, 3, -1, s3_settings, ROWS, 0)
+    assert size == 0 and state.version == -1
+    rows = normalize_updates(pa.table({"k": ["a"], "_time": [1], "_diff": [1]}), ROWS)
+    state.correction.insert(rows)
+    state.staged["part-key"] = (Frontier.at(2), rows)
+    assert checkpoint.save(sink, 3, s3_settings, "w", state)
+    checkpoint.CACHE.clear()  # the same executor, another Python worker
+    warm, size = checkpoint.load(sink, 3, 0, s3_settings, ROWS, 0)
+    assert size == 0 and warm.version == 0 and warm is not state
+    assert warm.staged["part-key"][1].equals(rows) and len(warm.correction) == 1
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-2"))
+    checkpoint.CACHE.clear()
+    cold, size = checkpoint.load(sink, 3, 0, s3_settings, ROWS, 0)
+    assert size > 0 and cold.version == 0 and cold.staged == {}
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-1"))
+    stale = checkpoint.PartitionState(
+        -1, warm.correction, 0, Frontier.minimum(), Frontier.minimum()
+    )
+    assert checkpoint.save(sink, 3, s3_settings, "other", stale) is None  # version 0 exists
+    checkpoint.CACHE.clear()
+    _, size = checkpoint.load(sink, 3, 0, s3_settings, ROWS, 0)
+    assert size > 0  # the warm copy went with the lost race

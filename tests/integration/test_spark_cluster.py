@@ -1,0 +1,134 @@
+"""The write service on a real Spark standalone cluster (master + workers from the installed
+PySpark, `mvsink.stack.spark`): code shipped to the executors, partitions pinned to the
+executor holding their warm state, `kill -9` of a worker and scaling the workers mid-run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from sinkkit import Service, Sink, Upstream, contents, converged, start, wait_until
+
+from mvsink.config import cache_dir
+from mvsink.stack.manager import Stack
+from mvsink.stack.state import load_records
+
+pytestmark = pytest.mark.integration
+
+
+class Cluster:
+    """A Spark standalone cluster of this module's own (own home, own ports)."""
+
+    def __init__(self, home: Path) -> None:
+        self.stack = Stack(home, cache_dir(), lambda m: print(f"[cluster] {m}", flush=True))
+        self.home = home
+        self.url = ""
+
+    def scale(self, workers: int) -> None:
+        self.url = self.stack.spark_up(workers) or ""
+
+    def kill_9(self, index: int) -> None:
+        """`kill -9` of worker `index` with its executor and Python workers (its group)."""
+        record = load_records(self.home)[f"spark-worker-{index}"]
+        os.killpg(record.pid, signal.SIGKILL)
+        while record.alive:
+            time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    cluster = Cluster(tmp_path_factory.mktemp("spark-cluster"))
+    try:
+        cluster.scale(2)
+        yield cluster
+    finally:
+        cluster.stack.down()
+
+
+def _start_sink(procs: list[Service], sink: Sink, cluster: Cluster) -> Service:
+    start(procs, sink, "mint")
+    start(procs, sink, "append")
+    return start(procs, sink, "write", MVSINK_SPARK_MASTER=cluster.url)
+
+
+@pytest.fixture
+def cluster_sink(sink: Sink, cluster: Cluster) -> Sink:
+    cluster.scale(2)
+    return sink
+
+
+def test_the_pipeline_converges_on_a_two_worker_cluster(
+    cluster_sink: Sink, cluster: Cluster, procs: list[Service]
+) -> None:
+    """Both executors run partitions, importing the code the driver shipped (they could not
+    import it otherwise on another machine), and the shard equals the view."""
+    sink = cluster_sink
+    write = _start_sink(procs, sink, cluster)
+    upstream = Upstream(sink)
+    for _ in range(4):
+        upstream.tick()
+        time.sleep(0.5)
+    wait_until(lambda: converged(sink, upstream), 240, "convergence on the cluster")
+    assert all(d == 1 for d in contents(sink, upstream.frontier).values())
+    text = write.text()
+    assert f"Spark {cluster.url}: executors ['0', '1']" in text, text[-3000:]
+    assert "mvsink-code-" in text.split(" warmed up in ")[1].splitlines()[0]
+
+
+def _moves(write: Service) -> list[str]:
+    return [line for line in write.text().splitlines() if "moved between executors" in line]
+
+
+def _tick_until(sink: Sink, upstream: Upstream, done: Callable[[], bool], what: str) -> None:
+    """Ticks every half second until `done`, then until the shard equals the view."""
+
+    def tick() -> None:
+        upstream.tick()
+        time.sleep(0.5)
+
+    wait_until(done, 240, what, step=tick)
+    wait_until(lambda: converged(sink, upstream), 240, f"convergence: {what}")
+    assert all(d == 1 for d in contents(sink, upstream.frontier).values())
+
+
+def test_kill_9_of_a_worker_mid_run_converges_without_duplicates(
+    cluster_sink: Sink, cluster: Cluster, procs: list[Service]
+) -> None:
+    """A worker dies with its executor mid-run: Spark reschedules its tasks on the other, the
+    partitions' home follows them there, and the shard converges with every diff 1; with the
+    worker back, partitions move to its new executor, and it still converges."""
+    sink = cluster_sink
+    write = _start_sink(procs, sink, cluster)
+    upstream = Upstream(sink)
+    upstream.tick()
+    wait_until(lambda: converged(sink, upstream), 240, "convergence before the kill")
+    for _ in range(3):
+        upstream.tick()
+    time.sleep(0.3)  # lands mid-job
+    cluster.kill_9(2)
+    _tick_until(sink, upstream, lambda: len(_moves(write)) >= 1, "partitions off the dead executor")
+    cluster.scale(2)
+    _tick_until(sink, upstream, lambda: len(_moves(write)) >= 2, "partitions onto the new executor")
+    assert "-> 2" in _moves(write)[-1]  # executor 2: the restarted worker's
+
+
+def test_scaling_workers_1_2_1_loses_and_double_covers_no_partition(
+    cluster_sink: Sink, cluster: Cluster, procs: list[Service]
+) -> None:
+    """Workers scaled 1 -> 2 -> 1 while ticks flow: partitions move to the new executor and
+    back, and every update lands exactly once."""
+    sink = cluster_sink
+    cluster.scale(1)
+    write = _start_sink(procs, sink, cluster)
+    upstream = Upstream(sink)
+    for _ in range(3):
+        upstream.tick()
+    wait_until(lambda: converged(sink, upstream), 240, "convergence on 1 worker")
+    cluster.scale(2)
+    _tick_until(sink, upstream, lambda: len(_moves(write)) >= 1, "partitions onto worker 2")
+    cluster.scale(1)
+    _tick_until(sink, upstream, lambda: len(_moves(write)) >= 2, "partitions back onto worker 1")
