@@ -58,6 +58,7 @@ and never reach the shard.
 
 `python -m services.write`; decisions in `services.write.state` (pure), the buffer in
 `services.write.correction` (pure Arrow), placement in `services.write.affinity` (pure), the
-per-partition task in `services.write.task` and its checkpoints in `services.write.checkpoint`, the compactor thread in
+per-partition task in `services.write.task`, its folds in `services.write.fold` and its
+checkpoints in `services.write.checkpoint`, the compactor thread in
 `services.write.compactor`, I/O in `services.write.shell`.
 """

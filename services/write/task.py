@@ -1,12 +1,13 @@
 """The write task: what one Spark task does for one desired partition (runs on an executor).
 
 Steps of `run_task`:
-1. load the partition's correction state: the executor's cache if it holds the version the
-   driver expects, else that version's checkpoint in object storage, else empty. If the shard's
+1. load the partition's correction state at the version the driver expects: this executor's
+   (in memory, or its warm copy), else that version's checkpoint in object storage, else empty
+   (`services.write.checkpoint`). If the shard's
    `since` has passed the upper the state folded (the driver's reader lease lapsed), merges may
    have collapsed the changes it still needs: start from empty instead (all of desired, the
    whole shard), keeping the version chain;
-2. fold in new desired records (Kafka offsets `[folded_offset, end)`, read_committed) as
+2. (`services.write.fold`) fold in new desired records (Kafka offsets `[folded_offset, end)`, read_committed) as
    positive updates; quarantine invalid ones to the dead-letter topic;
 3. fold in the shard's changes since the last fold (`persist_folded`) as negative updates:
    the batches overlapping `[persist_folded, upper)`, rows before `persist_folded` filtered out
@@ -32,21 +33,13 @@ import time
 from dataclasses import dataclass, field
 
 import pyarrow as pa
-import pyarrow.compute as pc
-from confluent_kafka import Consumer, Producer, TopicPartition
 
-from mvsink.desired import decode_desired
-from mvsink.errors import DecodeError
-from mvsink.frontier import Frontier, advance
-from mvsink.kafka import READ_TO_END, client_config, consumer_config, poll_message
-from mvsink.messages import Progress
-from mvsink.rows import updates_decoder
+from mvsink.frontier import Frontier
 from mvsink.settings import S3Settings
-from mvsink.shard import PartGone, PartRef, SelectedPart, Shard, ShardState, open_shard
+from mvsink.shard import PartGone, PartRef, Shard, open_shard
 from mvsink.spark import executor_id, trim_worker_path
-from mvsink.updates import TIME
 from services.write import checkpoint
-from services.write.checkpoint import PartitionState
+from services.write.fold import fold_desired, fold_persist
 
 log = logging.getLogger("mvsink.write.task")
 
@@ -127,11 +120,12 @@ def run_task(spec: TaskSpec) -> TaskResult:
                     spec.partition, shard_state.since, state.version, state.persist_folded)  # fmt: skip
         state = checkpoint.empty(spec.row_schema, spec.as_of, state.version)
     lap("load")
-    dead = _fold_desired(spec, state)
+    dead = fold_desired(spec.bootstrap, spec.desired_topic, spec.dead_letter_topic,
+                        spec.partition, spec.row_schema, state)  # fmt: skip
     lap("desired")
     for _ in range(_READ_ATTEMPTS):
         try:
-            bytes_read += _fold_persist(spec, state, shard, shard_state)
+            bytes_read += fold_persist(spec.partition, spec.partitions, state, shard, shard_state)
             break
         except PartGone:  # a merge replaced what we were reading: same contents, newer parts
             shard_state = shard.state()
@@ -159,42 +153,6 @@ def run_task(spec: TaskSpec) -> TaskResult:
                       dead, bytes_read, (part.bytes if part else 0) + (checkpointed or 0),
                       outdated, checkpointed is None, lap.seconds, rebuilt,
                       executor_id())  # fmt: skip
-
-
-def _fold_persist(
-    spec: TaskSpec, state: PartitionState, shard: Shard, shard_state: ShardState
-) -> int:
-    """Fold the shard's changes in `[persist_folded, upper)` (step 3); bytes read.
-
-    Raises:
-        PartGone: a part was replaced by a merge meanwhile (nothing was folded).
-    """
-    folded = state.persist_folded
-    if not folded.less_than(shard_state.upper):
-        return 0
-    selected = shard.parts_for(spec.partition, folded, shard_state.upper, spec.partitions,
-                               shard_state)  # fmt: skip
-    own = [c for c in selected if c.part.key in state.staged]
-    retract_before = None
-    if _is_next_batch(own, selected, folded):
-        # Our part of the first new batch holds exactly our corrections before its upper
-        # (nothing before it can change after staging): drop them, read the rest.
-        retract_before = own[0].part.upper
-        own, selected = [], selected[1:]
-    kept = [state.staged[c.part.key][1] for c in own]
-    to_read = [c for c in selected if c.part.key not in state.staged]
-    read = shard.read_parts(to_read, [spec.partition], spec.partitions)
-    if folded.time and any(c.part.lower.less_than(folded) for c in to_read):
-        read = read.filter(pc.greater_equal(read.column(TIME), folded.time))  # merged batches
-    if retract_before is not None:
-        state.correction.retract_before(retract_before)
-    state.correction.insert_negated(pa.concat_tables([read, *kept]))
-    state.persist_folded = shard_state.upper
-    # A kept part the shard's upper has passed was either read back just now or lost its
-    # batch to another writer: it will never be appended.
-    state.staged = {key: kept for key, kept in state.staged.items()
-                    if state.persist_folded.less_than(kept[0])}  # fmt: skip
-    return sum(c.part.bytes for c in to_read)
 
 
 def warm_up(_: object) -> tuple[str, str]:
@@ -225,63 +183,8 @@ class _Laps:
         self.last = now
 
 
-def _is_next_batch(own: list[SelectedPart], selected: list[SelectedPart], folded: Frontier) -> bool:
-    """Whether the first selected part is ours, alone in the first batch after `folded`."""
-    if not own or selected[0] is not own[0] or own[0].part.lower != folded:
-        return False
-    return all(not c.part.lower.less_than(own[0].part.upper) for c in selected[1:])
-
-
 def _shard(spec: TaskSpec) -> Shard:
     shard = _SHARDS.get(spec.shard_id)
     if shard is None:
         shard = _SHARDS[spec.shard_id] = open_shard(spec.shard_id, None, spec.s3)
     return shard
-
-
-def _fold_desired(spec: TaskSpec, state: PartitionState) -> int:
-    """Read the partition from `folded_offset` to its end; the number of records quarantined."""
-    consumer = Consumer(consumer_config(spec.bootstrap, extra=READ_TO_END))
-    decode_rows = updates_decoder(spec.row_schema)
-    dead, tables = 0, []
-    dead_producer: Producer | None = None
-    try:
-        consumer.assign([TopicPartition(spec.desired_topic, spec.partition, state.folded_offset)])
-        done: list[int] = []
-        while not done:
-            message = poll_message(consumer, 1.0, on_eof=done.append)
-            if message is None:
-                continue
-            try:
-                table = decode_desired(message, spec.row_schema, decode_rows)
-                if isinstance(table, Progress):
-                    state.desired_frontier = advance(
-                        state.desired_frontier, table.frontier
-                    ).frontier
-                    continue
-                if table.num_rows:
-                    low = pc.min(table.column(TIME)).as_py()
-                    if not state.desired_frontier.less_equal_time(low):
-                        raise DecodeError(f"update at time {low} is below the partition's "
-                                          f"progress {state.desired_frontier}")  # fmt: skip
-            except DecodeError as error:
-                located = error.located(
-                    spec.desired_topic, spec.partition, int(message.offset() or 0)
-                )
-                log.error("quarantining desired record: %s", located)
-                dead_producer = dead_producer or Producer(client_config(spec.bootstrap))
-                dead_producer.produce(spec.dead_letter_topic, key=message.key(), value=message.value(),
-                                      headers=[("mvsink-error", str(located).encode())])  # fmt: skip
-                dead += 1
-                continue
-            tables.append(table)
-        position = consumer.position([TopicPartition(spec.desired_topic, spec.partition)])[0].offset
-        if position >= 0:
-            state.folded_offset = position
-    finally:
-        consumer.close()
-        if dead_producer is not None:
-            dead_producer.flush(30)
-    if tables:
-        state.correction.insert(pa.concat_tables(tables))
-    return dead
