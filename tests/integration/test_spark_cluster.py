@@ -4,16 +4,19 @@ executor holding their warm state, `kill -9` of a worker and scaling the workers
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from sinkkit import Service, Sink, Upstream, contents, converged, start, wait_until
+from sinkkit import Service, Sink, Upstream, cli_env, contents, converged, start, wait_until
 
-from mvsink.config import cache_dir
+from mvsink.config import S3Settings, cache_dir
 from mvsink.stack.manager import Stack
 from mvsink.stack.state import load_records
 
@@ -132,3 +135,23 @@ def test_scaling_workers_1_2_1_loses_and_double_covers_no_partition(
     _tick_until(sink, upstream, lambda: len(_moves(write)) >= 1, "partitions onto worker 2")
     cluster.scale(1)
     _tick_until(sink, upstream, lambda: len(_moves(write)) >= 2, "partitions back onto worker 1")
+
+
+def test_bench_runs_mvsink_on_the_cluster(
+    cluster: Cluster, kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path
+) -> None:
+    """`mvsink bench --spark-master` runs mvsink's write service on the cluster and prints the
+    same table; the shard equals the view."""
+    cluster.scale(2)
+    out = tmp_path / "out"
+    env = cli_env(kafka_bootstrap, s3_settings, tmp_path)
+    done = subprocess.run([sys.executable, "-m", "mvsink.cli", "bench", "--no-stack", "--systems",
+                           "mvsink", "--spark-master", cluster.url, "--keys", "2000", "--ticks",
+                           "3", "--out", str(out)], env=env, capture_output=True, text=True,
+                          timeout=900)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    figures = json.loads((out / "bench.json").read_text())
+    assert figures["systems"] == ["mvsink"] and figures["mvsink_spark_master"] == cluster.url
+    assert figures["mvsink_shard_equals_desired"] is True
+    assert figures["mvsink_updates_per_s"] > 0
+    assert "updates/s (steady ticks)" in done.stderr and "bytes read back" in done.stderr
