@@ -405,6 +405,7 @@ def run(config: Config, workload: Workload, out: Path, say: Say, in_flight: int 
         )
         provision(sink)
         system = kinds[variant.system](sink, logs / name)
+        system.name = name
         say(
             f"{name}: starting{f' (Spark {sink.spark_master})' if variant.system == 'mvsink' else ''} ..."
         )
