@@ -265,9 +265,14 @@ class WriteShell:
                      sorted(executors))  # fmt: skip
         for result in results:
             self.home[result.partition] = result.executor
-            if result.stale:
-                log.warning("partition %d was checkpointed by another owner", result.partition)
-                self.versions.pop(result.partition, None)
+            if result.stale and result.partition in self.versions:
+                # Another owner (a replica before a rebalance revokes it here), or a lost attempt
+                # of this driver's own task (its executor died after checkpointing, Spark ran
+                # the task again): continue from the newest checkpoint either way.
+                latest = self._latest_checkpoint(result.partition)
+                log.warning("partition %d was checkpointed by another owner or a lost task "
+                            "attempt: continuing from version %d", result.partition, latest)  # fmt: skip
+                self.versions[result.partition] = latest
             elif result.partition in self.versions:
                 self.versions[result.partition] = result.version
                 self.folded[result.partition] = result.persist_folded

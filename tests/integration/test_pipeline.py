@@ -146,6 +146,36 @@ def test_kill_9_of_each_service_then_restart_converges_without_leaks(
     assert merges > 0, "compaction never ran"
 
 
+def test_a_checkpoint_left_by_a_lost_task_attempt_is_continued_from(
+    sink: Sink, procs: list[Service]
+) -> None:
+    """An executor can die after its task checkpointed and before the result reached the
+    driver; Spark runs the task again, whose checkpoint then loses the conditional create. The
+    driver continues from the newest checkpoint instead of retrying the stale version forever."""
+    from minio.commonconfig import CopySource
+
+    from services.write.checkpoint import checkpoint_key
+
+    write = start(procs, sink, "write")
+    for name in ("mint", "append"):
+        start(procs, sink, name)
+    upstream = Upstream(sink)
+    upstream.tick()
+    wait_until(lambda: converged(sink, upstream), 120, "convergence")
+    client, bucket = sink.shard.client, sink.config.s3.bucket
+    prefix = f"sinks/{sink.config.sink_id}/write/p0/"
+    latest = max(int(o.object_name.rsplit("/", 1)[-1].split(".")[0])
+                 for o in client.list_objects(bucket, prefix=prefix))  # fmt: skip
+    key = checkpoint_key(sink.config.sink_id, 0, latest)  # the lost attempt's: same contents
+    client.copy_object(bucket, checkpoint_key(sink.config.sink_id, 0, latest + 1),
+                       CopySource(bucket, key))  # fmt: skip
+    for _ in range(3):
+        upstream.tick()
+    wait_until(lambda: converged(sink, upstream), 120, "convergence past the lost attempt")
+    assert all(d == 1 for d in contents(sink, upstream.frontier).values())
+    assert "a lost task attempt: continuing from version" in write.text()
+
+
 def test_two_write_and_two_append_replicas_split_the_work(sink: Sink, procs: list[Service]) -> None:
     start(procs, sink, "mint")
     writes = [start(procs, sink, "write", f"-{i}") for i in range(2)]
