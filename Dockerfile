@@ -1,8 +1,9 @@
 # The services image: mint, write (Spark in local mode, or a cluster by `--master`), append, the
-# demo's view job and the `mvsink` CLI. Two stages: the build stage installs the Python
-# dependencies into a virtualenv (pip, network); the runtime stage is the same Debian base with
-# only Python and a Java 17 runtime for Spark, plus that virtualenv and the source tree (the
-# project is installed editable: `mvsink.codec` reads `schemas/` beside the package).
+# demo's view job, the `mvsink` CLI, and Spark's standalone master and workers (the Spark inside
+# PySpark). Two stages: the build stage installs the Python dependencies into a virtualenv (pip,
+# network); the runtime stage is the same Debian base with only Python and a Java 17 runtime for
+# Spark, plus that virtualenv and the source tree (the project is installed editable:
+# `mvsink.codec` reads `schemas/` beside the package).
 #
 # BASE is any Debian bookworm image (`debian:bookworm-slim` from a registry, or one made with
 # debootstrap where no registry answers: `mvsink compose verify` does that). BUILD_CA is an
@@ -46,6 +47,9 @@ ENV PATH=/opt/mvsink/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     MVSINK_STATE_DIR=/var/lib/mvsink
+# The Spark inside the installed PySpark (its jars and `bin/spark-class`): the compose file's
+# spark-master and spark-worker run its standalone daemons.
+ENV SPARK_HOME=/opt/mvsink/venv/lib/python3.11/site-packages/pyspark
 USER mvsink
 WORKDIR /var/lib/mvsink
 ENTRYPOINT []

@@ -1,7 +1,8 @@
 """docker-compose.yaml is a valid Compose file whose services run real entry points of this
-project, scale without clashes, and are configured only through settings `mvsink.config` knows;
-every image it runs is built from this repository (no pulls), as a non-root user, at the versions
-the embedded stack runs. (`./run compose-test` runs the file for real: `mvsink.compose.verify`.)
+project (or the Spark daemons of the PySpark it installs), scale without clashes, and are
+configured only through settings `mvsink` reads; every image it runs is built from this
+repository (no pulls), as a non-root user, at the versions the embedded stack runs; the write
+drivers run their executors on the file's Spark cluster. (`./run compose-test` runs the file for real: `mvsink.compose.verify`.)
 
 The file is validated by the real `docker compose config` where a Docker engine with compose v2
 answers, and always against the Compose Specification schema the project keeps in
@@ -13,8 +14,11 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
+import zipfile
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -27,6 +31,19 @@ from mvsink.stack.kafka import KAFKA_VERSION
 from mvsink.stack.minio import MINIO_VERSION
 
 SCALED = ("mint", "write", "append")
+#: The Spark standalone cluster: the master, and the workers (scaled).
+SPARK = ("spark-master", "spark-worker")
+#: Each Spark daemon the compose file runs with `spark-class`: its options that take a value
+#: (Spark's `MasterArguments` / `WorkerArguments`), and whether it takes master URLs.
+SPARK_DAEMONS = {
+    "org.apache.spark.deploy.master.Master": (
+        {"--host", "-h", "--port", "-p", "--webui-port", "--properties-file"}, False),
+    "org.apache.spark.deploy.worker.Worker": (
+        {"--host", "-h", "--port", "-p", "--cores", "-c", "--memory", "-m", "--work-dir", "-d",
+         "--webui-port", "--properties-file"}, True),
+}  # fmt: skip
+#: `${NAME:-default}`: a variable the compose file interpolates, with its default.
+VARIABLE = re.compile(r"^\$\{(?P<name>\w+):-(?P<default>[^}]*)\}$")
 
 
 SPEC = REPO_ROOT / "tests" / "compose" / "compose-spec.json"
@@ -70,8 +87,8 @@ def test_the_schema_copy_is_the_recorded_one() -> None:
 
 
 def test_compose_has_every_component(compose: dict[str, Any]) -> None:
-    assert {"kafka", "minio", *SCALED} <= set(compose["services"])
-    for name in ("kafka", "minio", *SCALED):
+    assert {"kafka", "minio", *SCALED, *SPARK} <= set(compose["services"])
+    for name in ("kafka", "minio", *SCALED, *SPARK):
         assert "healthcheck" in compose["services"][name], name
 
 
@@ -88,11 +105,59 @@ def _runnable(module: str) -> bool:
     return True
 
 
+def _spark_home() -> Path:
+    """The Spark inside the installed PySpark (the image installs the same pinned version)."""
+    import pyspark
+
+    return Path(pyspark.__file__).parent
+
+
+def _spark_has_class(name: str) -> bool:
+    """Whether one of PySpark's jars holds class `name`."""
+    entry = name.replace(".", "/") + ".class"
+    for jar in sorted((_spark_home() / "jars").glob("spark-core_*.jar")):
+        with zipfile.ZipFile(jar) as archive:
+            if entry in archive.namelist():
+                return True
+    return False
+
+
+def _check_spark_daemon(command: list[str]) -> None:
+    """`spark-class <daemon> ARGS`: PySpark's launcher, a daemon class its jars hold, options
+    that daemon takes (a `${VAR:-default}` value checked by its default), master URLs."""
+    text = " ".join(command)
+    assert (_spark_home() / "bin" / "spark-class").exists(), "PySpark has no bin/spark-class"
+    assert command[1] in SPARK_DAEMONS, f"`{text}`: not a Spark daemon the file may run"
+    assert _spark_has_class(command[1]), f"`{text}`: no such class in PySpark's jars"
+    options, takes_masters = SPARK_DAEMONS[command[1]]
+    args, masters = command[2:], []
+    while args:
+        arg = args.pop(0)
+        if arg.startswith("-"):
+            assert arg in options and args, f"`{text}`: {arg} is not an option with a value"
+            value = args.pop(0)
+            variable = VARIABLE.match(value)
+            value = variable["default"] if variable else value
+            assert value and "$" not in value, f"`{text}`: {arg} {value!r}"
+            if arg in ("--port", "-p", "--webui-port", "--cores", "-c"):
+                assert value.isdigit(), f"`{text}`: {arg} {value!r} is not a number"
+            if arg in ("--memory", "-m"):
+                assert re.fullmatch(r"\d+[mMgG]", value), f"`{text}`: {arg} {value!r}"
+        else:
+            masters.append(arg)
+    if takes_masters:
+        assert masters and all(m.startswith("spark://") for m in masters), text
+    else:
+        assert not masters, f"`{text}`: unexpected {masters}"
+
+
 def _check_entry_point(command: list[str]) -> None:
     if command[:2] == ["python", "-m"]:
         assert _runnable(command[2]), f"`{' '.join(command)}`: nothing to run"
     elif command[0] == "mvsink":
         build_parser().parse_args(command[1:])  # SystemExit on an unknown subcommand
+    elif command[0] == "spark-class":
+        _check_spark_daemon(command)
     else:
         raise AssertionError(f"`{' '.join(command)}` is not an mvsink entry point")
 
@@ -101,7 +166,7 @@ def test_every_service_command_is_a_real_entry_point(compose: dict[str, Any]) ->
     ours = {
         n: s for n, s in compose["services"].items() if s["build"]["dockerfile"] == "Dockerfile"
     }
-    assert set(SCALED) <= set(ours)
+    assert {*SCALED, *SPARK} <= set(ours)
     for name, service in ours.items():
         assert isinstance(service.get("command"), list), f"{name}: command must be an exec list"
         _check_entry_point(service["command"])
@@ -114,17 +179,30 @@ def test_entry_point_check_rejects_what_does_not_exist() -> None:
         _check_entry_point(["python", "-m", "services"])  # a package without __main__
     with pytest.raises(SystemExit):
         _check_entry_point(["mvsink", "no-such-command"])
+    master, worker = SPARK_DAEMONS
+    for wrong in (
+        ["spark-class", "org.apache.spark.deploy.master.NoSuchMaster"],
+        ["spark-class", master, "--no-such-option", "1"],
+        ["spark-class", master, "--port"],  # an option without its value
+        ["spark-class", master, "--port", "${PORT:-x}"],
+        ["spark-class", worker, "--memory", "2 gigabytes", "spark://m:7077"],
+        ["spark-class", worker, "--cores", "1"],  # no master URL
+    ):
+        with pytest.raises(AssertionError):
+            _check_entry_point(wrong)
 
 
 def test_scaled_services_have_no_fixed_names_or_host_ports(compose: dict[str, Any]) -> None:
-    for name in SCALED:
+    for name in (*SCALED, "spark-worker"):
         service = compose["services"][name]
         assert "container_name" not in service, name
         assert "ports" not in service, name
 
 
 def test_service_settings_are_known_to_the_config(compose: dict[str, Any]) -> None:
-    known = {f.env for f in FIELDS}
+    """`mvsink.config`'s settings, or one `mvsink.spark` reads from the environment itself."""
+    spark = (REPO_ROOT / "mvsink" / "spark.py").read_text()
+    known = {f.env for f in FIELDS} | set(re.findall(r"\"(MVSINK_\w+)\"", spark))
     for name in ("provision", *SCALED):
         env = compose["services"][name]["environment"]
         unknown = {k for k in env if k.startswith("MVSINK_")} - known
@@ -191,10 +269,12 @@ def test_images_run_the_versions_the_embedded_stack_runs(compose: dict[str, Any]
     assert compose["services"]["minio"]["image"].endswith(f":{commit_date}")
 
 
-def test_only_kafka_and_minio_publish_ports_and_only_on_loopback(compose: dict[str, Any]) -> None:
+def test_only_kafka_minio_and_the_spark_ui_publish_ports_on_loopback(
+    compose: dict[str, Any],
+) -> None:
     for name, service in compose["services"].items():
         for port in service.get("ports", []):
-            assert name in ("kafka", "minio"), name
+            assert name in ("kafka", "minio", "spark-master"), name
             assert str(port).startswith("127.0.0.1:"), (name, port)
 
 
@@ -214,3 +294,71 @@ def test_healthchecks_test_readiness(compose: dict[str, Any]) -> None:
     assert services["minio"]["healthcheck"]["test"] == ["CMD", "minio-ready"]
     ready = (REPO_ROOT / "docker/minio/minio-ready").read_text()
     assert "/minio/health/ready" in ready
+
+
+def _spark_command(compose: dict[str, Any], service: str) -> dict[str, str]:
+    """The options of a Spark daemon's command, and its master URL as `master`."""
+    command = compose["services"][service]["command"][2:]
+    options = {}
+    while command:
+        arg = command.pop(0)
+        if arg.startswith("-"):
+            options[arg] = command.pop(0)
+        else:
+            options["master"] = arg
+    return options
+
+
+def test_the_write_drivers_run_on_the_spark_cluster(compose: dict[str, Any]) -> None:
+    """write is a driver of spark-master's cluster, started after the master and the workers are
+    ready, reachable by the executors; the workers register with that master; the other services
+    keep Spark in their container (`local[*]`)."""
+    services = compose["services"]
+    master = _spark_command(compose, "spark-master")
+    url = f"spark://{master['--host']}:{master['--port']}"
+    assert master["--host"] == "spark-master"
+    write = services["write"]
+    assert write["environment"]["MVSINK_SPARK_MASTER"] == url
+    assert write["environment"]["MVSINK_SPARK_DRIVER_HOST"] == "auto"
+    for needed in SPARK:
+        assert write["depends_on"][needed]["condition"] == "service_healthy", needed
+    assert write["depends_on"]["provision"]["condition"] == "service_completed_successfully"
+    assert _spark_command(compose, "spark-worker")["master"] == url
+    assert services["spark-worker"]["depends_on"]["spark-master"]["condition"] == "service_healthy"
+    for name in ("mint", "append", "view", "provision"):
+        assert "MVSINK_SPARK_MASTER" not in services[name]["environment"], name
+    # the write environment is the shared one plus the cluster's two settings
+    shared = services["mint"]["environment"]
+    assert {k: v for k, v in write["environment"].items() if k in shared} == shared
+
+
+def test_the_spark_daemons_run_in_the_foreground_without_rest_submission(
+    compose: dict[str, Any],
+) -> None:
+    services = compose["services"]
+    opts = services["spark-master"]["environment"]["SPARK_MASTER_OPTS"].split()
+    assert "-Dspark.master.rest.enabled=false" in opts
+    cores = [o for o in opts if o.startswith("-Dspark.deploy.defaultCores=")]
+    assert len(cores) == 1 and VARIABLE.match(cores[0].split("=", 1)[1]), cores
+    for name in SPARK:
+        assert services[name]["init"] is True, name  # reaps executors and Python workers
+        assert services[name]["command"][0] == "spark-class", name  # not start-*.sh (daemonizes)
+    master_ui = _spark_command(compose, "spark-master")["--webui-port"]
+    checks = {name: " ".join(services[name]["healthcheck"]["test"]) for name in SPARK}
+    assert f"http://127.0.0.1:{master_ui}/json/" in checks["spark-master"]
+    assert "http://127.0.0.1:8081/json/" in checks["spark-worker"]  # the worker's default UI
+    (published,) = services["spark-master"]["ports"]
+    assert published.startswith("127.0.0.1:${") and published.endswith(f":{master_ui}")
+
+
+def test_spark_home_is_the_installed_pyspark() -> None:
+    """The runtime image's SPARK_HOME is the pyspark package of its virtualenv, whose `bin` the
+    PATH holds (`spark-class`), for the Python version of the Debian base."""
+    runtime = _stages("Dockerfile")[-1]
+    env = " ".join(line for line in runtime if line.startswith("ENV "))
+    home = re.search(r"SPARK_HOME=(\S+)", env)
+    assert home is not None, "the runtime stage sets SPARK_HOME"
+    assert "PATH=/opt/mvsink/venv/bin:" in env
+    assert home[1] == "/opt/mvsink/venv/lib/python3.11/site-packages/pyspark"  # bookworm: 3.11
+    local = _spark_home()
+    assert local.parent.name == "site-packages" and (local / "bin" / "spark-class").exists()

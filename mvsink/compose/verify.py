@@ -6,19 +6,29 @@ Phases, each timed and printed:
    (`mvsink.compose.engine`);
 2. **base**: `debian:bookworm-slim`, pulled or made with debootstrap;
 3. **build**: `docker compose build` of every image (cached layers make a rebuild quick);
-4. **up**: `docker compose up -d --scale write=2 --scale append=2` as a project of its own
-   (`mvsink-verify-<id>`, fresh volumes, Kafka and MinIO published on free loopback ports);
+4. **up**: `docker compose up -d --scale write=2 --scale append=2 --scale spark-worker=2` as a
+   project of its own (`mvsink-verify-<id>`, fresh volumes, Kafka, MinIO and the Spark master's
+   web UI published on free loopback ports; each Spark worker offers 2 cores and each
+   application gets 2, so every write driver has an executor on each worker);
 5. **converge**: checked from outside the containers, as a user would: the shard read through
    MinIO's published port equals the view job's output -- the desired topic read through
    Kafka's published listener -- at the shard's upper, with no row whose diff is not 1;
 6. **scaled**: the logs show both write containers holding desired partitions and staging, and
    both append containers holding an append worker and appending;
+   **spark cluster**: the master's web UI (`/json/`, through its published port) lists both
+   workers ALIVE and one running `mvsink-write-*` application per write container, and each
+   worker's own UI (read inside its container) lists executors of every one of them;
 7. **kill**: `docker kill` of one write and one append container; the shard converges and the
    survivors' logs show work since the kill (they took over the partitions and the worker);
    the killed two are started again (`docker kill` is a manual stop: the restart policy leaves
    them down), the shard converges and their logs show work since their start;
-8. **restart kafka**, **restart minio**: `docker compose restart` of each; converge again;
-9. **down**: `docker compose down -v` (always, unless `--keep`).
+8. **kill spark-worker**: `docker kill` of one Spark worker (its executors die with it); the
+   shard converges and both write containers' logs show work since the kill, done on the
+   surviving worker's executors, which the master then lists alone; the worker is started
+   again, the master lists both ALIVE with executors of every write application on each, and
+   the shard converges;
+9. **restart kafka**, **restart minio**: `docker compose restart` of each; converge again;
+10. **down**: `docker compose down -v` (always, unless `--keep`).
 
 "Converge" after a fault means: the shard's upper moved at least `ADVANCE` times past where it
 was when the fault was over, and equals the view there. A phase that fails prints the
@@ -32,6 +42,7 @@ import os
 import re
 import secrets
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -62,6 +73,16 @@ APPEND_HOLDS, APPEND_WORK = "append workers assigned: ", re.compile(r"\bappended
 #: Per scaled service: its holds marker, its work pattern, and what its work is called.
 WORK = {"write": (WRITE_HOLDS, WRITE_WORK, "batches staged"),
         "append": (APPEND_HOLDS, APPEND_WORK, "appends")}  # fmt: skip
+#: Replicas of the scaled services, `docker compose up --scale` each.
+SCALE = {"write": 2, "append": 2, "spark-worker": 2}
+#: Cores each Spark worker offers and each application (a write driver) gets, in this project:
+#: as many as there are workers, so the master spreads each application over all of them.
+SPARK_CORES = SCALE["spark-worker"]
+#: The names the write drivers give their Spark applications: `mvsink-write-<sink id>`.
+WRITE_APP = "mvsink-write-"
+#: Read inside a worker container: its own web UI's JSON (id, executors and their applications).
+WORKER_STATE = ("import urllib.request as u; "
+                "print(u.urlopen('http://127.0.0.1:8081/json/', timeout=5).read().decode())")  # fmt: skip
 
 
 class VerifyError(MvsinkError):
@@ -100,6 +121,8 @@ class Deployment:
     env: dict[str, str]
     config: Config
     say: Say
+    #: The Spark master's web UI port on 127.0.0.1.
+    spark_ui_port: int = 0
 
     def compose(self, *args: str, timeout: float = 600.0) -> str:
         return engine.compose(args, project=self.project, env=self.env, timeout=timeout).stdout
@@ -122,21 +145,30 @@ class Deployment:
         """Print what the containers are doing: states and log tails."""
         result = engine.compose(["ps", "-a"], project=self.project, env=self.env, check=False)
         self.say(result.stdout)
-        for service in ("mint", "write", "append", "view", "kafka", "minio", "provision"):
+        for service in ("mint", "write", "append", "view", "spark-master", "spark-worker",
+                        "kafka", "minio", "provision"):  # fmt: skip
             tail = engine.compose(["logs", "--no-color", "--tail", "25", service],
                                   project=self.project, env=self.env, check=False)  # fmt: skip
             self.say(f"--- {service} (last lines) ---\n{tail.stdout}{tail.stderr}")
 
 
+def _compose_only(name: str) -> bool:
+    """Whether `name` is a setting of the compose file (ports, Spark cores), not of mvsink."""
+    return "HOST_PORT" in name or name.startswith("MVSINK_SPARK_")
+
+
 def _deployment(say: Say) -> Deployment:
     project = f"mvsink-verify-{uuid.uuid4().hex[:6]}"
-    kafka_port, minio_port = free_ports(2)
+    kafka_port, minio_port, spark_ui_port = free_ports(3)
     env = {
         **engine.build_env(),
         "MVSINK_S3_ACCESS_KEY": f"verify{secrets.token_hex(4)}",
         "MVSINK_S3_SECRET_KEY": secrets.token_hex(16),
         "MVSINK_KAFKA_HOST_PORT": str(kafka_port),
         "MVSINK_MINIO_HOST_PORT": str(minio_port),
+        "MVSINK_SPARK_UI_HOST_PORT": str(spark_ui_port),
+        "MVSINK_SPARK_WORKER_CORES": str(SPARK_CORES),
+        "MVSINK_SPARK_APP_CORES": str(SPARK_CORES),
         "MVSINK_SINK_ID": "verify",
         "MVSINK_SHARD_ID": "verify",
         "MVSINK_PARTITIONS": "4",
@@ -145,13 +177,13 @@ def _deployment(say: Say) -> Deployment:
         "MVSINK_S3_BUCKET": "mvsink",
     }
     host = {
-        **{k: v for k, v in env.items() if k.startswith("MVSINK_") and "HOST_PORT" not in k},
+        **{k: v for k, v in env.items() if k.startswith("MVSINK_") and not _compose_only(k)},
         "MVSINK_KAFKA_BOOTSTRAP": f"127.0.0.1:{kafka_port}",
         "MVSINK_S3_ENDPOINT": f"127.0.0.1:{minio_port}",
         "MVSINK_S3_SECURE": "false",
     }
     host.pop("MVSINK_BUILD_CA", None)
-    return Deployment(project, env, load_config(None, env=host), say)
+    return Deployment(project, env, load_config(None, env=host), say, spark_ui_port)
 
 
 def _rows(table: Any, names: list[str]) -> dict[tuple[Any, ...], int]:
@@ -255,6 +287,62 @@ def check_work_since(deployment: Deployment, since: str, containers: dict[str, s
             time.sleep(2.0)
 
 
+def spark_state(deployment: Deployment) -> dict[str, Any]:
+    """The Spark cluster as its UIs show it: the ALIVE workers (id -> the container whose UI
+    names that id, and the applications it runs executors of) and the running write
+    applications (id -> cores granted)."""
+    url = f"http://127.0.0.1:{deployment.spark_ui_port}/json/"
+    with urllib.request.urlopen(url, timeout=5) as response:
+        master = json.load(response)
+    alive = {w["id"] for w in master.get("workers", []) if w.get("state") == "ALIVE"}
+    apps = {a["id"]: int(a.get("cores", 0)) for a in master.get("activeapps", [])
+            if str(a.get("name", "")).startswith(WRITE_APP) and a.get("state") == "RUNNING"}  # fmt: skip
+    workers: dict[str, dict[str, Any]] = {}
+    for container in deployment.containers("spark-worker"):
+        if not _running(container):
+            continue
+        shown = engine.docker("exec", container, "python", "-c", WORKER_STATE, timeout=30)
+        if shown.returncode != 0:
+            continue  # its UI not up yet
+        worker = json.loads(shown.stdout)
+        if worker.get("id") in alive:
+            runs = sorted({str(e.get("appid")) for e in worker.get("executors", [])})
+            workers[worker["id"]] = {"container": container, "apps": runs}
+    return {"alive": sorted(alive), "workers": workers, "apps": apps}
+
+
+def spread(state: dict[str, Any], workers: int, writers: int) -> bool:
+    """Whether `state` (`spark_state`) is `workers` ALIVE workers, each one seen in its
+    container, and `writers` running write applications, each with executors on every worker."""
+    apps, found = set(state["apps"]), state["workers"]
+    return (len(state["alive"]) == workers == len(found) and len(apps) == writers
+            and all(apps <= set(w["apps"]) for w in found.values()))  # fmt: skip
+
+
+def check_spark(deployment: Deployment, workers: int, timeout: float = 180.0) -> dict[str, Any]:
+    """The master lists `workers` ALIVE workers, each one a running spark-worker container, and
+    one running write application per running write container; every worker runs executors of
+    every write application. The state (`spark_state`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        writers = sum(1 for c in deployment.containers("write") if _running(c))
+        try:
+            state = spark_state(deployment)
+        except (OSError, ValueError) as error:  # the master restarting, a UI half up
+            state = {"error": f"{type(error).__name__}: {error}"}
+        if "error" not in state and spread(state, workers, writers):
+            for worker_id, w in sorted(state["workers"].items(), key=lambda i: i[1]["container"]):
+                deployment.say(f"  {w['container']} ({worker_id}): executors of "
+                               f"{', '.join(a for a in w['apps'] if a in state['apps'])}")  # fmt: skip
+            deployment.say(f"  write applications (cores): {state['apps']}")
+            return state
+        if time.monotonic() > deadline:
+            raise VerifyError(f"the Spark cluster is not {workers} ALIVE workers running "
+                              f"executors of {writers} write applications after {timeout:.0f}s: "
+                              f"{state}")  # fmt: skip
+        time.sleep(2.0)
+
+
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -305,8 +393,8 @@ def run_verify(home: Path, cache: Path, say: Say, *, keep: bool = False,
     failed = True
     try:
         with phases.phase("up"):
-            deployment.compose("up", "-d", "--scale", "write=2", "--scale", "append=2",
-                               timeout=900)  # fmt: skip
+            scales = [arg for s, n in SCALE.items() for arg in ("--scale", f"{s}={n}")]
+            deployment.compose("up", "-d", *scales, timeout=900)
         shard = open_shard(deployment.config.shard_id, None, deployment.config.s3)
 
         def converge() -> int:
@@ -316,6 +404,8 @@ def run_verify(home: Path, cache: Path, say: Say, *, keep: bool = False,
             upper = converge()
         with phases.phase("scaled"):
             figures["work"] = check_scaled(deployment)
+        with phases.phase("spark cluster"):
+            figures["spark"] = check_spark(deployment, SCALE["spark-worker"])
         with phases.phase("kill write and append"):
             writers, appenders = deployment.containers("write"), deployment.containers("append")
             victims = [writers[0], appenders[0]]
@@ -331,6 +421,21 @@ def run_verify(home: Path, cache: Path, say: Say, *, keep: bool = False,
                 say(f"  started {', '.join(stopped)} again")
             upper = converge()
             check_work_since(deployment, started_at, {writers[0]: "write", appenders[0]: "append"})
+        with phases.phase("kill spark-worker"):
+            victim = deployment.containers("spark-worker")[0]
+            killed_at = _now()
+            engine.docker("kill", victim, check=True)
+            say(f"  killed {victim}")
+            upper = converge()  # the write drivers' tasks ran on the surviving worker's executors
+            check_work_since(deployment, killed_at, {w: "write" for w in writers})
+            figures["spark_after_kill"] = check_spark(deployment, SCALE["spark-worker"] - 1)
+            started_at = _now()
+            if not _running(victim):  # `docker kill` is a manual stop: no restart policy applies
+                engine.docker("start", victim, check=True, timeout=120)
+                say(f"  started {victim} again")
+            figures["spark_after_start"] = check_spark(deployment, SCALE["spark-worker"])
+            upper = converge()
+            check_work_since(deployment, started_at, {w: "write" for w in writers})
         for component in ("kafka", "minio"):
             with phases.phase(f"restart {component}"):
                 deployment.compose("restart", component, timeout=300)
@@ -356,5 +461,5 @@ def run_verify(home: Path, cache: Path, say: Say, *, keep: bool = False,
         if failed:
             say("[compose] verification FAILED")
     say(f"[compose] verification OK: shard == view at upper {figures['upper']}, "
-        "no duplicates, through kills and restarts")  # fmt: skip
+        "no duplicates, through kills (a Spark worker's too) and restarts")  # fmt: skip
     return figures

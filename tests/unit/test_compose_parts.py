@@ -1,14 +1,26 @@
 """The pure parts of `mvsink compose verify` and of making the base image: reading work out of
-the services' logs, the phase table, trimming a debootstrapped tree, the build environment."""
+the services' logs, the phase table, the Spark cluster's spread, the project's variables,
+trimming a debootstrapped tree, the build environment."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from mvsink.compose import engine
-from mvsink.compose.verify import APPEND_WORK, LOG_LINE, WRITE_WORK, Phases, _work
+from mvsink.compose.verify import (
+    APPEND_WORK,
+    LOG_LINE,
+    SCALE,
+    WRITE_WORK,
+    Phases,
+    _deployment,
+    _work,
+    spread,
+)
+from mvsink.config import REPO_ROOT
 
 WRITE_LOGS = {
     "v-write-1": [
@@ -97,3 +109,39 @@ def test_work_patterns_match_work_and_not_warnings() -> None:
     assert not WRITE_WORK.search("WARNING desc[3, 4) staged 9s ago and still not appended")
     assert APPEND_WORK.search("INFO appended 2 parts for desc[3, 4) (seqno 9) in 3.1 ms")
     assert not APPEND_WORK.search("WARNING desc[3, 4) staged 9s ago and still not appended: x")
+
+
+def _cluster(workers: dict[str, list[str]], apps: list[str]) -> dict[str, object]:
+    return {
+        "alive": sorted(workers),
+        "workers": {w: {"container": f"c-{w}", "apps": a} for w, a in workers.items()},
+        "apps": dict.fromkeys(apps, 2),
+    }
+
+
+def test_spread_wants_every_write_application_on_every_worker() -> None:
+    both = _cluster({"w1": ["a1", "a2"], "w2": ["a1", "a2", "other"]}, ["a1", "a2"])
+    assert spread(both, workers=2, writers=2)
+    assert not spread(both, workers=1, writers=2)  # a worker too many (one just killed)
+    assert not spread(both, workers=2, writers=3)  # a write driver with no application yet
+    one_sided = _cluster({"w1": ["a1", "a2"], "w2": ["a1"]}, ["a1", "a2"])
+    assert not spread(one_sided, workers=2, writers=2)
+    unseen = {**both, "alive": ["w1", "w2", "w3"]}  # ALIVE at the master, no container shows it
+    assert not spread(unseen, workers=3, writers=2)
+
+
+def test_the_project_sets_only_variables_the_compose_file_reads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every variable the verification sets for `docker compose` is one the compose file reads;
+    its own knobs (ports, Spark cores) do not reach the host-side configuration."""
+    for name in [n for n in os.environ if n.startswith("MVSINK_")]:
+        monkeypatch.delenv(name)
+    deployment = _deployment(lambda _: None)
+    compose = (REPO_ROOT / "docker-compose.yaml").read_text()
+    for name in deployment.env:
+        if name.startswith("MVSINK_") and name != "MVSINK_BUILD_CA":
+            assert f"${{{name}:" in compose, name
+    assert deployment.env["MVSINK_SPARK_WORKER_CORES"] == str(SCALE["spark-worker"])
+    assert deployment.spark_ui_port == int(deployment.env["MVSINK_SPARK_UI_HOST_PORT"])
+    assert deployment.config.kafka_bootstrap.startswith("127.0.0.1:")
