@@ -136,6 +136,7 @@ def _part_datum(part: Part) -> dict[str, Any]:
         "partitions_total": part.partitions_total,
         "updates": part.updates,
         "bytes": part.bytes,
+        "partitioning": part.partitioning,
     }
 
 
@@ -145,8 +146,11 @@ def to_datum(record: Record) -> tuple[str, Any]:
         case Updates(updates=updates):
             rows = [{"row": u.row, "err": u.err, "time": u.time, "diff": u.diff} for u in updates]
             return "DesiredRecord", ("mvsink.Updates", {"updates": rows})
-        case UpdatesArrow(ipc=ipc):
-            return "DesiredRecord", ("mvsink.UpdatesArrow", {"ipc": ipc})
+        case UpdatesArrow(ipc=ipc, partitioning=partitioning):
+            return "DesiredRecord", (
+                "mvsink.UpdatesArrow",
+                {"ipc": ipc, "partitioning": partitioning},
+            )
         case Progress(frontier=frontier):
             return "DesiredRecord", ("mvsink.Progress", {"frontier": frontier.elements()})
         case DesiredProgress():
@@ -195,7 +199,7 @@ def from_datum(kind: str, datum: Any) -> Record:
             if name == "mvsink.Progress":
                 return Progress(_frontier(body["frontier"]))
             if name == "mvsink.UpdatesArrow":
-                return UpdatesArrow(body["ipc"])
+                return UpdatesArrow(body["ipc"], body["partitioning"])
             return Updates(tuple(Update(**u) for u in body["updates"]))
         case "DesiredProgress":
             return DesiredProgress(

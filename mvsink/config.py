@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from mvsink.errors import ConfigError, ContractError
+from mvsink.partitioning import KNOWN as KNOWN_PARTITIONINGS
 from mvsink.settings import CompactionPolicy, S3Settings, Secret, Timing
 
 __all__ = ["FIELDS", "MEANINGS", "REPO_ROOT", "CompactionPolicy", "Config", "S3Settings", "Secret", "Timing", "Topics",
@@ -95,6 +96,9 @@ class Config:
     spark_master: str
     #: The sink's row schema (`"name type[ not null], ..."`); "" = take the shard's.
     row_schema: str = ""
+    #: The desired partitioning function (`mvsink.partitioning`): producers hash with it, write
+    #: tasks refuse desired records hashed otherwise.
+    partitioning: int = 2
     #: Where a service serves Prometheus metrics; port 0 picks a free one (logged).
     metrics_addr: str = "127.0.0.1"
     metrics_port: int = 0
@@ -140,6 +144,9 @@ class Config:
                 raise ConfigError(f"{name}={value!r}: use 1-200 of [A-Za-z0-9_.-]")
         if self.partitions < 1:
             raise ConfigError(f"partitions (P) must be >= 1, got {self.partitions}")
+        if self.partitioning not in KNOWN_PARTITIONINGS:
+            raise ConfigError(f"partitioning must be one of {KNOWN_PARTITIONINGS}, "
+                              f"got {self.partitioning}")  # fmt: skip
         if self.append_workers < 1:
             raise ConfigError(f"append_workers (A) must be >= 1, got {self.append_workers}")
         if self.as_of < 0:
@@ -206,6 +213,7 @@ FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec("shard_id", "sink", "shard_id", "MVSINK_SHARD_ID", str),
     FieldSpec("partitions", "sink", "partitions", "MVSINK_PARTITIONS", _int),
     FieldSpec("append_workers", "sink", "append_workers", "MVSINK_APPEND_WORKERS", _int),
+    FieldSpec("partitioning", "sink", "partitioning", "MVSINK_PARTITIONING", _int),
     FieldSpec("as_of", "sink", "as_of", "MVSINK_AS_OF", _int),
     FieldSpec("read_only", "sink", "read_only", "MVSINK_READ_ONLY", _bool),
     FieldSpec("frontiers_topic", "kafka", "frontiers_topic", "MVSINK_FRONTIERS_TOPIC", str),
@@ -252,6 +260,7 @@ DEFAULTS: Mapping[str, Any] = {
     "shard_id": "demo",
     "partitions": 4,
     "append_workers": 2,
+    "partitioning": 2,
     "as_of": 0,
     "read_only": False,
     "frontiers_topic": "frontiers",
@@ -286,6 +295,8 @@ MEANINGS: Mapping[str, str] = {
     "shard_id": "the shard (S3 prefix shards/<id>/) the sink keeps equal to desired",
     "partitions": "P, desired partitions (the <sink>.desired topic's partition count)",
     "append_workers": "A, append workers (the <sink>.batches topic's partition count)",
+    "partitioning": "the desired partitioning function: 2 (columnar hash), or 1 for desired "
+    "topics written before it (schemas/README.md)",
     "as_of": "the first time the sink writes",
     "read_only": "start read-only: fold and hold a lease, write nothing until promoted",
     "frontiers_topic": "the compacted topic of desired progress and shard uppers",
@@ -437,6 +448,7 @@ def _build(values: Mapping[str, Any]) -> Config:
         shard_id=values["shard_id"],
         partitions=values["partitions"],
         append_workers=values["append_workers"],
+        partitioning=values["partitioning"],
         as_of=values["as_of"],
         read_only=values["read_only"],
         topics=Topics.for_sink(sink_id, values["frontiers_topic"]),

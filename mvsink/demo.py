@@ -4,7 +4,8 @@
 2. start `mint`, `write` (Spark) and `append` as processes;
 3. run the view job: random order events per tick into `<sink>.orders`; a PySpark job reads
    each tick's events back and maintains per-customer order count and total, publishing the
-   changes (retraction of the old row, insertion of the new) through the desired producer;
+   changes (retraction of the old row, insertion of the new) from its executors
+   (`mvsink.publish.publish_dataframe`);
 4. show progress while the shard converges, then the shard's contents at its upper next to
    the view computed directly by Spark over every event (they must match);
 5. append junk to the shard as a foreign writer and show the sink correcting it.
@@ -33,6 +34,7 @@ from mvsink.frontier import Frontier
 from mvsink.kafka import TopicSpec, client_config, consumer_config, ensure_topics, poll_message
 from mvsink.producer import DesiredProducer
 from mvsink.provision import provision
+from mvsink.publish import publish_dataframe
 from mvsink.rows import parse_row_schema
 from mvsink.shard import Appended, Shard, open_shard
 
@@ -118,31 +120,46 @@ class ViewJob:
         return events
 
     def tick(self, orders: int) -> int:
-        """One tick: events in, view maintained in Spark, changes out; the new frontier. The
-        view's state changes only once the tick is published."""
+        """One tick: events in, view maintained in Spark, changes published from the executors
+        (`mvsink.publish`); the new frontier. The view's state changes only once the tick is
+        published.
+
+        A tick a failed attempt left carried events for publishes exactly those events and no
+        new ones: that attempt may have committed some desired partitions already, which the
+        retry skips, so the retry must derive the same changes (a deterministic replay, as
+        Structured Streaming asks of a retried micro-batch)."""
         tick = self.frontier
-        self.emit_orders(tick, orders)
+        if not self.carried:
+            self.emit_orders(tick, orders)
         rows = self.carried + [(c, a) for _, c, a in self._read_to_end(self.reader)]
-        events = self.spark.createDataFrame(rows, "customer string, amount long")
         from pyspark.sql import functions as F
 
+        events = self.spark.createDataFrame(rows, "customer string, amount long")
         deltas = events.groupBy("customer").agg(F.count("*").alias("n"), F.sum("amount").alias("s"))
+        old = self.spark.createDataFrame(
+            [(c, n, cents) for c, (n, cents) in self.state.items()],
+            "customer string, old_n long, old_s long",
+        )
+        joined = deltas.join(old, "customer", "left").select(
+            "customer", "old_n", "old_s",
+            (F.coalesce("old_n", F.lit(0)) + F.col("n")).alias("new_n"),
+            (F.coalesce("old_s", F.lit(0)) + F.col("s")).alias("new_s"),
+        )  # fmt: skip
+        retractions = joined.where(F.col("old_n").isNotNull()).select(
+            "customer", F.col("old_n").alias("orders"), (F.col("old_s") / 100).alias("total"),
+            F.lit(tick).cast("long").alias("_time"), F.lit(-1).cast("long").alias("_diff"),
+        )  # fmt: skip
+        insertions = joined.select(
+            "customer", F.col("new_n").alias("orders"), (F.col("new_s") / 100).alias("total"),
+            F.lit(tick).cast("long").alias("_time"), F.lit(1).cast("long").alias("_diff"),
+        )  # fmt: skip
+        publish_dataframe(retractions.unionByName(insertions), self.desired, Frontier.at(tick + 1))
         state = dict(self.state)
-        changes: list[tuple[str, int, float, int, int]] = []
-        for row in deltas.collect():
-            old = state.get(row["customer"])
-            if old is not None:
-                changes.append((row["customer"], old[0], old[1] / 100, tick, -1))
-            new = state[row["customer"]] = _plus(old, row["n"], row["s"])
-            changes.append((row["customer"], new[0], new[1] / 100, tick, 1))
-        self.desired.send(pa.table({
-            "customer": [c[0] for c in changes], "orders": [c[1] for c in changes],
-            "total": [c[2] for c in changes], "_time": [c[3] for c in changes],
-            "_diff": [c[4] for c in changes],
-        }))  # fmt: skip
-        self.desired.advance_to(Frontier.at(tick + 1))
+        changed = joined.select("customer", "new_n", "new_s").collect()
+        for row in changed:
+            state[row["customer"]] = (row["new_n"], row["new_s"])
         self.state, self.carried, self.frontier = state, [], tick + 1
-        return len({c[0] for c in changes})
+        return len(changed)
 
     def direct_view(self) -> dict[str, tuple[int, float]]:
         """The view computed from scratch by Spark over every event in the input topic."""

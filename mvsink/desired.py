@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from mvsink.codec import decode_message
-from mvsink.errors import MvsinkError
+from mvsink.errors import DecodeError, MvsinkError
 from mvsink.kafka import READ_TO_END, consumer_config, poll_message
 from mvsink.messages import Progress, Updates, UpdatesArrow
 from mvsink.rows import updates_decoder
@@ -22,12 +22,25 @@ from mvsink.updates import TIME, advance_times, consolidate, part_schema, update
 
 
 def decode_desired(message: Message, row_schema: pa.Schema,
-                   decode_rows: Callable[[Updates], pa.Table]) -> Progress | pa.Table:  # fmt: skip
+                   decode_rows: Callable[[Updates], pa.Table],
+                   partitioning: int | None) -> Progress | pa.Table:  # fmt: skip
     """A desired record: its `Progress`, or its updates as a table (Arrow IPC or Avro rows,
-    decoded by `decode_rows = updates_decoder(row_schema)`). Raises `DecodeError`."""
+    decoded by `decode_rows = updates_decoder(row_schema)`).
+
+    Raises:
+        DecodeError: a record that does not decode, or updates partitioned by another function
+            than `partitioning` (unchecked if None): they are in the wrong partition for it.
+    """
     record = decode_message(message, (UpdatesArrow, Updates, Progress))
     if isinstance(record, Progress):
         return record
+    used = record.partitioning if isinstance(record, UpdatesArrow) else 1
+    if partitioning is not None and used != partitioning:
+        raise DecodeError(
+            f"updates partitioned with function {used}, but the sink uses {partitioning}: "
+            f"publish with partitioning {partitioning}, or set MVSINK_PARTITIONING={used} for "
+            "a desired topic written that way (schemas/README.md)"
+        )
     if isinstance(record, UpdatesArrow):
         return updates_from_ipc(record.ipc, row_schema)
     return decode_rows(cast(Updates, record))
@@ -53,7 +66,7 @@ def read_desired(bootstrap: str, topic: str, partitions: int, row_schema: pa.Sch
             message = poll_message(consumer, 0.5, on_eof=ended.add)
             if message is None:
                 continue
-            decoded = decode_desired(message, row_schema, decode_rows)
+            decoded = decode_desired(message, row_schema, decode_rows, None)
             if isinstance(decoded, pa.Table) and decoded.num_rows:
                 tables.append(decoded.filter(pc.less(decoded.column(TIME), as_of)))
     finally:

@@ -219,19 +219,26 @@ def last_record(
 ) -> Record | None:
     """The last committed record of `topic[partition]`, or None if it has none.
 
-    Reads a window before the end (transaction markers take offsets too), widening it to the
-    whole partition if the window holds no record.
+    A committed transaction ends `[..., last record, commit marker]` (markers take offsets
+    too), so the read starts 2 offsets before the end and widens 4x at a time until it finds a
+    record: a wider read only after aborted transactions, whose records read_committed skips.
+
+    Raises:
+        DecodeError: the last record is not an mvsink record.
+        MvsinkError: the end was not read within `timeout`.
     """
     consumer = Consumer(consumer_config(bootstrap, extra=READ_TO_END))
+    deadline = time.monotonic() + timeout
     try:
         low, high = consumer.get_watermark_offsets(
             TopicPartition(topic, partition), timeout=timeout
         )
-        for start in (max(low, high - 256), low):
+        window = 2
+        while True:
+            start = max(low, high - window)
             consumer.assign([TopicPartition(topic, partition, start)])
-            last: Record | None = None
+            last: Message | None = None
             done: list[int] = []
-            deadline = time.monotonic() + timeout
             while not done and high > start:
                 if time.monotonic() > deadline:
                     raise MvsinkError(
@@ -239,10 +246,12 @@ def last_record(
                     )
                 message = poll_message(consumer, 0.5, on_eof=done.append)
                 if message is not None:
-                    last = codec.decode_message(message)
-            if last is not None or start == low:
-                return last
-        return None
+                    last = message
+            if last is not None:
+                return codec.decode_message(last)
+            if start == low:
+                return None
+            window *= 4
     finally:
         consumer.close()
 

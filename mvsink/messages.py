@@ -76,13 +76,16 @@ class UpdatesArrow:
 
     The columns are the sink's row columns (nullable), `_err`, `_time` and `_diff`; what they must
     hold is checked against the sink's row schema by `mvsink.updates.updates_from_ipc`, the one
-    decoder, because only the sink knows its schema.
+    decoder, because only the sink knows its schema. `partitioning` names the function that
+    chose the record's partition (`mvsink.partitioning`; v3, absent in v2 records: 1).
     """
 
     ipc: bytes
+    partitioning: int = 1
 
     def __post_init__(self) -> None:
         _require(isinstance(self.ipc, bytes) and bool(self.ipc), self, "empty ipc payload")
+        _require(_is_int(self.partitioning) and self.partitioning >= 1, self, "partitioning")
 
     def __repr__(self) -> str:
         return f"UpdatesArrow({describe_ipc(self.ipc)})"
@@ -173,13 +176,16 @@ class BatchDescription:
 
 @dataclass(frozen=True, slots=True)
 class Part:
-    """One staged Parquet part. `partition` is `None` for a foreign writer's part."""
+    """One staged Parquet part. `partition` is `None` for a foreign writer's part; its rows all
+    hash to `partition` under P = `partitions_total` and function `partitioning`
+    (`mvsink.partitioning`; StagedBatch v2, absent in v1 records: 1)."""
 
     key: str
     partition: int | None
     partitions_total: int | None
     updates: int
     bytes: int
+    partitioning: int = 1
 
     def __post_init__(self) -> None:
         _require(bool(self.key), self, "empty key")
@@ -188,6 +194,7 @@ class Part:
             _require(0 <= self.partition < self.partitions_total, self, "partition out of range")
         _require(_is_int(self.updates) and self.updates >= 0, self, "updates")
         _require(_is_int(self.bytes) and self.bytes >= 0, self, "bytes")
+        _require(_is_int(self.partitioning) and self.partitioning >= 1, self, "partitioning")
 
 
 @dataclass(frozen=True, slots=True)

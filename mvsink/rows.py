@@ -1,16 +1,12 @@
-"""Rows of a sink: the row schema (Arrow) and its Avro form, the encoded row, and the stable
-partitioning of desired updates.
+"""Rows of a sink: the row schema (Arrow) and its Avro form, the encoded row.
 
 Contract (docs/design.md §3.1): an update's row travels as Avro binary under `avro_row_schema(schema)`
-of the sink's Arrow row schema, and its desired partition is `partition_of(encoded, P)`: the
-first 8 bytes (big-endian) of BLAKE2b(encoded) modulo P. An error update is keyed by
-`b"\\x00err:" + err.encode()`. Everything that partitions — the desired producer, the write
-tasks, the shard's readers filtering foreign parts — calls these functions.
+of the sink's Arrow row schema (the v1 `Updates` wire form, and the key of partitioning version
+1, `mvsink.partitioning`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import io
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
@@ -19,13 +15,11 @@ import fastavro
 import pyarrow as pa
 
 from mvsink.errors import ContractError
+from mvsink.partitioning import error_key
 from mvsink.updates import DIFF, ERR, TIME, part_schema
 
 if TYPE_CHECKING:
     from mvsink.messages import Updates
-
-_ERR_PREFIX = b"\x00err:"
-
 
 _TYPES: dict[str, pa.DataType] = {
     "string": pa.string(), "int32": pa.int32(), "int": pa.int32(), "int64": pa.int64(),
@@ -142,17 +136,6 @@ def updates_decoder(schema: pa.Schema) -> Callable[[Updates], pa.Table]:
     return decode
 
 
-def partition_of(key: bytes, partitions: int) -> int:
-    """The desired partition of an encoded row (or error key) under P = `partitions`."""
-    digest = hashlib.blake2b(key, digest_size=8).digest()
-    return int.from_bytes(digest, "big") % partitions
-
-
-def error_key(err: str) -> bytes:
-    """The partitioning key of an error update."""
-    return _ERR_PREFIX + err.encode()
-
-
 def partition_keys(table: pa.Table, schema: pa.Schema) -> list[bytes]:
     """The partitioning key of every update in `table` (row columns of `schema` plus `_err`):
     the Avro-encoded row, or `error_key(err)`. Encodes row by row."""
@@ -163,14 +146,3 @@ def partition_keys(table: pa.Table, schema: pa.Schema) -> list[bytes]:
         error_key(err) if err is not None else encode(row)
         for row, err in zip(rows, errs, strict=True)
     ]
-
-
-def partitions_of_table(table: pa.Table, schema: pa.Schema, partitions: int) -> pa.Array:
-    """The desired partition of every update in `table` (row columns of `schema` plus `_err`).
-
-    This encodes row by row, so it is for the rare parts whose partition is unknown (foreign
-    writers, another P) and for the producer; parts staged by mvsink record their partition.
-    """
-    return pa.array(
-        [partition_of(key, partitions) for key in partition_keys(table, schema)], pa.int32()
-    )

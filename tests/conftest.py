@@ -194,10 +194,11 @@ def s3_settings(services: Services) -> S3Settings:
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
-    """A `local[*]` SparkSession, UI off."""
+    """A local SparkSession on 2 threads that retries a failed task up to 4 times, as a
+    cluster does (`local[*]` would fail the job at the first task failure), UI off."""
     from mvsink.spark import spark_session
 
-    session = spark_session("mvsink-tests", shuffle_partitions=4)
+    session = spark_session("mvsink-tests", "local[2,4]", shuffle_partitions=4)
     yield session
     session.stop()
 

@@ -103,17 +103,18 @@ def run_merge_task(task: MergeTask) -> MergeTaskResult:
     """Read, merge and stage one output partition of `task.request` (module picture)."""
     request, partition = task.request, task.partition
     shard = _shard(task)
-    selected = select_parts(request.inputs, partition, request.partitions_total)
+    total, partitioning = request.partitions_total, request.partitioning
+    selected = select_parts(request.inputs, partition, total, partitioning)
     wanted = None if partition is None else [partition]
     try:
-        table = shard.read_parts(selected, wanted, request.partitions_total)
+        table = shard.read_parts(selected, wanted, total, partitioning)
     except PartGone:
         return MergeTaskResult(None, gone=True)
     merged = merge_updates(table, shard.schema, request.advance_before)
     if merged.num_rows == 0:
         return MergeTaskResult(None)
     part = shard.stage(merged, request.lower, request.upper, task.writer_id, partition,
-                       request.partitions_total if partition is not None else None)  # fmt: skip
+                       total if partition is not None else None, partitioning)  # fmt: skip
     return MergeTaskResult(part)
 
 

@@ -64,7 +64,9 @@ class PartRef:
     """A staged Parquet part as the state records it.
 
     `partition`/`partitions_total` are the desired partition all its rows hash to, under P =
-    `partitions_total`; both `None` for a part of unknown partitioning (a foreign writer).
+    `partitions_total` and function `partitioning` (`mvsink.partitioning`; absent in states
+    written before it existed: 1); both `None` for a part of unknown partitioning (a foreign
+    writer).
     `lower`/`upper` are the bounds it was staged for (its batch's, in a state version).
     """
 
@@ -76,6 +78,7 @@ class PartRef:
     bytes: int
     partition: int | None = None
     partitions_total: int | None = None
+    partitioning: int = 1
 
     def to_json(self) -> dict[str, Any]:
         """JSON form inside a state version (the bounds are the batch's)."""
@@ -86,18 +89,26 @@ class PartRef:
             "bytes": self.bytes,
             "partition": self.partition,
             "partitions_total": self.partitions_total,
+            "partitioning": self.partitioning,
         }
 
     def to_message(self) -> Part:
         """The `Part` record that travels in a `StagedBatch` (bounds and writer go in the batch)."""
-        return Part(self.key, self.partition, self.partitions_total, self.updates, self.bytes)
+        return Part(
+            self.key,
+            self.partition,
+            self.partitions_total,
+            self.updates,
+            self.bytes,
+            self.partitioning,
+        )
 
     @classmethod
     def from_transmittable(cls, part: Part, batch: StagedBatch) -> PartRef:
         """The part as staged, from its `StagedBatch` (the seed's
         `batch_from_transmittable_batch`)."""
         return cls(part.key, batch.lower, batch.upper, batch.writer_id, part.updates, part.bytes,
-                   part.partition, part.partitions_total)  # fmt: skip
+                   part.partition, part.partitions_total, part.partitioning)  # fmt: skip
 
     @classmethod
     def from_json(cls, raw: dict[str, Any], lower: Frontier, upper: Frontier) -> PartRef:
@@ -111,6 +122,7 @@ class PartRef:
             bytes=raw["bytes"],
             partition=raw["partition"],
             partitions_total=raw["partitions_total"],
+            partitioning=raw.get("partitioning", 1),
         )
 
 
@@ -180,12 +192,14 @@ class MergeRequest:
     """A planned merge: the contiguous run of live batches `inputs`, to be replaced by one
     batch `[inputs[0].lower, inputs[-1].upper)` whose updates are the inputs' with every time
     before `min(since, upper)` advanced to the last time before it, consolidated. Outputs are
-    one part per desired partition under `partitions_total` (one part if `None`)."""
+    one part per desired partition under `partitions_total` and function `partitioning` (one
+    part if `partitions_total` is `None`)."""
 
     inputs: tuple[BatchRecord, ...]
     since: Frontier
     partitions_total: int | None
     reason: str
+    partitioning: int = 1
 
     def __post_init__(self) -> None:
         if not self.inputs:
@@ -496,15 +510,20 @@ class SelectedPart:
 
 
 def select_parts(
-    batches: tuple[BatchRecord, ...], partition: int | None, partitions_total: int | None
+    batches: tuple[BatchRecord, ...],
+    partition: int | None,
+    partitions_total: int | None,
+    partitioning: int,
 ) -> list[SelectedPart]:
     """Parts of `batches` that hold updates of desired `partition` under P =
-    `partitions_total` (every part, unfiltered, if `partition` is None)."""
+    `partitions_total` and function `partitioning` (every part, unfiltered, if `partition` is
+    None)."""
     selected = []
     for part in (p for b in batches for p in b.parts):
         if partition is None:
             selected.append(SelectedPart(part, needs_filter=False))
-        elif part.partitions_total != partitions_total or part.partition is None:
+        elif (part.partition is None or part.partitions_total != partitions_total
+              or part.partitioning != partitioning):  # fmt: skip
             selected.append(SelectedPart(part, needs_filter=True))
         elif part.partition == partition:
             selected.append(SelectedPart(part, needs_filter=False))
@@ -564,12 +583,15 @@ def merge_all(state: ShardState) -> MergeRequest | None:
 def _request(state: ShardState, inputs: tuple[BatchRecord, ...], reason: str) -> MergeRequest:
     """Outputs keep the partitioning most of the input updates have (foreign parts are split
     by row hash into it), so a write task still reads only its own partition."""
-    weights: dict[int | None, int] = {}
+    weights: dict[tuple[int, int], int] = {}
     for part in (p for b in inputs for p in b.parts):
-        weights[part.partitions_total] = weights.get(part.partitions_total, 0) + part.updates + 1
-    partitioned = {k: v for k, v in weights.items() if k is not None}
-    total = max(partitioned, key=lambda k: partitioned[k]) if partitioned else None
-    return MergeRequest(inputs, state.since, total, reason)
+        if part.partitions_total is not None:
+            kind = (part.partitions_total, part.partitioning)
+            weights[kind] = weights.get(kind, 0) + part.updates + 1
+    if not weights:
+        return MergeRequest(inputs, state.since, None, reason)
+    total, partitioning = max(weights, key=lambda k: weights[k])
+    return MergeRequest(inputs, state.since, total, reason, partitioning)
 
 
 def schema_to_json(schema: pa.Schema) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from minio.error import S3Error
 
 from mvsink.errors import InvalidUsage, MvsinkError
 from mvsink.frontier import Frontier
-from mvsink.rows import partitions_of_table
+from mvsink.partitioning import CURRENT, partitions_of
 from mvsink.s3 import (
     IndefiniteWrite,
     PreconditionFailed,
@@ -235,8 +235,11 @@ class Shard:
         writer_id: str,
         partition: int | None = None,
         partitions_total: int | None = None,
+        partitioning: int = CURRENT,
     ) -> PartRef:
         """Write one Parquet part of `updates` for the batch `[lower, upper)`; not yet appended.
+        A part of desired `partition` records P = `partitions_total` and the function
+        `partitioning` its rows were hashed with (`mvsink.partitioning`).
 
         Raises:
             InvalidUsage: empty bounds, an update outside them (`UpdateNotBeyondLower`,
@@ -251,12 +254,12 @@ class Shard:
         data = partio.encode_part(table, {
             "mvsink.lower": str(lower.elements()), "mvsink.upper": str(upper.elements()),
             "mvsink.partition": str(partition), "mvsink.partitions_total": str(partitions_total),
-            "mvsink.writer_id": writer_id,
+            "mvsink.partitioning": str(partitioning), "mvsink.writer_id": writer_id,
         })  # fmt: skip
         key = self._part_key(writer_id)
         put_bytes(self.client, self.bucket, key, data, PARQUET)
         return PartRef(key, lower, upper, writer_id, table.num_rows, len(data),
-                       partition, partitions_total)  # fmt: skip
+                       partition, partitions_total, partitioning)  # fmt: skip
 
     def compare_and_append(
         self, parts: Iterable[PartRef], expected_upper: Frontier, new_upper: Frontier
@@ -476,12 +479,15 @@ class Shard:
         upper: Frontier,
         partitions_total: int | None = None,
         state: ShardState | None = None,
+        partitioning: int = CURRENT,
     ) -> list[SelectedPart]:
         """Parts of batches overlapping `[lower, upper)` that hold updates of desired partition
-        `partition` under P = `partitions_total` (every part if `partition` is None). A merged
-        batch may also hold updates before `lower`: a reader of changes filters by time."""
+        `partition` under P = `partitions_total` and function `partitioning` (every part if
+        `partition` is None). A merged batch may also hold updates before `lower`: a reader of
+        changes filters by time."""
         state = state or self.state()
-        return select_parts(overlapping(state.batches, lower, upper), partition, partitions_total)
+        batches = overlapping(state.batches, lower, upper)
+        return select_parts(batches, partition, partitions_total, partitioning)
 
     def read_part(self, part: PartRef) -> pa.Table:
         """The updates of one part.
@@ -502,15 +508,16 @@ class Shard:
         selected: list[SelectedPart],
         partitions: Collection[int] | None = None,
         partitions_total: int | None = None,
+        partitioning: int = CURRENT,
     ) -> pa.Table:
         """The updates of the `selected` parts (read in parallel), rows of parts that need it
-        filtered to `partitions` under `partitions_total`."""
+        filtered to `partitions` under `partitions_total` and function `partitioning`."""
         wanted = None if partitions is None else pa.array(sorted(partitions), pa.int32())
 
         def load(choice: SelectedPart) -> pa.Table:
             table = self.read_part(choice.part)
             if choice.needs_filter and wanted is not None and partitions_total is not None:
-                hashes = partitions_of_table(table, self.schema, partitions_total)
+                hashes = partitions_of(table, self.schema, partitions_total, partitioning)
                 table = table.filter(pc.is_in(hashes, value_set=wanted))
             return table
 
@@ -525,9 +532,11 @@ class Shard:
         as_of: Frontier | int,
         partitions: Collection[int] | None = None,
         partitions_total: int | None = None,
+        partitioning: int = CURRENT,
     ) -> pa.Table:
         """The shard's contents at frontier `as_of` (updates with time `< as_of`), consolidated,
-        times advanced to `as_of - 1`; optionally only desired `partitions` under P. A read whose
+        times advanced to `as_of - 1`; optionally only desired `partitions` under P (and
+        function `partitioning`). A read whose
         parts a merge replaced meanwhile starts over from the latest version (same contents).
 
         Raises:
@@ -544,12 +553,12 @@ class Shard:
             selected: list[SelectedPart] = []
             for partition in sorted(partitions) if partitions is not None else [None]:
                 found = self.parts_for(partition, Frontier.minimum(), frontier, partitions_total,
-                                       state)  # fmt: skip
+                                       state, partitioning)  # fmt: skip
                 selected.extend(
                     s for s in found if s.part.key not in {c.part.key for c in selected}
                 )
             try:
-                table = self.read_parts(selected, partitions, partitions_total)
+                table = self.read_parts(selected, partitions, partitions_total, partitioning)
             except PartGone:
                 continue
             return partio.consolidate_at(table, self.schema, frontier)

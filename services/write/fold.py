@@ -25,8 +25,10 @@ log = logging.getLogger("mvsink.write.task")
 
 
 def fold_desired(bootstrap: str, topic: str, dead_letter_topic: str, partition: int,
-                 row_schema: pa.Schema, state: PartitionState) -> int:  # fmt: skip
-    """Read the partition from `folded_offset` to its end; the number of records quarantined."""
+                 row_schema: pa.Schema, partitioning: int, state: PartitionState) -> int:  # fmt: skip
+    """Read the partition from `folded_offset` to its end; the number of records quarantined
+    (undecodable, below the partition's progress, or hashed by another function than
+    `partitioning`)."""
     consumer = Consumer(consumer_config(bootstrap, extra=READ_TO_END))
     decode_rows = updates_decoder(row_schema)
     dead, tables = 0, []
@@ -39,7 +41,7 @@ def fold_desired(bootstrap: str, topic: str, dead_letter_topic: str, partition: 
             if message is None:
                 continue
             try:
-                table = decode_desired(message, row_schema, decode_rows)
+                table = decode_desired(message, row_schema, decode_rows, partitioning)
                 if isinstance(table, Progress):
                     state.desired_frontier = advance(
                         state.desired_frontier, table.frontier
@@ -72,9 +74,15 @@ def fold_desired(bootstrap: str, topic: str, dead_letter_topic: str, partition: 
 
 
 def fold_persist(
-    partition: int, partitions: int, state: PartitionState, shard: Shard, shard_state: ShardState
+    partition: int,
+    partitions: int,
+    partitioning: int,
+    state: PartitionState,
+    shard: Shard,
+    shard_state: ShardState,
 ) -> int:
-    """Fold the shard's changes in `[persist_folded, upper)` (step 3); bytes read.
+    """Fold the shard's changes in `[persist_folded, upper)` (step 3); bytes read. Parts of
+    another P or function `partitioning` are read and filtered by row hash.
 
     Raises:
         PartGone: a part was replaced by a merge meanwhile (nothing was folded).
@@ -83,7 +91,7 @@ def fold_persist(
     if not folded.less_than(shard_state.upper):
         return 0
     selected = shard.parts_for(partition, folded, shard_state.upper, partitions,
-                               shard_state)  # fmt: skip
+                               shard_state, partitioning)  # fmt: skip
     own = [c for c in selected if c.part.key in state.staged]
     retract_before = None
     if is_next_batch(own, selected, folded):
@@ -93,7 +101,7 @@ def fold_persist(
         own, selected = [], selected[1:]
     kept = [state.staged[c.part.key][1] for c in own]
     to_read = [c for c in selected if c.part.key not in state.staged]
-    read = shard.read_parts(to_read, [partition], partitions)
+    read = shard.read_parts(to_read, [partition], partitions, partitioning)
     if folded.time and any(c.part.lower.less_than(folded) for c in to_read):
         read = read.filter(pc.greater_equal(read.column(TIME), folded.time))  # merged batches
     if retract_before is not None:

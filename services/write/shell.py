@@ -226,6 +226,7 @@ class WriteShell:
                 c.shard_id,
                 p,
                 c.partitions,
+                c.partitioning,
                 c.kafka_bootstrap,
                 c.topics.desired,
                 c.topics.dead_letter,

@@ -55,6 +55,8 @@ class TaskSpec:
     shard_id: str
     partition: int
     partitions: int
+    #: The desired partitioning function (`mvsink.partitioning`).
+    partitioning: int
     bootstrap: str
     desired_topic: str
     dead_letter_topic: str
@@ -121,11 +123,12 @@ def run_task(spec: TaskSpec) -> TaskResult:
         state = checkpoint.empty(spec.row_schema, spec.as_of, state.version)
     lap("load")
     dead = fold_desired(spec.bootstrap, spec.desired_topic, spec.dead_letter_topic,
-                        spec.partition, spec.row_schema, state)  # fmt: skip
+                        spec.partition, spec.row_schema, spec.partitioning, state)  # fmt: skip
     lap("desired")
     for _ in range(_READ_ATTEMPTS):
         try:
-            bytes_read += fold_persist(spec.partition, spec.partitions, state, shard, shard_state)
+            bytes_read += fold_persist(spec.partition, spec.partitions, spec.partitioning, state,
+                                       shard, shard_state)  # fmt: skip
             break
         except PartGone:  # a merge replaced what we were reading: same contents, newer parts
             shard_state = shard.state()
@@ -143,7 +146,7 @@ def run_task(spec: TaskSpec) -> TaskResult:
             updates = state.correction.updates_before(spec.upper)
             if updates.num_rows:
                 part = shard.stage(updates, spec.lower, spec.upper, spec.writer_id,
-                                   spec.partition, spec.partitions)  # fmt: skip
+                                   spec.partition, spec.partitions, spec.partitioning)  # fmt: skip
                 state.staged[part.key] = (spec.upper, updates)
     lap("stage")
     checkpointed = checkpoint.save(spec.sink_id, spec.partition, spec.s3, spec.writer_id, state)

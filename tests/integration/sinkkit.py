@@ -57,13 +57,13 @@ class Sink:
     @classmethod
     def create(cls, bootstrap: str, s3: S3Settings, logs: Path, partitions: int = 2,
                workers: int = 2, shard_id: str | None = None,
-               frontiers: str | None = None) -> Sink:  # fmt: skip
+               frontiers: str | None = None, partitioning: int = 2) -> Sink:  # fmt: skip
         """A new sink; `shard_id`/`frontiers` to share them with another replica."""
         sink_id = f"sink-{uuid.uuid4().hex[:8]}"
         frontiers = frontiers or f"{sink_id}.frontiers"
         config = Config(
             sink_id=sink_id, shard_id=shard_id or sink_id, partitions=partitions,
-            append_workers=workers, as_of=0, read_only=False,
+            append_workers=workers, partitioning=partitioning, as_of=0, read_only=False,
             topics=Topics.for_sink(sink_id, frontiers),
             kafka_bootstrap=bootstrap, s3=s3, spark_master="local[*]", row_schema=ROW_SCHEMA,
         )  # fmt: skip
@@ -78,6 +78,7 @@ class Sink:
             **base, "MVSINK_STATE_DIR": str(self.logs / "state"),
             "MVSINK_SINK_ID": c.sink_id, "MVSINK_SHARD_ID": c.shard_id,
             "MVSINK_PARTITIONS": str(c.partitions), "MVSINK_APPEND_WORKERS": str(c.append_workers),
+            "MVSINK_PARTITIONING": str(c.partitioning),
             "MVSINK_FRONTIERS_TOPIC": c.topics.frontiers, "MVSINK_KAFKA_BOOTSTRAP": c.kafka_bootstrap,
             "MVSINK_S3_ENDPOINT": c.s3.endpoint, "MVSINK_S3_BUCKET": c.s3.bucket,
             "MVSINK_S3_ACCESS_KEY": c.s3.access_key.reveal(),

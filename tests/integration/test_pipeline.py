@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 from sinkkit import (
@@ -26,17 +27,22 @@ from sinkkit import (
 from mvsink.config import S3Settings
 from mvsink.frontier import Frontier
 from mvsink.kafka import client_config, poll_message, produce, read_compacted, tail_consumer
-from mvsink.messages import Update, Updates
+from mvsink.messages import Update, Updates, UpdatesArrow
 from mvsink.rows import parse_row_schema, row_encoder
 from mvsink.shard import Timing, open_shard
+from mvsink.updates import normalize_updates, updates_to_ipc
 
 pytestmark = pytest.mark.integration
 F = Frontier.at
 
 
-def test_a_changelog_with_retractions_converges(sink: Sink, procs: list[Service]) -> None:
-    """Both desired wire forms fold the same: the upstream switches from v1 `Updates` (one Avro
-    row per update) to v2 `UpdatesArrow` mid-stream, as in a rolling upgrade."""
+def test_a_changelog_with_retractions_converges(
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, procs: list[Service]
+) -> None:
+    """Both desired wire forms fold the same: on a sink of partitioning 1 (a desired topic from
+    before partitioning 2), the upstream switches from v1 `Updates` (one Avro row per update)
+    to `UpdatesArrow` mid-stream, as in a rolling upgrade."""
+    sink = Sink.create(kafka_bootstrap, s3_settings, tmp_path, partitioning=1)
     for name in ("mint", "write", "append"):
         start(procs, sink, name)
     upstream = Upstream(sink, wire="avro")
@@ -224,21 +230,23 @@ def test_invalid_desired_records_are_quarantined_and_never_reach_the_shard(
     upstream.tick()
     bad = Producer(client_config(sink.config.kafka_bootstrap))
     bad.produce(sink.config.topics.desired, key=b"x", value=b"\x00garbage", partition=0)
-    below = Updates(
-        (
-            Update.ok(
-                row_encoder(parse_row_schema(sink.config.row_schema))({"k": "late", "v": 1}), 0, 1
-            ),
-        )
-    )  # time 0 is below the partition's progress {1}
+    schema = parse_row_schema(sink.config.row_schema)
+    late = normalize_updates(
+        pa.table({"k": ["late"], "v": [1], "_time": [0], "_diff": [1]}), schema
+    )
+    below = UpdatesArrow(updates_to_ipc(late), partitioning=2)  # below the progress {1}
     produce(bad, sink.config.topics.desired, "x", below, partition=0)
+    # The v1 wire form is hashed with partitioning 1: in the wrong partition for this sink.
+    other = Updates((Update.ok(row_encoder(schema)({"k": "other", "v": 1}), 5, 1),))
+    produce(bad, sink.config.topics.desired, "x", other, partition=0)
     assert bad.flush(30) == 0
     upstream.tick()
     wait_until(lambda: converged(sink, upstream), 120, "convergence past the bad records")
     write = procs[1]
-    wait_until(lambda: write.text().count("quarantining desired record") >= 2, 60, "the reports")
+    wait_until(lambda: write.text().count("quarantining desired record") >= 3, 60, "the reports")
     assert f"topic={sink.config.topics.desired} partition=0" in write.text()
     assert "below the partition's progress" in write.text()
+    assert "partitioned with function 1, but the sink uses 2" in write.text()
     consumer = tail_consumer(sink.config.kafka_bootstrap, sink.config.topics.dead_letter, [0])
     quarantined: list[bytes | None] = []
 
@@ -246,11 +254,12 @@ def test_invalid_desired_records_are_quarantined_and_never_reach_the_shard(
         message = poll_message(consumer, 0.5)
         if message is not None:
             quarantined.append(message.value())
-        return len(quarantined) >= 2
+        return len(quarantined) >= 3
 
-    wait_until(both_arrived, 30, "two dead letters")
+    wait_until(both_arrived, 30, "three dead letters")
     consumer.close()
-    assert ("late", 1) not in contents(sink, upstream.frontier)
+    rows = contents(sink, upstream.frontier)
+    assert ("late", 1) not in rows and ("other", 1) not in rows
 
 
 def test_bench_pipeline_prints_measured_figures_and_baseline(

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any, cast
 
@@ -15,17 +16,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import KafkaException
-from sinkkit import Sink
+from sinkkit import Service, Sink, contents, start, wait_until
 
 from mvsink.codec import decode_message
 from mvsink.config import S3Settings
-from mvsink.errors import ContractError
+from mvsink.errors import ContractError, InvalidUsage
 from mvsink.frontier import Frontier
 from mvsink.kafka import poll_message, read_compacted, tail_consumer
 from mvsink.messages import DesiredProgress, Progress, Updates, UpdatesArrow
-from mvsink.producer import DesiredProducer, publish_dataframe
-from mvsink.rows import parse_row_schema, partition_of, row_encoder
-from mvsink.updates import updates_from_ipc
+from mvsink.partitioning import partition_of, partitions_of
+from mvsink.producer import DesiredProducer
+from mvsink.publish import publish_dataframe
+from mvsink.rows import parse_row_schema, row_decoder, row_encoder
+from mvsink.updates import normalize_updates, updates_from_ipc
 
 pytestmark = pytest.mark.integration
 F = Frontier.at
@@ -78,8 +81,12 @@ def sent_rows(sink: Sink, records: list[tuple[int, Any]]) -> list[tuple[int, byt
     return out
 
 
-@pytest.mark.parametrize("wire", ["arrow", "avro"])
-def test_updates_land_on_their_rows_partition_with_progress(sink: Sink, wire: str) -> None:
+@pytest.mark.parametrize(("wire", "partitioning"), [("arrow", 2), ("arrow", 1), ("avro", 1)])
+def test_updates_land_on_their_rows_partition_with_progress(
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, wire: str, partitioning: int
+) -> None:
+    sink = Sink.create(kafka_bootstrap, s3_settings, tmp_path, partitions=3,
+                       partitioning=partitioning)  # fmt: skip
     producer = producer_for(sink, wire=wire)
     rows = [(f"k{i}", i, 0, 1) for i in range(20)]
     assert producer.send(table([*rows, ("zero", 0, 0, 0)])) == 20  # zero diffs are dropped
@@ -88,14 +95,28 @@ def test_updates_land_on_their_rows_partition_with_progress(sink: Sink, wire: st
     records = read_desired(sink)
     expected_kind = UpdatesArrow if wire == "arrow" else Updates
     assert {type(r) for _, r in records} == {expected_kind, Progress}
+    assert {r.partitioning for _, r in records if isinstance(r, UpdatesArrow)} <= {partitioning}
     sent = sent_rows(sink, records)
-    assert all(partition_of(row, 3) == partition for partition, row in sent)
+    schema = parse_row_schema(sink.config.row_schema)
+    decode = row_decoder(schema)
+    for partition, row in sent:  # each row where the sink's function puts it
+        one = normalize_updates(pa.Table.from_pylist([{**decode(row), "_time": 0, "_diff": 1}]),
+                                schema)  # fmt: skip
+        assert partitions_of(one, schema, 3, partitioning).to_pylist() == [partition]
+    if partitioning == 1:
+        assert all(partition_of(row, 3) == partition for partition, row in sent)
     assert sorted(row for _, row in sent) == sorted(encode({"k": k, "v": v}) for k, v, _, _ in rows)
     progress = {p for p, r in records if isinstance(r, Progress) and r.frontier == F(1)}
     assert progress == {0, 1, 2}  # in-band on every partition, after the updates
     latest = read_compacted(sink.config.kafka_bootstrap, sink.config.topics.frontiers)
     assert all(latest[f"desired:{sink.config.sink_id}:{p}"] == DesiredProgress(sink.config.sink_id, p, F(1))
                for p in range(3))  # fmt: skip
+
+
+def test_the_v1_wire_form_carries_no_partitioning_but_1(sink: Sink) -> None:
+    assert sink.config.partitioning == 2
+    with pytest.raises(ContractError, match="implies partitioning 1"):
+        producer_for(sink, wire="avro")
 
 
 def test_updates_below_the_frontier_are_refused(sink: Sink) -> None:
@@ -119,14 +140,75 @@ def test_restart_restores_the_frontier_and_fences_the_predecessor(sink: Sink) ->
     assert not sent_rows(sink, read_desired(sink))
 
 
-def test_publish_dataframe(sink: Sink, spark: Any) -> None:
+def test_publish_dataframe_from_the_executors(sink: Sink, spark: Any) -> None:
     producer = producer_for(sink)
     frame = spark.createDataFrame(
-        [("a", 1, 0, 1), ("b", 2, 0, 1)], "k string, v long, _time long, _diff long"
+        [("a", 1, 0, 1), ("b", 2, 0, 1), ("z", 0, 0, 0)], "k string, v long, _time long, _diff long"
     )
-    assert publish_dataframe(frame, producer) == 2
-    producer.advance_to(F(1))
-    assert len(sent_rows(sink, read_desired(sink))) == 2
+    assert publish_dataframe(frame, producer, F(1)) == 2
+    assert producer.frontier == F(1)
+    records = read_desired(sink)
+    assert sorted(row for _, row in sent_rows(sink, records)) == sorted(
+        row_encoder(parse_row_schema(sink.config.row_schema))(r)
+        for r in ({"k": "a", "v": 1}, {"k": "b", "v": 2})
+    )
+    assert {p for p, r in records if isinstance(r, Progress) and r.frontier == F(1)} == {0, 1, 2}
+    latest = read_compacted(sink.config.kafka_bootstrap, sink.config.topics.frontiers)
+    assert all(latest[f"desired:{sink.config.sink_id}:{p}"].frontier == F(1) for p in range(3))  # type: ignore[union-attr]
+    late = spark.createDataFrame([("c", 3, 0, 1)], "k string, v long, _time long, _diff long")
+    with pytest.raises(Exception, match="before the frontier"):
+        publish_dataframe(late, producer, F(2))
+    producer.send(table([("d", 4, 1, 1)]))
+    with pytest.raises(InvalidUsage, match="advance_to"):
+        publish_dataframe(late, producer, F(2))
+
+
+def test_publish_dataframe_through_killed_tasks_delivers_every_update_once(
+    sink: Sink, spark: Any, procs: list[Service], tmp_path: Path
+) -> None:
+    """Python workers die (os._exit, as under kill -9) once after queueing a partition's
+    records and once after committing another's; Spark reruns the tasks. Every update is read
+    exactly once under read_committed, and the sink's shard converges to the changelog."""
+    for name in ("mint", "write", "append"):
+        start(procs, sink, name)
+    faults = tmp_path / "faults"
+    faults.mkdir()
+    (faults / "produced-1").touch()
+    (faults / "committed-2").touch()
+
+    def hook(event: str, partition: int) -> None:
+        import os
+        from pathlib import Path
+
+        marker = Path(str(faults)) / f"{event}-{partition}"
+        if marker.exists():
+            marker.unlink()
+            os._exit(137)
+
+    producer = producer_for(sink)
+    schema = "k string, v long, _time long, _diff long"
+    expected: dict[tuple[str, int], int] = {}
+    published: list[tuple[str, int, int, int]] = []
+    for tick in range(3):
+        rows = [(f"k{i}", tick, tick, 1) for i in range(300)]
+        if tick:
+            rows += [(f"k{i}", tick - 1, tick, -1) for i in range(300)]
+        assert publish_dataframe(spark.createDataFrame(rows, schema), producer, F(tick + 1),
+                                 hook) == len(rows)  # fmt: skip
+        published += rows
+        for k, v, _, d in rows:
+            expected[(k, v)] = expected.get((k, v), 0) + d
+    assert not list(faults.iterdir())  # both faults happened
+    arrow = parse_row_schema(sink.config.row_schema)
+    got = Counter(
+        (u["k"], u["v"], u["_time"], u["_diff"])
+        for _, record in read_desired(sink) if isinstance(record, UpdatesArrow)
+        for u in updates_from_ipc(record.ipc, arrow).to_pylist()
+    )  # fmt: skip
+    assert got == Counter(published)  # every update exactly once
+    want = {key: d for key, d in expected.items() if d}
+    wait_until(lambda: sink.shard.upper() == F(3) and contents(sink, 3) == want, 180,
+               "the shard equal to the published changelog")  # fmt: skip
 
 
 def test_cli_desired_send_and_advance(sink: Sink, tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import pytest
 from mvsink.config import S3Settings
 from mvsink.frontier import Frontier
 from mvsink.messages import BatchId, StagedBatch
-from mvsink.rows import partitions_of_table
+from mvsink.partitioning import partitions_of
 from mvsink.shard import (
     Appended,
     InvalidUsage,
@@ -170,7 +170,7 @@ def test_snapshot_consolidates_and_respects_as_of(new_shard: OpenShard) -> None:
 def test_parts_for_and_partitioned_snapshots(new_shard: OpenShard) -> None:
     shard = new_shard()
     everything = updates(*[(f"c{i}", i, 0, 1) for i in range(40)])
-    owner = partitions_of_table(normalize_updates(everything, ROWS), ROWS, 2).to_pylist()
+    owner = partitions_of(normalize_updates(everything, ROWS), ROWS, 2).to_pylist()
     mine = shard.stage(everything.filter(pa.array([p == 0 for p in owner])), F(0), F(1), "w", 0, 2)
     theirs = shard.stage(
         everything.filter(pa.array([p == 1 for p in owner])), F(0), F(1), "w", 1, 2

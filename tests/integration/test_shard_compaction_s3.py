@@ -17,7 +17,7 @@ import pytest
 from minio.error import S3Error
 
 from mvsink.frontier import Frontier
-from mvsink.rows import partitions_of_table
+from mvsink.partitioning import partitions_of
 from mvsink.settings import CompactionPolicy, S3Settings, Timing
 from mvsink.shard import (
     Appended,
@@ -56,7 +56,7 @@ def stage_partitioned(
     shard: Shard, rows: pa.Table, lower: int, upper: int, writer: str
 ) -> list[PartRef]:
     """One part per desired partition, as the write service stages them."""
-    hashes = partitions_of_table(rows, ROWS, P)
+    hashes = partitions_of(rows, ROWS, P)
     parts = []
     for p in range(P):
         chosen = rows.filter(pa.compute.equal(hashes, p))

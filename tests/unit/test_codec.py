@@ -186,7 +186,7 @@ def test_decode_message_names_topic_partition_offset(value: bytes | None) -> Non
 
 def test_schema_header() -> None:
     assert codec.schema_header(ShardUpper("s", Frontier.at(1), 0)) == "ShardUpper/v1"
-    assert codec.schema_header(Progress(Frontier.at(1))) == "DesiredRecord/v2"
+    assert codec.schema_header(Progress(Frontier.at(1))) == "DesiredRecord/v3"
 
 
 # -- compatibility across schema versions -------------------------------------------------------

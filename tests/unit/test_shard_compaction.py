@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mvsink.frontier import Frontier
-from mvsink.rows import partitions_of_table
+from mvsink.partitioning import CURRENT, partitions_of
 from mvsink.settings import CompactionPolicy
 from mvsink.shard.parts import consolidate_at, merge_updates
 from mvsink.shard.state import (
@@ -273,7 +273,7 @@ class World:
         key = self.key()
         self.blobs[key] = table
         total = None if partition is None else P
-        return PartRef(key, lower, upper, "w", table.num_rows, 1, partition, total)
+        return PartRef(key, lower, upper, "w", table.num_rows, 1, partition, total, CURRENT)
 
     def append(self, width: int, rows: list[tuple[str, int, int, int]], foreign: bool) -> None:
         lower = self.state.upper.time or 0
@@ -283,7 +283,7 @@ class World:
         if foreign:
             parts.append(self.stage(table, F(lower), F(lower + width), None))
         else:
-            hashes = partitions_of_table(table, ROWS, P).to_pylist()
+            hashes = partitions_of(table, ROWS, P).to_pylist()
             for p in range(P):
                 chosen = table.filter(pa.array([h == p for h in hashes], pa.bool_()))
                 if chosen.num_rows:
@@ -298,10 +298,12 @@ class World:
         targets = [None] if request.partitions_total is None else range(request.partitions_total)
         for partition in targets:
             tables = []
-            for choice in select_parts(request.inputs, partition, request.partitions_total):
+            for choice in select_parts(
+                request.inputs, partition, request.partitions_total, request.partitioning
+            ):
                 table = self.blobs[choice.part.key]
                 if choice.needs_filter and partition is not None:
-                    hashes = partitions_of_table(table, ROWS, P).to_pylist()
+                    hashes = partitions_of(table, ROWS, P).to_pylist()
                     table = table.filter(pa.array([h == partition for h in hashes], pa.bool_()))
                 tables.append(table)
             table = pa.concat_tables(tables) if tables else part_schema(ROWS).empty_table()

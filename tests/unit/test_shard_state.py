@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 from mvsink.errors import ContractError, InvalidUsage
 from mvsink.frontier import Frontier
-from mvsink.rows import avro_row_schema, error_key, partition_of, partitions_of_table, row_encoder
 from mvsink.shard.parts import (
     UpdateBeyondUpper,
     UpdateNotBeyondLower,
@@ -161,17 +160,3 @@ def test_consolidate_at_matches_a_counter_model(
         key: d for key, d in model.items() if d
     }
     assert all(r["_time"] == as_of - 1 for r in got)
-
-
-def test_partitioning_is_stable_and_covers_errors() -> None:
-    encode = row_encoder(ROWS)
-    encoded = encode({"k": "a", "v": 1})
-    assert partition_of(encoded, 4) == partition_of(encoded, 4)
-    assert avro_row_schema(ROWS)["fields"][0] == {"name": "k", "type": ["null", "string"]}
-    table = normalize_updates(_updates([("a", 1, 0, 1), (None, None, 0, 1)], err=[None, "x"]), ROWS)
-    assert partitions_of_table(table, ROWS, 4).to_pylist() == [
-        partition_of(encoded, 4), partition_of(error_key("x"), 4)
-    ]  # fmt: skip
-    # Pinned values: changing the function would re-partition every existing topic.
-    assert [partition_of(bytes([i]), 7) for i in range(5)] == [1, 5, 4, 4, 6]
-    assert partition_of(encoded, 1000) == 206

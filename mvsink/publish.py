@@ -1,0 +1,235 @@
+"""Publishing a Spark DataFrame as desired updates from the executors, at the speed Spark
+produces them: no update passes through the driver.
+
+```text
+ driver      publish_dataframe(df, producer, frontier)
+               |  df ──mapInArrow(partition)──> + _partition   (mvsink.partitioning, columnar)
+               |     + one marker row per desired partition      (union: every partition gets Progress)
+               |     ──repartition(P, _partition)──> ──mapInArrow(publish)──> per-partition counts
+ executor    for each desired partition p the task holds:
+               transactional.id = <producer id>.p<p>     init: fences any earlier attempt's
+               last committed record of p is Progress(g), g >= frontier?  yes: already published
+               begin; p's updates as UpdatesArrow; Progress(frontier) on p;
+               DesiredProgress(p, frontier) to frontiers; commit
+ driver      producer.frontier = frontier
+```
+
+Exactly once per desired partition and publish, through a task killed at any point and Spark's
+retry of it (or a speculative twin): `init_transactions` with the partition's own
+transactional id aborts whatever an earlier attempt left open and fences it from committing
+later, and only then does the task look at the partition's last committed record. Every
+committed transaction on a desired partition ends with that partition's `Progress` (here and in
+`DesiredProducer.advance_to`), so `Progress(g)` with `g >= frontier` there means an earlier
+attempt (or the dead predecessor of a restarted upstream) committed this partition's updates
+for the publish: they are skipped. A partition's updates and its progress become visible
+together, to read_committed readers, and partitions commit independently: a write task may fold
+partition 0's tick while partition 1's is still being produced, as with any slow partition.
+
+The contract is `DesiredProducer`'s (docs/design.md §3.1): updates at times before the
+producer's frontier are refused (the task fails with `ContractError`, and nothing of that
+partition is committed), the records are `UpdatesArrow` stamped with the sink's partitioning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from confluent_kafka import Producer
+
+from mvsink.errors import ContractError, DecodeError, InvalidUsage
+from mvsink.frontier import Frontier
+from mvsink.kafka import client_config, last_record, produce
+from mvsink.messages import DesiredProgress, Progress
+from mvsink.partitioning import partitions_of
+from mvsink.producer import DesiredProducer, arrow_records
+from mvsink.updates import DIFF, ERR, TIME, normalize_updates, part_schema
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+log = logging.getLogger("mvsink.publish")
+PARTITION = "_partition"
+RESULT_SCHEMA = "partition int, updates long, skipped boolean"
+#: A fault or progress probe called in the task as `hook(event, partition)` with event
+#: "produced" (the partition's records queued, not committed) or "committed".
+Hook = Callable[[str, int], None]
+
+
+@dataclass(frozen=True)
+class PublishSpec:
+    """What every publishing task needs (pickled to the executors)."""
+
+    bootstrap: str
+    desired_topic: str
+    frontiers_topic: str
+    sink_id: str
+    partitions: int
+    partitioning: int
+    row_schema: pa.Schema
+    producer_id: str
+    #: Updates must be at or after `lower` (the producer's frontier); progress goes to `upper`.
+    lower: Frontier
+    upper: Frontier
+    #: Updates in one desired record at most (the producer's `chunk`).
+    chunk: int
+    hook: Hook | None = None
+
+
+def publish_dataframe(
+    df: DataFrame, producer: DesiredProducer, frontier: Frontier, hook: Hook | None = None
+) -> int:
+    """Publish the updates of `df` (`row columns..., _time, _diff[, _err]`) from the executors
+    and advance every desired partition to `frontier`; the number of updates published (zero
+    diffs dropped), each exactly once whichever task attempt committed it.
+
+    Raises:
+        InvalidUsage: the producer has an open transaction (updates `send` has not committed).
+        ContractError: `frontier` is before the producer's, or an update before the producer's
+            frontier (the Spark job fails; partitions already committed stay committed, and a
+            retry with corrected updates skips them).
+    """
+    if producer.in_transaction:
+        raise InvalidUsage("publish_dataframe after send(): advance_to() first")
+    if not producer.frontier.less_equal(frontier):
+        raise ContractError(f"cannot move the frontier back from {producer.frontier} to {frontier}")
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    config = producer.config
+    spec = PublishSpec(
+        config.kafka_bootstrap, config.topics.desired, config.topics.frontiers, config.sink_id,
+        config.partitions, config.partitioning, producer.row_schema, producer.producer_id,
+        producer.frontier, frontier, producer.chunk, hook,
+    )  # fmt: skip
+    schema = part_schema(spec.row_schema).append(pa.field(PARTITION, pa.int32(), False))
+    spark_schema = from_arrow_schema(schema)
+    keyed = df.mapInArrow(lambda batches: _with_partition(batches, spec, schema), spark_schema)
+    spark = df.sparkSession
+    markers = spark.range(spec.partitions).select(
+        *[F.lit(None).cast(f.dataType).alias(f.name) for f in spark_schema.fields[:-4]],
+        F.lit(0).cast("long").alias(TIME), F.lit(0).cast("long").alias(DIFF),
+        F.lit(None).cast("string").alias(ERR), F.col("id").cast("int").alias(PARTITION),
+    )  # fmt: skip
+    published = (
+        keyed.unionByName(markers)
+        .repartition(spec.partitions, PARTITION)
+        .mapInArrow(lambda batches: _publish(batches, spec), RESULT_SCHEMA)
+        .collect()
+    )
+    missing = set(range(spec.partitions)) - {row["partition"] for row in published}
+    if missing:  # cannot happen: every partition has a marker
+        raise RuntimeError(f"publish covered no task for desired partitions {sorted(missing)}")
+    producer.frontier = frontier
+    skipped = sorted(row["partition"] for row in published if row["skipped"])
+    if skipped:
+        log.info("desired partitions %s were already published to %s", skipped, frontier)
+    return sum(row["updates"] for row in published)
+
+
+def _with_partition(
+    batches: Iterable[pa.RecordBatch], spec: PublishSpec, schema: pa.Schema
+) -> Iterator[pa.RecordBatch]:
+    """Every update normalized to the part schema, with its desired partition."""
+    for batch in batches:
+        table = normalize_updates(batch, spec.row_schema)
+        column = partitions_of(table, spec.row_schema, spec.partitions, spec.partitioning)
+        yield from table.append_column(PARTITION, column).cast(schema).to_batches()
+
+
+def _publish(batches: Iterable[pa.RecordBatch], spec: PublishSpec) -> Iterator[pa.RecordBatch]:
+    """The task: one transaction per desired partition it holds (module docs)."""
+    open_: dict[int, Producer | None] = {}  # None: already published
+    counts: dict[int, int] = {}
+    try:
+        for batch in batches:
+            table = pa.Table.from_batches([batch])
+            column = table.column(PARTITION)
+            order = pc.sort_indices(column)
+            table, column = table.take(order), column.take(order)
+            counts_here = np.bincount(column.to_numpy(), minlength=spec.partitions)
+            start = 0
+            for partition, count in enumerate(counts_here.tolist()):
+                if not count:
+                    continue
+                rows = table.slice(start, count).drop_columns([PARTITION])
+                start += count
+                if partition not in open_:
+                    open_[partition] = _begin(spec, partition)
+                    counts[partition] = 0
+                counts[partition] += _produce_updates(open_[partition], spec, partition, rows)
+        for partition, producer in sorted(open_.items()):
+            if producer is None:
+                continue
+            produce(producer, spec.desired_topic, str(partition), Progress(spec.upper), partition)
+            progress = DesiredProgress(spec.sink_id, partition, spec.upper)
+            produce(producer, spec.frontiers_topic, progress.key, progress)
+            if spec.hook is not None:
+                spec.hook("produced", partition)
+            producer.commit_transaction(60)
+            if spec.hook is not None:
+                spec.hook("committed", partition)
+    except BaseException:
+        # Abort now rather than leave the transactions open until they time out: an open
+        # transaction holds back what read_committed readers of the partition may see.
+        for producer in open_.values():
+            if producer is not None:
+                with contextlib.suppress(Exception):
+                    producer.abort_transaction(10)
+        raise
+    yield pa.RecordBatch.from_pydict(
+        {
+            "partition": pa.array(sorted(open_), pa.int32()),
+            "updates": pa.array([counts[p] for p in sorted(open_)], pa.int64()),
+            "skipped": pa.array([open_[p] is None for p in sorted(open_)], pa.bool_()),
+        }
+    )
+
+
+def _begin(spec: PublishSpec, partition: int) -> Producer | None:
+    """The partition's transactional producer with a transaction begun, or None if an
+    earlier attempt already committed the partition's publish."""
+    producer = Producer(client_config(spec.bootstrap, **{
+        "transactional.id": f"{spec.producer_id}.p{partition}", "linger.ms": 20}))  # fmt: skip
+    producer.init_transactions(60)
+    committed = last_progress(spec.bootstrap, spec.desired_topic, partition)
+    if committed is not None and spec.upper.less_equal(committed):
+        return None
+    producer.begin_transaction()
+    return producer
+
+
+def _produce_updates(
+    producer: Producer | None, spec: PublishSpec, partition: int, rows: pa.Table
+) -> int:
+    """Queue one slice of the partition's updates (markers and zero diffs dropped; only
+    checked and counted if an earlier attempt published them, `producer` None)."""
+    rows = rows.filter(pc.not_equal(rows.column(DIFF), 0))
+    if rows.num_rows == 0:
+        return 0
+    low = pc.min(rows.column(TIME)).as_py()
+    if not spec.lower.less_equal_time(low):
+        raise ContractError(
+            f"update at time {low} is before the frontier {spec.lower} of sink {spec.sink_id}"
+        )
+    if producer is None:
+        return int(rows.num_rows)
+    for record in arrow_records(rows, spec.partitioning, spec.chunk):
+        produce(producer, spec.desired_topic, str(partition), record, partition)
+        producer.poll(0)
+    return int(rows.num_rows)
+
+
+def last_progress(bootstrap: str, topic: str, partition: int) -> Frontier | None:
+    """The frontier of a desired partition's last committed record if it is a `Progress`."""
+    try:
+        record = last_record(bootstrap, topic, partition)
+    except DecodeError:  # someone else's bytes: not our progress
+        return None
+    return record.frontier if isinstance(record, Progress) else None
