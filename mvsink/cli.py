@@ -492,7 +492,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--partitions", type=int, default=4, help="P (desired partitions)")
     bench.add_argument("--append-workers", type=int, default=2, help="A (append workers)")
     bench.add_argument("--in-flight", type=int, default=2, help="ticks published, not durable")
-    bench.add_argument("--systems", default="", help="comma list of mvsink,peer,raw (default all)")
+    bench.add_argument(
+        "--systems",
+        default="",
+        help="comma list of mvsink,peer,raw,mvsink-e2e,peer-e2e (default all)",
+    )
     bench.add_argument(
         "--wire",
         choices=("arrow", "avro"),

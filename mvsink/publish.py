@@ -57,6 +57,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("mvsink.publish")
 PARTITION = "_partition"
 RESULT_SCHEMA = "partition int, updates long, skipped boolean"
+#: Transactional producers this Python worker keeps between publishes, by (bootstrap, id).
+_PRODUCERS: dict[tuple[str, str], Producer] = {}
 #: A fault or progress probe called in the task as `hook(event, partition)` with event
 #: "produced" (the partition's records queued, not committed) or "committed".
 Hook = Callable[[str, int], None]
@@ -147,6 +149,7 @@ def _publish(batches: Iterable[pa.RecordBatch], spec: PublishSpec) -> Iterator[p
     """The task: one transaction per desired partition it holds (module docs)."""
     open_: dict[int, Producer | None] = {}  # None: already published
     counts: dict[int, int] = {}
+    committed: set[int] = set()
     try:
         for batch in batches:
             table = pa.Table.from_batches([batch])
@@ -173,15 +176,17 @@ def _publish(batches: Iterable[pa.RecordBatch], spec: PublishSpec) -> Iterator[p
             if spec.hook is not None:
                 spec.hook("produced", partition)
             producer.commit_transaction(60)
+            committed.add(partition)
             if spec.hook is not None:
                 spec.hook("committed", partition)
     except BaseException:
         # Abort now rather than leave the transactions open until they time out: an open
         # transaction holds back what read_committed readers of the partition may see.
-        for producer in open_.values():
-            if producer is not None:
+        for partition, producer in open_.items():
+            if producer is not None and partition not in committed:
                 with contextlib.suppress(Exception):
                     producer.abort_transaction(10)
+                _forget(spec, partition)
         raise
     yield pa.RecordBatch.from_pydict(
         {
@@ -194,15 +199,30 @@ def _publish(batches: Iterable[pa.RecordBatch], spec: PublishSpec) -> Iterator[p
 
 def _begin(spec: PublishSpec, partition: int) -> Producer | None:
     """The partition's transactional producer with a transaction begun, or None if an
-    earlier attempt already committed the partition's publish."""
-    producer = Producer(client_config(spec.bootstrap, **{
-        "transactional.id": f"{spec.producer_id}.p{partition}", "linger.ms": 20}))  # fmt: skip
-    producer.init_transactions(60)
-    committed = last_progress(spec.bootstrap, spec.desired_topic, partition)
-    if committed is not None and spec.upper.less_equal(committed):
-        return None
+    earlier attempt already committed the partition's publish.
+
+    A producer this Python worker kept from its last publish of the partition is used as it
+    is: if any other attempt took the transactional id since, it is fenced and its commit fails
+    (the task fails, Spark retries with a new one), so a commit it makes is the only one since
+    its last, and nothing needs checking. A new producer fences whatever came before it and
+    then checks the partition's last committed record (module docs)."""
+    key = (spec.bootstrap, f"{spec.producer_id}.p{partition}")
+    producer = _PRODUCERS.get(key)
+    if producer is None:
+        producer = Producer(client_config(spec.bootstrap, **{
+            "transactional.id": key[1], "linger.ms": 5}))  # fmt: skip
+        producer.init_transactions(60)
+        _PRODUCERS[key] = producer
+        committed = last_progress(spec.bootstrap, spec.desired_topic, partition)
+        if committed is not None and spec.upper.less_equal(committed):
+            return None
     producer.begin_transaction()
     return producer
+
+
+def _forget(spec: PublishSpec, partition: int) -> None:
+    """Drop the kept producer of a partition whose transaction failed (state unknown)."""
+    _PRODUCERS.pop((spec.bootstrap, f"{spec.producer_id}.p{partition}"), None)
 
 
 def _produce_updates(

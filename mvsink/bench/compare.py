@@ -18,6 +18,15 @@ Systems, one after the other (never two at once on this box):
    `mvsink-1w`, `mvsink-2w`, side by side on the same workload);
 2. peer: Structured Streaming, Kafka source -> `foreachBatch` -> Parquet (`mvsink.bench.systems`);
 3. raw: a consume-and-write loop per partition (`mvsink.bench.systems`).
+4. mvsink-e2e and peer-e2e: mvsink and the peer again, fed the way an upstream Spark job feeds
+   them: each tick's updates are a cached DataFrame, published from the executors with
+   `mvsink.publish.publish_dataframe` (partitioning, encoding and producing are timed), so
+   their updates/s and freshness run from the upstream's DataFrame to durable
+   (`workload.DataFrameFeeder`; figure `ratio_e2e_vs_peer_e2e`).
+
+The producer's own rate is printed too: how fast `DesiredProducer` turned the workload into
+records when it was encoded, per CPU second, next to partitioning 1 on a sample of the same
+updates (`producer_updates_per_cpu_s`, `producer_v1_updates_per_cpu_s`).
 
 Tick 0 (the initial load) is waited for and timed on its own, untimed in the figures; the
 steady-state ticks 1..N give updates/s and freshness (tick published -> durable) p50/p99. Also
@@ -47,13 +56,15 @@ import numpy as np
 import pyarrow as pa
 
 from mvsink import Say
+from mvsink.bench.rss import RssSampler
 from mvsink.bench.workload import (
     ROW_SCHEMA,
     BenchError,
+    DataFrameFeeder,
     EncodedTick,
     Feeder,
     Workload,
-    encode_ticks,
+    encode_ticks_timed,
 )
 from mvsink.config import Config, Topics, state_dir
 from mvsink.demo import service_env, start_services, stop_services
@@ -62,8 +73,11 @@ from mvsink.messages import ShardUpper
 from mvsink.provision import provision
 from mvsink.shard import open_shard
 
-SYSTEMS = ("mvsink", "peer", "raw")
-HEADINGS = {"mvsink": "mvsink", "peer": "peer (Spark SS)", "raw": "raw limit"}
+SYSTEMS = ("mvsink", "peer", "raw", "mvsink-e2e", "peer-e2e")
+HEADINGS = {"mvsink": "mvsink", "peer": "peer (Spark SS)", "raw": "raw limit",
+            "mvsink-e2e": "mvsink end to end", "peer-e2e": "peer end to end"}  # fmt: skip
+#: Columns fed from the upstream's DataFrames (`DataFrameFeeder`) instead of encoded bytes.
+END_TO_END = "-e2e"
 
 
 @dataclass(frozen=True)
@@ -75,6 +89,8 @@ class Variant:
     spark_master: str | None = None
     #: Scale the embedded Spark cluster to this many workers before starting (0: local[*]).
     spark_workers: int | None = None
+    #: Fed from the upstream job's DataFrames (`publish_dataframe`), not pre-encoded bytes.
+    from_dataframes: bool = False
 
 
 def variants(systems: tuple[str, ...], spark_master: str | None,
@@ -82,7 +98,9 @@ def variants(systems: tuple[str, ...], spark_master: str | None,
     """The columns for `systems`: mvsink once per `spark_workers` size (or on `spark_master`)."""
     found: list[Variant] = []
     for system in systems:
-        if system != "mvsink":
+        if system.endswith(END_TO_END):
+            found.append(Variant(system, system.removesuffix(END_TO_END), from_dataframes=True))
+        elif system != "mvsink":
             found.append(Variant(system, system))
         elif spark_workers:
             found.extend(Variant("mvsink" if i == 0 else f"mvsink-{n}w", "mvsink", None, n)
@@ -92,57 +110,7 @@ def variants(systems: tuple[str, ...], spark_master: str | None,
     return found
 
 
-# -- processes ------------------------------------------------------------------------------
-
-
-def _process_table() -> dict[int, tuple[int, int]]:
-    """pid -> (ppid, rss bytes) of every process."""
-    page = os.sysconf("SC_PAGE_SIZE")
-    table = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-            table[int(entry)] = (int(fields[1]), int(fields[21]) * page)
-        except (OSError, IndexError, ValueError):
-            continue
-    return table
-
-
-class RssSampler:
-    """Peak RSS of process trees (a process and all its descendants), sampled 4x a second."""
-
-    def __init__(self, roots: dict[str, int]) -> None:
-        self.roots = roots
-        self.peak = dict.fromkeys(roots, 0)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.25):
-            table = _process_table()
-            children: dict[int, list[int]] = {}
-            for pid, (ppid, _) in table.items():
-                children.setdefault(ppid, []).append(pid)
-            for label, root in self.roots.items():
-                total, stack = 0, [root]
-                while stack:
-                    pid = stack.pop()
-                    total += table.get(pid, (0, 0))[1]
-                    stack.extend(children.get(pid, []))
-                self.peak[label] = max(self.peak[label], total)
-
-    def stop(self) -> dict[str, float]:
-        """Stop; the peaks in MiB."""
-        self._stop.set()
-        self._thread.join(2)
-        return {label: round(peak / 2**20, 1) for label, peak in self.peak.items()}
-
-
-# -- systems ------------------------------------------------------------------------------------
+# -- systems --------------------------------------------------------------------------------
 
 
 @dataclass
@@ -258,9 +226,12 @@ def scrape(log: Path) -> dict[str, float]:
 class OffsetSystem(System):
     """A `mvsink.bench.systems` process reporting durable offsets as JSON lines."""
 
+    #: Which `mvsink.bench.systems` loop runs (`name` is the column's, e.g. `peer-e2e`).
+    kind = ""
+
     def start(self) -> None:
         prefix = f"bench/{self.config.sink_id}"
-        cmd = [sys.executable, "-m", "mvsink.bench.systems", self.name, self.config.topics.desired,
+        cmd = [sys.executable, "-m", "mvsink.bench.systems", self.kind, self.config.topics.desired,
                str(self.config.partitions), prefix, str(self.logs / "work")]  # fmt: skip
         self.logs.mkdir(parents=True, exist_ok=True)
         with (self.logs / f"{self.name}.log").open("ab") as err:
@@ -302,14 +273,14 @@ class OffsetSystem(System):
 
 
 class PeerSystem(OffsetSystem):
-    name = "peer"
+    name = kind = "peer"
 
 
 class RawSystem(OffsetSystem):
-    name = "raw"
+    name = kind = "raw"
 
 
-def drive(system: System, feeder: Feeder, ticks: list[EncodedTick], in_flight: int, say: Say,
+def drive(system: System, feeder: Feeder | DataFrameFeeder, ticks: list[EncodedTick], in_flight: int, say: Say,
           stall: float = 300.0) -> Run:  # fmt: skip
     """Publish the ticks closed-loop and time them (see the module docs). The ticks may start
     at any time (a later segment of a workload): counts are relative to the first one."""
@@ -373,10 +344,11 @@ def run(config: Config, workload: Workload, out: Path, say: Say, in_flight: int 
     `scale(n)` runs the embedded Spark cluster with `n` workers (its master URL)."""
     run_id = f"cmp-{uuid.uuid4().hex[:6]}"
     logs = state_dir() / "bench" / run_id
-    base = replace(
-        config, row_schema=ROW_SCHEMA, partitions=workload.partitions, append_workers=append_workers
-    )
-    ticks, final = encode_ticks(base, workload, say, wire)
+    base = replace(config, row_schema=ROW_SCHEMA, partitions=workload.partitions,
+                   append_workers=append_workers,
+                   partitioning=1 if wire == "avro" else config.partitioning)  # fmt: skip
+    ticks, final, producer_rate = encode_ticks_timed(base, workload, say, wire)
+    upstream: DataFrameFeeder | None = None
     if "peer" in systems:
         from mvsink.bench.systems import peer_jars
 
@@ -409,10 +381,14 @@ def run(config: Config, workload: Workload, out: Path, say: Say, in_flight: int 
         say(
             f"{name}: starting{f' (Spark {sink.spark_master})' if variant.system == 'mvsink' else ''} ..."
         )
+        source: Feeder | DataFrameFeeder = feeder
+        if variant.from_dataframes:
+            upstream = upstream or DataFrameFeeder(config.kafka_bootstrap, workload, say)
+            source = upstream
         system.start()
         sampler = RssSampler({label: proc.pid for label, proc in system.procs.items()})
         try:
-            result = drive(system, feeder, ticks, in_flight, say)
+            result = drive(system, source, ticks, in_flight, say)
             result.peak_rss_mib = sampler.stop()
             system.finish(result, final)  # while its processes still serve their metrics
         finally:
@@ -422,8 +398,11 @@ def run(config: Config, workload: Workload, out: Path, say: Say, in_flight: int 
         runs[name] = result
         say(f"  {name}: {result.updates_per_s:,.0f} updates/s; freshness p50 {percentile(result.freshness, 50):.2f}s "
             f"p99 {percentile(result.freshness, 99):.2f}s; {result.detail}")  # fmt: skip
+    if upstream is not None:
+        upstream.stop()
     figures = _figures(workload, in_flight, append_workers, runs)
     figures["workload"]["wire"] = wire
+    figures.update(producer_rate.figures())
     _report(figures, say)
     _chart(figures, save_figures(out, "bench", figures, say, logs).with_suffix(".png"))
     say(f"wrote {out / 'bench.png'}")
@@ -452,6 +431,11 @@ def _figures(
         "raw_updates_per_s": raw,
         "ratio_vs_peer": round(mv / peer, 3) if mv and peer else None,
         "ratio_vs_raw": round(mv / raw, 3) if mv and raw else None,
+        "ratio_e2e_vs_peer_e2e": (
+            round(e2e / peer_e2e, 3)
+            if (e2e := rate("mvsink-e2e")) and (peer_e2e := rate("peer-e2e"))
+            else None
+        ),
         "freshness_p50_s": None,
         "freshness_p99_s": None,
     }
@@ -518,6 +502,13 @@ def _report(figures: dict[str, Any], say: Say) -> None:
             say(f"peak RSS {name:<25} {show(figures[f'{name}_peak_rss_mib'], ' MiB')}")
     say(f"ratio mvsink/peer {show(figures['ratio_vs_peer'])}   ratio mvsink/raw {show(figures['ratio_vs_raw'])}"
         f"   shard equals desired: {figures.get('mvsink_shard_equals_desired')}")  # fmt: skip
+    if figures.get("ratio_e2e_vs_peer_e2e") is not None:
+        say(f"end to end (upstream DataFrame -> durable): ratio mvsink/peer "
+            f"{show(figures['ratio_e2e_vs_peer_e2e'])}")  # fmt: skip
+    if "producer_updates_per_cpu_s" in figures:
+        say(f"producer (partitioning {figures['producer_partitioning']}): "
+            f"{show(figures['producer_updates_per_cpu_s'])} updates per CPU second, "
+            f"partitioning 1: {show(figures['producer_v1_updates_per_cpu_s'])}")  # fmt: skip
 
 
 def _chart(figures: dict[str, Any], path: Path) -> None:

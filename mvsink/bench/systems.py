@@ -104,9 +104,10 @@ def run_peer(config: Config, topic: str, prefix: str, work: Path) -> None:
     result = pa.schema([("partition", pa.int32()), ("offset", pa.int64()), ("rows", pa.int64())])
 
     def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        table = pa.Table.from_batches(list(batches))
-        if table.num_rows == 0:
+        chunks = list(batches)  # none: the range held only transaction markers
+        if not chunks or sum(c.num_rows for c in chunks) == 0:
             return
+        table = pa.Table.from_batches(chunks)
         partition = table.column("partition")[0].as_py()
         updates = decode_updates(table.column("value").to_pylist(), row_schema)
         if updates is not None:
@@ -130,6 +131,7 @@ def run_peer(config: Config, topic: str, prefix: str, work: Path) -> None:
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", config.kafka_bootstrap)
         .option("subscribe", topic)
+        .option("kafka.isolation.level", "read_committed")  # desired is written transactionally
         .option("startingOffsets", "earliest")
         .load()
     )

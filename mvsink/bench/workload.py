@@ -10,18 +10,18 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from mvsink import Say
 from mvsink.codec import SCHEMA_HEADER, encode, schema_header
 from mvsink.config import Config
 from mvsink.errors import MvsinkError
 from mvsink.frontier import Frontier
-from mvsink.kafka import client_config
+from mvsink.kafka import client_config, consumer_config
 from mvsink.messages import DesiredProgress, Progress
 from mvsink.producer import DesiredProducer
 from mvsink.rows import parse_row_schema
@@ -83,25 +83,72 @@ class EncodedTick:
     progress: bytes
 
 
+@dataclass(frozen=True)
+class ProducerRate:
+    """How fast the desired producer turned the workload's tables into framed records
+    (partitioning, sorting, IPC encoding, framing: what an upstream pays per update), and the
+    same for partitioning 1 on a sample of the same run (the baseline)."""
+
+    updates: int
+    wall_s: float
+    cpu_s: float
+    partitioning: int
+    baseline_updates: int
+    baseline_cpu_s: float
+
+    def figures(self) -> dict[str, float | int]:
+        per_cpu = self.updates / self.cpu_s if self.cpu_s else 0.0
+        base = self.baseline_updates / self.baseline_cpu_s if self.baseline_cpu_s else 0.0
+        return {
+            "producer_partitioning": self.partitioning,
+            "producer_updates_per_s": round(self.updates / self.wall_s, 1) if self.wall_s else 0.0,
+            "producer_updates_per_cpu_s": round(per_cpu, 1),
+            "producer_v1_updates_per_cpu_s": round(base, 1),
+        }
+
+
 def encode_ticks(
     config: Config, workload: Workload, say: Say, wire: str = "arrow"
 ) -> tuple[list[EncodedTick], pa.Table]:
     """Generate and encode the workload once (untimed), in desired wire form `wire`."""
+    out, final, _ = encode_ticks_timed(config, workload, say, wire)
+    return out, final
+
+
+def encode_ticks_timed(
+    config: Config, workload: Workload, say: Say, wire: str = "arrow"
+) -> tuple[list[EncodedTick], pa.Table, ProducerRate]:
+    """`encode_ticks`, and how fast the producer encoded (`ProducerRate`; CPU time counts
+    every thread of this process, so updates per CPU second is a rate per core)."""
     started = time.monotonic()
     tables, final = workload.generate()
     name = f"bench-encode-{uuid.uuid4().hex[:6]}"
     producer = DesiredProducer(config, parse_row_schema(ROW_SCHEMA), name, wire=wire)
-    out = []
+    out, wall, cpu = [], 0.0, 0.0
     for tick, table in enumerate(tables):
+        wall0, cpu0 = time.perf_counter(), time.process_time()
         records, count = producer.records(table)
-        out.append(EncodedTick(tick, count, [(p, encode(r)) for p, r in records],
-                               encode(Progress(Frontier.at(tick + 1)))))  # fmt: skip
+        framed = [(p, encode(r)) for p, r in records]
+        wall, cpu = wall + time.perf_counter() - wall0, cpu + time.process_time() - cpu0
+        out.append(EncodedTick(tick, count, framed, encode(Progress(Frontier.at(tick + 1)))))
     total = sum(t.updates for t in out)
+    sample = tables[min(1, len(tables) - 1)].slice(0, 50_000)  # partitioning 1, same rows
+    v1 = DesiredProducer(replace(config, partitioning=1), parse_row_schema(ROW_SCHEMA), name)
+    cpu0 = time.process_time()
+    v1_records, v1_count = v1.records(sample)
+    [encode(r) for _, r in v1_records]
+    rate = ProducerRate(total, wall, cpu, producer.config.partitioning if wire == "arrow" else 1,
+                        v1_count, time.process_time() - cpu0)  # fmt: skip
     say(f"workload: {workload.keys:,} keys, {workload.changed:,} changed per tick "
         f"({2 * workload.changed:,} updates), {workload.ticks} ticks after the initial load; "
         f"{total:,} updates, {sum(len(v) for t in out for _, v in t.records) / 1e6:.1f} MB encoded "
         f"in {time.monotonic() - started:.1f}s")  # fmt: skip
-    return out, final
+    figures = rate.figures()
+    say(f"producer (partitioning {rate.partitioning}): {figures['producer_updates_per_s']:,.0f} "
+        f"updates/s, {figures['producer_updates_per_cpu_s']:,.0f} per CPU second; partitioning 1 "
+        f"on {v1_count:,} of the same updates: {figures['producer_v1_updates_per_cpu_s']:,.0f} "
+        "per CPU second")  # fmt: skip
+    return out, final, rate
 
 
 class Feeder:
@@ -143,3 +190,46 @@ class Feeder:
                 return
             except BufferError:
                 self.producer.poll(0.1)
+
+
+class DataFrameFeeder:
+    """Publishes a tick as an upstream Spark job does: the tick's updates are a DataFrame
+    (built and cached before anything is timed), published from the executors with
+    `mvsink.publish.publish_dataframe`, so partitioning, encoding and producing count in the
+    system's figures. Same interface as `Feeder`."""
+
+    def __init__(self, bootstrap: str, workload: Workload, say: Say) -> None:
+        from mvsink.spark import spark_session
+
+        started = time.monotonic()
+        tables, _ = workload.generate()
+        self.spark = spark_session("mvsink-bench-upstream", shuffle_partitions=workload.partitions)
+        self.frames = [self.spark.createDataFrame(table).cache() for table in tables]
+        for frame in self.frames:
+            frame.count()
+        self.producers: dict[str, DesiredProducer] = {}
+        self.offsets = Consumer(consumer_config(bootstrap))
+        say(f"upstream DataFrames: {len(self.frames)} ticks cached in Spark "
+            f"({self.spark.sparkContext.master}) in {time.monotonic() - started:.1f}s")  # fmt: skip
+
+    def feed(self, config: Config, tick: EncodedTick) -> dict[int, int]:
+        from mvsink.publish import publish_dataframe
+
+        producer = self.producers.get(config.sink_id)
+        if producer is None:
+            producer = self.producers[config.sink_id] = DesiredProducer(
+                config, parse_row_schema(ROW_SCHEMA), f"bench-upstream.{config.sink_id}"
+            )
+            producer.start()
+        publish_dataframe(self.frames[tick.time], producer, Frontier.at(tick.time + 1))
+        ends = {}
+        for partition in range(config.partitions):  # [..., Progress, commit marker]
+            _, high = self.offsets.get_watermark_offsets(
+                TopicPartition(config.topics.desired, partition), timeout=30
+            )
+            ends[partition] = high - 1
+        return ends
+
+    def stop(self) -> None:
+        self.offsets.close()
+        self.spark.stop()

@@ -1,6 +1,6 @@
-"""`mvsink bench` end to end on the real stack (small workloads): the three systems run, the
-figures land in JSON and a PNG, the shard equals desired; the restart and read-only benchmarks
-run and report. Figures are printed, never asserted (DEVELOPERS.md: ratios, not timings)."""
+"""`mvsink bench` end to end on the real stack (small workloads): the systems run (also fed
+from DataFrames published by executors), the figures land in JSON and a PNG, the shard equals
+desired; the restart and read-only benchmarks run and report. Figures are printed, never asserted (DEVELOPERS.md: ratios, not timings)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,12 @@ def test_bench_compares_mvsink_peer_and_raw(
                 "ratio_vs_raw", "freshness_p50_s", "freshness_p99_s"):  # fmt: skip
         assert isinstance(figures[key], float) and figures[key] > 0, key
     assert figures["mvsink_shard_equals_desired"] is True
+    # Fed from the upstream's DataFrames (publish_dataframe from the executors), end to end.
+    for key in ("mvsink-e2e_updates_per_s", "peer-e2e_updates_per_s", "ratio_e2e_vs_peer_e2e",
+                "producer_updates_per_cpu_s", "producer_v1_updates_per_cpu_s"):  # fmt: skip
+        assert isinstance(figures[key], float) and figures[key] > 0, key
+    assert figures["mvsink-e2e_shard_equals_desired"] is True
+    assert set(figures["peer-e2e_peak_rss_mib"]) == {"peer-e2e"}
     assert set(figures["mvsink_peak_rss_mib"]) == {"mint", "write", "append"}
     assert figures["peer_batch_latency_p50_s"] > 0
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
