@@ -25,6 +25,12 @@ for the publish: they are skipped. A partition's updates and its progress become
 together, to read_committed readers, and partitions commit independently: a write task may fold
 partition 0's tick while partition 1's is still being produced, as with any slow partition.
 
+A Python worker keeps its producers between publishes (Spark reuses the workers): a kept
+producer skips the init and the check, because if any other attempt took its transactional id
+since its last commit it is fenced and cannot commit. The task holds each partition's updates
+until its commit, so a kept producer found fenced is replaced by a new one (init, check) and
+the partition published again; a task's memory holds its share of the publish.
+
 The contract is `DesiredProducer`'s (docs/design.md §3.1): updates at times before the
 producer's frontier are refused (the task fails with `ContractError`, and nothing of that
 partition is committed), the records are `UpdatesArrow` stamped with the sink's partitioning.
@@ -41,7 +47,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 
 from mvsink.errors import ContractError, DecodeError, InvalidUsage
 from mvsink.frontier import Frontier
@@ -146,104 +152,89 @@ def _with_partition(
 
 
 def _publish(batches: Iterable[pa.RecordBatch], spec: PublishSpec) -> Iterator[pa.RecordBatch]:
-    """The task: one transaction per desired partition it holds (module docs)."""
-    open_: dict[int, Producer | None] = {}  # None: already published
-    counts: dict[int, int] = {}
-    committed: set[int] = set()
-    try:
-        for batch in batches:
-            table = pa.Table.from_batches([batch])
-            column = table.column(PARTITION)
-            order = pc.sort_indices(column)
-            table, column = table.take(order), column.take(order)
-            counts_here = np.bincount(column.to_numpy(), minlength=spec.partitions)
-            start = 0
-            for partition, count in enumerate(counts_here.tolist()):
-                if not count:
-                    continue
-                rows = table.slice(start, count).drop_columns([PARTITION])
-                start += count
-                if partition not in open_:
-                    open_[partition] = _begin(spec, partition)
-                    counts[partition] = 0
-                counts[partition] += _produce_updates(open_[partition], spec, partition, rows)
-        for partition, producer in sorted(open_.items()):
-            if producer is None:
-                continue
+    """The task: one transaction per desired partition it holds (module docs). A partition's
+    updates are held until its transaction commits, so a producer found fenced at commit can
+    be replaced and the partition published again."""
+    pending: dict[int, list[pa.Table]] = {}
+    for batch in batches:
+        table = pa.Table.from_batches([batch])
+        column = table.column(PARTITION)
+        order = pc.sort_indices(column)
+        table = table.take(order).drop_columns([PARTITION])
+        start = 0
+        counts = np.bincount(column.take(order).to_numpy(), minlength=spec.partitions)
+        for partition, count in enumerate(counts.tolist()):
+            if count:
+                pending.setdefault(partition, []).append(table.slice(start, count))
+            start += count
+    done = [
+        (p, *_publish_partition(spec, p, pa.concat_tables(pending[p]))) for p in sorted(pending)
+    ]
+    yield pa.RecordBatch.from_pydict(
+        {
+            "partition": pa.array([p for p, _, _ in done], pa.int32()),
+            "updates": pa.array([n for _, n, _ in done], pa.int64()),
+            "skipped": pa.array([skipped for _, _, skipped in done], pa.bool_()),
+        }
+    )
+
+
+def _publish_partition(spec: PublishSpec, partition: int, rows: pa.Table) -> tuple[int, bool]:
+    """Publish one desired partition's updates with its progress, exactly once; the number of
+    updates (markers and zero diffs dropped) and whether an earlier attempt had published them.
+
+    A producer this Python worker kept from its last publish of the partition is used as it is:
+    if another attempt took the transactional id since, it is fenced, cannot commit, and a new
+    producer takes over. A new producer fences whatever came before it and then checks the
+    partition's last committed record (module docs).
+
+    Raises:
+        ContractError: an update before the producer's frontier (nothing is produced).
+    """
+    rows = rows.filter(pc.not_equal(rows.column(DIFF), 0))
+    if rows.num_rows:
+        low = pc.min(rows.column(TIME)).as_py()
+        if not spec.lower.less_equal_time(low):
+            raise ContractError(
+                f"update at time {low} is before the frontier {spec.lower} of sink {spec.sink_id}"
+            )
+    key = (spec.bootstrap, f"{spec.producer_id}.p{partition}")
+    while True:
+        producer, kept = _PRODUCERS.get(key), True
+        if producer is None:
+            producer, kept = Producer(client_config(spec.bootstrap, **{
+                "transactional.id": key[1], "linger.ms": 5})), False  # fmt: skip
+            producer.init_transactions(60)
+            _PRODUCERS[key] = producer
+            committed = last_progress(spec.bootstrap, spec.desired_topic, partition)
+            if committed is not None and spec.upper.less_equal(committed):
+                return int(rows.num_rows), True
+        try:
+            producer.begin_transaction()
+            for record in arrow_records(rows, spec.partitioning, spec.chunk):
+                produce(producer, spec.desired_topic, str(partition), record, partition)
+                producer.poll(0)
             produce(producer, spec.desired_topic, str(partition), Progress(spec.upper), partition)
             progress = DesiredProgress(spec.sink_id, partition, spec.upper)
             produce(producer, spec.frontiers_topic, progress.key, progress)
             if spec.hook is not None:
                 spec.hook("produced", partition)
             producer.commit_transaction(60)
-            committed.add(partition)
-            if spec.hook is not None:
-                spec.hook("committed", partition)
-    except BaseException:
-        # Abort now rather than leave the transactions open until they time out: an open
-        # transaction holds back what read_committed readers of the partition may see.
-        for partition, producer in open_.items():
-            if producer is not None and partition not in committed:
-                with contextlib.suppress(Exception):
-                    producer.abort_transaction(10)
-                _forget(spec, partition)
-        raise
-    yield pa.RecordBatch.from_pydict(
-        {
-            "partition": pa.array(sorted(open_), pa.int32()),
-            "updates": pa.array([counts[p] for p in sorted(open_)], pa.int64()),
-            "skipped": pa.array([open_[p] is None for p in sorted(open_)], pa.bool_()),
-        }
-    )
-
-
-def _begin(spec: PublishSpec, partition: int) -> Producer | None:
-    """The partition's transactional producer with a transaction begun, or None if an
-    earlier attempt already committed the partition's publish.
-
-    A producer this Python worker kept from its last publish of the partition is used as it
-    is: if any other attempt took the transactional id since, it is fenced and its commit fails
-    (the task fails, Spark retries with a new one), so a commit it makes is the only one since
-    its last, and nothing needs checking. A new producer fences whatever came before it and
-    then checks the partition's last committed record (module docs)."""
-    key = (spec.bootstrap, f"{spec.producer_id}.p{partition}")
-    producer = _PRODUCERS.get(key)
-    if producer is None:
-        producer = Producer(client_config(spec.bootstrap, **{
-            "transactional.id": key[1], "linger.ms": 5}))  # fmt: skip
-        producer.init_transactions(60)
-        _PRODUCERS[key] = producer
-        committed = last_progress(spec.bootstrap, spec.desired_topic, partition)
-        if committed is not None and spec.upper.less_equal(committed):
-            return None
-    producer.begin_transaction()
-    return producer
-
-
-def _forget(spec: PublishSpec, partition: int) -> None:
-    """Drop the kept producer of a partition whose transaction failed (state unknown)."""
-    _PRODUCERS.pop((spec.bootstrap, f"{spec.producer_id}.p{partition}"), None)
-
-
-def _produce_updates(
-    producer: Producer | None, spec: PublishSpec, partition: int, rows: pa.Table
-) -> int:
-    """Queue one slice of the partition's updates (markers and zero diffs dropped; only
-    checked and counted if an earlier attempt published them, `producer` None)."""
-    rows = rows.filter(pc.not_equal(rows.column(DIFF), 0))
-    if rows.num_rows == 0:
-        return 0
-    low = pc.min(rows.column(TIME)).as_py()
-    if not spec.lower.less_equal_time(low):
-        raise ContractError(
-            f"update at time {low} is before the frontier {spec.lower} of sink {spec.sink_id}"
-        )
-    if producer is None:
-        return int(rows.num_rows)
-    for record in arrow_records(rows, spec.partitioning, spec.chunk):
-        produce(producer, spec.desired_topic, str(partition), record, partition)
-        producer.poll(0)
-    return int(rows.num_rows)
+        except BaseException as error:
+            # Abort now rather than leave the transaction open until it times out: an open
+            # transaction holds back what read_committed readers of the partition may see.
+            _PRODUCERS.pop(key, None)
+            with contextlib.suppress(Exception):
+                producer.abort_transaction(10)
+            fenced = isinstance(error, KafkaException) and error.args[0].fatal()
+            if kept and fenced:
+                log.info("publish: the kept producer of desired partition %d was fenced by "
+                         "another attempt since its last publish: a new one takes over", partition)  # fmt: skip
+                continue
+            raise
+        if spec.hook is not None:
+            spec.hook("committed", partition)
+        return int(rows.num_rows), False
 
 
 def last_progress(bootstrap: str, topic: str, partition: int) -> Frontier | None:

@@ -15,14 +15,14 @@ from typing import Any, cast
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaException, Producer
 from sinkkit import Service, Sink, contents, start, wait_until
 
 from mvsink.codec import decode_message
 from mvsink.config import S3Settings
 from mvsink.errors import ContractError, InvalidUsage
 from mvsink.frontier import Frontier
-from mvsink.kafka import poll_message, read_compacted, tail_consumer
+from mvsink.kafka import client_config, poll_message, read_compacted, tail_consumer
 from mvsink.messages import DesiredProgress, Progress, Updates, UpdatesArrow
 from mvsink.partitioning import partition_of, partitions_of
 from mvsink.producer import DesiredProducer
@@ -209,6 +209,31 @@ def test_publish_dataframe_through_killed_tasks_delivers_every_update_once(
     want = {key: d for key, d in expected.items() if d}
     wait_until(lambda: sink.shard.upper() == F(3) and contents(sink, 3) == want, 180,
                "the shard equal to the published changelog")  # fmt: skip
+
+
+def test_publish_dataframe_after_another_instance_took_a_partitions_transactional_id(
+    sink: Sink, spark: Any
+) -> None:
+    """Workers keep their transactional producers between publishes; one fenced meanwhile (here
+    by an outside instance, as by another task attempt) gives way to a new one: the publish
+    still lands every update once."""
+    producer = producer_for(sink)
+    schema = "k string, v long, _time long, _diff long"
+    publish_dataframe(
+        spark.createDataFrame([(f"a{i}", i, 0, 1) for i in range(30)], schema), producer, F(1)
+    )
+    for partition in range(3):
+        other = Producer(client_config(sink.config.kafka_bootstrap,
+                                       **{"transactional.id": f"{producer.producer_id}.p{partition}"}))  # fmt: skip
+        other.init_transactions(30)
+    rows = [(f"b{i}", i, 1, 1) for i in range(30)]
+    assert publish_dataframe(spark.createDataFrame(rows, schema), producer, F(2)) == 30
+    arrow = parse_row_schema(sink.config.row_schema)
+    got = Counter(
+        u["k"] for _, record in read_desired(sink) if isinstance(record, UpdatesArrow)
+        for u in updates_from_ipc(record.ipc, arrow).to_pylist()
+    )  # fmt: skip
+    assert got == Counter([f"a{i}" for i in range(30)] + [f"b{i}" for i in range(30)])
 
 
 def test_cli_desired_send_and_advance(sink: Sink, tmp_path: Path) -> None:
