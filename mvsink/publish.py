@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -100,8 +101,8 @@ def publish_dataframe(
     Raises:
         InvalidUsage: the producer has an open transaction (updates `send` has not committed).
         ContractError: `frontier` is before the producer's, or an update before the producer's
-            frontier (the Spark job fails; partitions already committed stay committed, and a
-            retry with corrected updates skips them).
+            frontier (a task refuses to produce it; partitions already committed stay
+            committed, and a retry with corrected updates skips them).
     """
     if producer.in_transaction:
         raise InvalidUsage("publish_dataframe after send(): advance_to() first")
@@ -125,12 +126,18 @@ def publish_dataframe(
         F.lit(0).cast("long").alias(TIME), F.lit(0).cast("long").alias(DIFF),
         F.lit(None).cast("string").alias(ERR), F.col("id").cast("int").alias(PARTITION),
     )  # fmt: skip
-    published = (
-        keyed.unionByName(markers)
-        .repartition(spec.partitions, PARTITION)
-        .mapInArrow(lambda batches: _publish(batches, spec), RESULT_SCHEMA)
-        .collect()
-    )
+    try:
+        published = (
+            keyed.unionByName(markers)
+            .repartition(spec.partitions, PARTITION)
+            .mapInArrow(lambda batches: _publish(batches, spec), RESULT_SCHEMA)
+            .collect()
+        )
+    except Exception as error:  # a task's ContractError arrives as Spark's PythonException
+        refused = re.search(r"ContractError: (.*)", str(error))
+        if refused is None:
+            raise
+        raise ContractError(f"publish to {frontier} refused: {refused.group(1)}") from error
     missing = set(range(spec.partitions)) - {row["partition"] for row in published}
     if missing:  # cannot happen: every partition has a marker
         raise RuntimeError(f"publish covered no task for desired partitions {sorted(missing)}")

@@ -156,7 +156,7 @@ def test_publish_dataframe_from_the_executors(sink: Sink, spark: Any) -> None:
     latest = read_compacted(sink.config.kafka_bootstrap, sink.config.topics.frontiers)
     assert all(latest[f"desired:{sink.config.sink_id}:{p}"].frontier == F(1) for p in range(3))  # type: ignore[union-attr]
     late = spark.createDataFrame([("c", 3, 0, 1)], "k string, v long, _time long, _diff long")
-    with pytest.raises(Exception, match="before the frontier"):
+    with pytest.raises(ContractError, match="update at time 0 is before the frontier"):
         publish_dataframe(late, producer, F(2))
     producer.send(table([("d", 4, 1, 1)]))
     with pytest.raises(InvalidUsage, match="advance_to"):
