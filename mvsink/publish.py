@@ -56,6 +56,7 @@ from mvsink.kafka import client_config, last_record, produce
 from mvsink.messages import DesiredProgress, Progress
 from mvsink.partitioning import partitions_of
 from mvsink.producer import DesiredProducer, arrow_records
+from mvsink.service import quiet_retries
 from mvsink.updates import DIFF, ERR, TIME, normalize_updates, part_schema
 
 if TYPE_CHECKING:
@@ -162,6 +163,7 @@ def _publish(batches: Iterable[pa.RecordBatch], spec: PublishSpec) -> Iterator[p
     """The task: one transaction per desired partition it holds (module docs). A partition's
     updates are held until its transaction commits, so a producer found fenced at commit can
     be replaced and the partition published again."""
+    quiet_retries()  # one line per outage, not librdkafka's per reconnect (this worker too)
     pending: dict[int, list[pa.Table]] = {}
     for batch in batches:
         table = pa.Table.from_batches([batch])
