@@ -9,7 +9,7 @@ they agree by construction. Two functions exist, named by a version that travels
   is keyed by `b"\\x00err:" + err`. Row by row in Python (~0.3M updates/s): the producer was
   slower than the sink it feeds.
 * **2** (the default) — a 64-bit hash of the row's column values computed on Arrow columns
-  with numpy, modulo P (~10M updates/s per core on the bench's rows). Defined below; its values
+  with numpy, modulo P (~15M updates/s per core on the bench's rows). Defined below; its values
   are pinned in tests/unit/test_partitioning.py and must never change.
 
 Version 2, exactly. All arithmetic is modulo 2^64 on unsigned 64-bit words, `mix` is the
@@ -20,8 +20,8 @@ x *= 0x94D049BB133111EB; x ^= x >> 31`).
   (its integer in the column's unit) is `mix(v + INT)`, `v` the value as a two's-complement
   64-bit integer; a float is `mix(bits + FLOAT)`, `bits` the IEEE-754 binary64 of the value as
   a double, with -0.0 taken as 0.0 and every NaN as the canonical quiet NaN; a string (UTF-8) or
-  binary value of bytes `b[0..n)` is `mix(poly + n * LENGTH)` where
-  `poly = sum((b[j] + 1) * BASE^(n-1-j))`.
+  binary value of `n` bytes starts as `w = mix(n + LENGTH)`, then for each 8-byte chunk `c` of
+  its bytes in order (little-endian, the last one zero-padded) `w = mix(w ^ c)`.
 * A row update's hash: `h = ROW`, then for each column in the row schema's order
   `h = mix(h ^ w)`.
 * An error update's hash: `mix(ERROR ^ w)`, `w` the word of its error string.
@@ -47,7 +47,6 @@ NULL = _U64(0x6D7673696E6B0000)  # "mvsink\0\0"
 INT = _U64(0x9E3779B97F4A7C15)
 FLOAT = _U64(0xC2B2AE3D27D4EB4F)
 LENGTH = _U64(0x165667B19E3779F9)
-BASE = _U64(0x100000001B3)
 ROW = _U64(0x27D4EB2F165667C5)
 ERROR = _U64(0x85EBCA77C2B2AE63)
 _M1, _M2 = _U64(0xBF58476D1CE4E5B9), _U64(0x94D049BB133111EB)
@@ -131,6 +130,22 @@ def _column_words(array: pa.Array) -> np.ndarray:
         valid = np.asarray(pc.is_valid(array).to_numpy(zero_copy_only=False))
         words = np.where(valid, words, NULL)
     return words
+
+
+def split_by_partition(
+    table: pa.Table, partitions: pa.Array, total: int
+) -> list[tuple[int, pa.Table]]:
+    """`(partition, its rows of table)` for every partition in `partitions` (one per row),
+    in partition order; one sort, the rows of a partition keep their order."""
+    order = pc.sort_indices(partitions)
+    table = table.take(order)
+    counts = np.bincount(partitions.to_numpy(zero_copy_only=False), minlength=total)
+    out, start = [], 0
+    for partition, count in enumerate(counts.tolist()):
+        if count:
+            out.append((partition, table.slice(start, count)))
+        start += count
+    return out
 
 
 def _chunks(column: pa.ChunkedArray | pa.Array) -> pa.Array:

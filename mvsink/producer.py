@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Producer
@@ -41,7 +40,7 @@ from mvsink.messages import (
     UpdatesArrow,
     desired_progress_key,
 )
-from mvsink.partitioning import partition_of, partitions_of
+from mvsink.partitioning import partition_of, partitions_of, split_by_partition
 from mvsink.rows import partition_keys
 from mvsink.updates import DIFF, ERR, TIME, normalize_updates, updates_to_ipc
 
@@ -134,15 +133,11 @@ class DesiredProducer:
         else:
             partitions = partitions_of(table, self.row_schema, self.config.partitions,
                                        self.config.partitioning)  # fmt: skip
-        order = pc.sort_indices(partitions)  # stable: a partition's updates keep their order
-        table = table.take(order)
-        counts = np.bincount(partitions.to_numpy(), minlength=self.config.partitions)
-        records: list[tuple[int, Updates | UpdatesArrow]] = []
-        start = 0
-        for partition, count in enumerate(counts.tolist()):
-            if count:
-                records.extend((partition, r) for r in self._records(table.slice(start, count)))
-            start += count
+        records = [
+            (partition, record)
+            for partition, rows in split_by_partition(table, partitions, self.config.partitions)
+            for record in self._records(rows)
+        ]
         return records, int(table.num_rows)
 
     def progress(

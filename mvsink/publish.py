@@ -45,7 +45,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import KafkaException, Producer
@@ -54,7 +53,7 @@ from mvsink.errors import ContractError, DecodeError, InvalidUsage
 from mvsink.frontier import Frontier
 from mvsink.kafka import client_config, last_record, produce
 from mvsink.messages import DesiredProgress, Progress
-from mvsink.partitioning import partitions_of
+from mvsink.partitioning import partitions_of, split_by_partition
 from mvsink.producer import DesiredProducer, arrow_records
 from mvsink.service import quiet_retries
 from mvsink.updates import DIFF, ERR, TIME, normalize_updates, part_schema
@@ -168,14 +167,9 @@ def _publish(batches: Iterable[pa.RecordBatch], spec: PublishSpec) -> Iterator[p
     for batch in batches:
         table = pa.Table.from_batches([batch])
         column = table.column(PARTITION)
-        order = pc.sort_indices(column)
-        table = table.take(order).drop_columns([PARTITION])
-        start = 0
-        counts = np.bincount(column.take(order).to_numpy(), minlength=spec.partitions)
-        for partition, count in enumerate(counts.tolist()):
-            if count:
-                pending.setdefault(partition, []).append(table.slice(start, count))
-            start += count
+        rows = table.drop_columns([PARTITION])
+        for partition, part in split_by_partition(rows, column.combine_chunks(), spec.partitions):
+            pending.setdefault(partition, []).append(part)
     done = [
         (p, *_publish_partition(spec, p, pa.concat_tables(pending[p]))) for p in sorted(pending)
     ]
