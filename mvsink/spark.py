@@ -80,6 +80,10 @@ def spark_session(
         "spark.driver.bindAddress": host if host.startswith("127.") else "0.0.0.0",
         "spark.driver.memory": "2g",
         "spark.python.worker.reuse": "true",
+        # The executor JVM talks to its Python workers over a Unix socket instead of loopback
+        # TCP: measured ~0.13 -> ~0.09 s for a 2-task no-op job here (the write service runs a
+        # job per batch description, so that is per-description latency).
+        "spark.python.unix.domain.socket.enabled": "true",
         "spark.log.level": "WARN",
         **({} if master.startswith("local") else {"spark.submit.pyFiles": str(code_zip())}),
         **(conf or {}),
@@ -171,6 +175,14 @@ def live_executors(spark: SparkSession) -> dict[str, str]:
     if len(found) > 1:
         found.pop("driver", None)  # on a cluster the driver runs no tasks
     return found
+
+
+def task_slots(spark: SparkSession) -> int:
+    """How many tasks the live executors run at once (their cores over `spark.task.cpus`), at
+    least 1. Not `defaultParallelism`, which `spark_session` sets to twice the cores."""
+    sc: Any = spark.sparkContext._jsc.sc()
+    profile = sc.resourceProfileManager().defaultResourceProfile()
+    return max(1, int(sc.maxNumConcurrentTasks(profile)))
 
 
 def run_pinned(

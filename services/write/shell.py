@@ -24,7 +24,7 @@ from mvsink.rows import parse_row_schema
 from mvsink.s3 import s3_client
 from mvsink.service import Stopping, writer_identity
 from mvsink.shard import AsOfBeforeSince, Shard, open_shard
-from mvsink.spark import live_executors, run_pinned
+from mvsink.spark import live_executors, run_pinned, task_slots
 from services.write.affinity import groups, place
 from services.write.compactor import Compactor
 from services.write.state import StageJob, WriteState
@@ -246,16 +246,18 @@ class WriteShell:
         slots = self.spark.sparkContext.defaultParallelism
         started = time.monotonic()
         found = set(self.spark.sparkContext.parallelize(range(slots), slots).map(warm_up).collect())
-        log.info("Spark %s: executors %s warmed up in %.2fs, code from %s",
+        log.info("Spark %s: executors %s warmed up in %.2fs, code from %s, %d task slots",
                  self.spark.sparkContext.master, sorted({e for e, _ in found}),
-                 time.monotonic() - started, sorted({c for _, c in found}))  # fmt: skip
+                 time.monotonic() - started, sorted({c for _, c in found}),
+                 task_slots(self.spark))  # fmt: skip
 
     def _run(self, specs: list[TaskSpec]) -> list[TaskResult]:
         """Run `specs` on their partitions' home executors (`services.write.affinity`)."""
         executors = live_executors(self.spark)
         placement = place((s.partition for s in specs), self.home, executors)
         by_partition = {s.partition: s for s in specs}
-        slots = max(1, self.spark.sparkContext.defaultParallelism // len(executors))
+        # One wave: `defaultParallelism` (twice the cores) made two, ~0.1-0.15 s more a job.
+        slots = max(1, task_slots(self.spark) // len(executors))
         work = [([by_partition[p] for p in group], executor)
                 for group, executor in groups(placement, slots)]  # fmt: skip
         results = run_pinned(self.spark, work, run_tasks)
@@ -300,6 +302,7 @@ class WriteShell:
     def _stage(self, job: StageJob) -> None:
         started = time.monotonic()
         results = self._run(self._specs(job.partitions, job))
+        ran = time.monotonic() - started
         if any(r.outdated for r in results):
             log.info("%s is outdated (the shard moved on): nothing reported", job.desc)
             return
@@ -324,9 +327,9 @@ class WriteShell:
             for r in results
             for step in r.seconds
         }
-        log.info("staged %s: partitions %s, %d parts, %d updates in %.2fs (slowest task's steps: %s)",
-                 desc, list(covered), len(parts), sum(p.updates for p in parts),
-                 time.monotonic() - started, steps)  # fmt: skip
+        log.info("staged %s: partitions %s, %d parts, %d updates in %.2fs (Spark job %.2fs, "
+                 "slowest task's steps: %s)", desc, list(covered), len(parts),
+                 sum(p.updates for p in parts), time.monotonic() - started, ran, steps)  # fmt: skip
 
     def _fold(self) -> None:
         results = self._run(self._specs(tuple(sorted(self.state.owned)), None))

@@ -1,5 +1,5 @@
 """Spark `local[*]`: executors write Parquet to object storage (pyarrow + the S3 client inside
-`mapInArrow`) and read it back."""
+`mapInArrow`) and read it back; the helpers the write service schedules its jobs with."""
 
 from __future__ import annotations
 
@@ -12,7 +12,13 @@ import pytest
 
 from mvsink.config import S3Settings
 from mvsink.s3 import get_bytes, s3_client
-from mvsink.spark import read_parquet_parts, write_parquet_parts
+from mvsink.spark import (
+    live_executors,
+    read_parquet_parts,
+    run_pinned,
+    task_slots,
+    write_parquet_parts,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -37,3 +43,18 @@ def test_executors_write_parquet_to_s3_and_read_it_back(
 
     back = read_parquet_parts(spark, s3_settings, [k for k, _, _ in written], schema)
     assert sorted(tuple(r) for r in back.collect()) == sorted(rows)
+
+
+def test_task_slots_are_the_cores_not_the_default_parallelism(spark: Any) -> None:
+    """`local[2,4]` runs 2 tasks at once; `defaultParallelism` says 4 (twice the cores), and
+    sizing the write jobs by it ran them in two waves."""
+    assert spark.sparkContext.defaultParallelism == 4
+    assert task_slots(spark) == 2
+
+
+def test_run_pinned_runs_every_item_once_in_order_over_unix_sockets(spark: Any) -> None:
+    conf = spark.sparkContext.getConf()
+    assert conf.get("spark.python.unix.domain.socket.enabled") == "true"
+    executor = next(iter(live_executors(spark)))
+    work = [("a b", executor), ("c", None), ("d e f", executor), ("", None)]
+    assert run_pinned(spark, work, str.split) == ["a", "b", "c", "d", "e", "f"]

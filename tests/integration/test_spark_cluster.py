@@ -79,7 +79,9 @@ def test_the_pipeline_converges_on_a_two_worker_cluster(
     assert all(d == 1 for d in contents(sink, upstream.frontier).values())
     text = write.text()
     assert f"Spark {cluster.url}: executors ['0', '1']" in text, text[-3000:]
-    assert "mvsink-code-" in text.split(" warmed up in ")[1].splitlines()[0]
+    warmed = text.split(" warmed up in ")[1].splitlines()[0]
+    assert "mvsink-code-" in warmed
+    assert warmed.endswith(", 2 task slots"), warmed  # one core per worker: one wave of 2 tasks
 
 
 def _moves(write: Service) -> list[str]:
