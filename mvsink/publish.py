@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from mvsink.errors import ContractError, DecodeError, InvalidUsage
 from mvsink.frontier import Frontier
@@ -229,8 +229,7 @@ def _publish_partition(spec: PublishSpec, partition: int, rows: pa.Table) -> tup
             _PRODUCERS.pop(key, None)
             with contextlib.suppress(Exception):
                 producer.abort_transaction(10)
-            fenced = isinstance(error, KafkaException) and error.args[0].fatal()
-            if kept and fenced:
+            if kept and is_fenced(error):
                 log.info("publish: the kept producer of desired partition %d was fenced by "
                          "another attempt since its last publish: a new one takes over", partition)  # fmt: skip
                 continue
@@ -238,6 +237,16 @@ def _publish_partition(spec: PublishSpec, partition: int, rows: pa.Table) -> tup
         if spec.hook is not None:
             spec.hook("committed", partition)
         return int(rows.num_rows), False
+
+
+def is_fenced(error: BaseException) -> bool:
+    """Whether `error` is the producer's fatal state (fenced). At the commit it is a fatal
+    `KafkaError`; a `produce` after the producer learned it mid-transaction raises plain
+    `_FATAL` ("Unable to produce message: Local: Fatal error"), whose `fatal()` is False."""
+    if not isinstance(error, KafkaException):
+        return False
+    kafka_error = error.args[0]
+    return bool(kafka_error.fatal() or kafka_error.code() == KafkaError._FATAL)
 
 
 def last_progress(bootstrap: str, topic: str, partition: int) -> Frontier | None:

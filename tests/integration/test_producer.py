@@ -226,14 +226,24 @@ def test_publish_dataframe_after_another_instance_took_a_partitions_transactiona
         other = Producer(client_config(sink.config.kafka_bootstrap,
                                        **{"transactional.id": f"{producer.producer_id}.p{partition}"}))  # fmt: skip
         other.init_transactions(30)
-    rows = [(f"b{i}", i, 1, 1) for i in range(30)]
-    assert publish_dataframe(spark.createDataFrame(rows, schema), producer, F(2)) == 30
+    # Hundreds of records a partition: the fencing surfaces at a `produce` as often as at the
+    # commit (librdkafka learns it from the transaction's first request, mid-publish).
+    rows = [(f"b{i}", i, 1, 1) for i in range(3000)]
+    tracker, group = spark.sparkContext.statusTracker(), f"fenced-{uuid.uuid4().hex[:6]}"
+    spark.sparkContext.setJobGroup(group, "publish with fenced kept producers")
+    try:
+        assert publish_dataframe(spark.createDataFrame(rows, schema), producer, F(2)) == 3000
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    stages = [s for j in tracker.getJobIdsForGroup(group) for s in tracker.getJobInfo(j).stageIds]
+    failed = sum(tracker.getStageInfo(s).numFailedTasks for s in stages)
+    assert failed == 0, f"{failed} task attempts failed: Spark's retry is not the recovery"
     arrow = parse_row_schema(sink.config.row_schema)
     got = Counter(
         u["k"] for _, record in read_desired(sink) if isinstance(record, UpdatesArrow)
         for u in updates_from_ipc(record.ipc, arrow).to_pylist()
     )  # fmt: skip
-    assert got == Counter([f"a{i}" for i in range(30)] + [f"b{i}" for i in range(30)])
+    assert got == Counter([f"a{i}" for i in range(30)] + [f"b{i}" for i in range(3000)])
 
 
 def test_cli_desired_send_and_advance(sink: Sink, tmp_path: Path) -> None:
