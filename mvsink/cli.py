@@ -495,7 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--systems",
         default="",
-        help="comma list of mvsink,peer,raw,mvsink-e2e,peer-e2e (default all)",
+        help="comma list of mvsink,peer,delta,raw,mvsink-e2e,peer-e2e (default all)",
     )
     bench.add_argument(
         "--wire",

@@ -164,3 +164,12 @@ def get_bytes(client: Minio, bucket: str, key: str) -> bytes:
     finally:
         response.close()
         response.release_conn()
+
+
+def prefix_bytes(client: Minio, bucket: str, prefix: str) -> tuple[int, int]:
+    """(objects, bytes) stored under `prefix` in `bucket`."""
+    count = total = 0
+    for obj in client.list_objects(bucket, prefix=prefix, recursive=True):
+        count += 1
+        total += obj.size or 0
+    return count, total

@@ -1,4 +1,4 @@
-"""`mvsink bench`: mvsink side by side with the peer a user would build instead and with the raw
+"""`mvsink bench`: mvsink side by side with the peers a user would build instead and with the raw
 limit, on the same workload, in one run.
 
 Workload: a view of `keys` rows `(key string, value long)`; tick 0 inserts every key, each later
@@ -9,7 +9,8 @@ the in-band `Progress` of the tick (and, for mvsink, `DesiredProgress` in `front
 
 Ticks go "as fast as the system takes them": closed loop, at most `in_flight` ticks published
 and not yet durable. Durable means: mvsink's shard upper passed the tick; the peer finished
-the micro-batch holding the tick's progress record; the raw loops wrote the tick's Parquet.
+the micro-batch holding the tick's progress record (for delta: merged it); the raw loops wrote
+the tick's Parquet.
 
 Systems, one after the other (never two at once on this box):
 1. mvsink: mint + write (Spark) + append, P partitions, A append workers; its write service on
@@ -17,8 +18,11 @@ Systems, one after the other (never two at once on this box):
    then the embedded standalone cluster scaled to 1 and 2 workers; columns `mvsink`,
    `mvsink-1w`, `mvsink-2w`, side by side on the same workload);
 2. peer: Structured Streaming, Kafka source -> `foreachBatch` -> Parquet (`mvsink.bench.systems`);
-3. raw: a consume-and-write loop per partition (`mvsink.bench.systems`).
-4. mvsink-e2e and peer-e2e: mvsink and the peer again, fed the way an upstream Spark job feeds
+3. delta: Structured Streaming, Kafka source -> `foreachBatch` -> consolidate -> Delta `MERGE`
+   by key into a Delta table on S3A (`mvsink.bench.systems`; figure `ratio_vs_delta`); its
+   table is read at the end and must equal the view;
+4. raw: a consume-and-write loop per partition (`mvsink.bench.systems`).
+5. mvsink-e2e and peer-e2e: mvsink and the peer again, fed the way an upstream Spark job feeds
    them: each tick's updates are a cached DataFrame, published from the executors with
    `mvsink.publish.publish_dataframe` (partitioning, encoding and producing are timed), so
    their updates/s and freshness run from the upstream's DataFrame to durable
@@ -31,31 +35,34 @@ updates (`producer_updates_per_cpu_s`, `producer_v1_updates_per_cpu_s`).
 Tick 0 (the initial load) is waited for and timed on its own, untimed in the figures; the
 steady-state ticks 1..N give updates/s and freshness (tick published -> durable) p50/p99. Also
 measured: peak RSS of every process tree, bytes read back per byte written (mvsink's write
-metrics; the others never read back), and whether the shard equals desired at the end.
-Writes `bench.json` and `bench.png` into `--out`.
+metrics; the Delta peer's S3A reads; the others never read back), the table's size in the
+bucket at the end (mvsink, delta), and whether the shard and the Delta table equal the view.
+Writes `bench.json` and `bench.png` into `--out`. How each system is driven (started, polled,
+finished) is `mvsink.bench.contenders`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
-import subprocess
-import sys
-import threading
 import time
-import urllib.request
 import uuid
-from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 
 from mvsink import Say
+from mvsink.bench.contenders import (
+    DeltaSystem,
+    MvsinkSystem,
+    PeerSystem,
+    RawSystem,
+    Run,
+    System,
+)
 from mvsink.bench.rss import RssSampler
 from mvsink.bench.workload import (
     ROW_SCHEMA,
@@ -67,15 +74,12 @@ from mvsink.bench.workload import (
     encode_ticks_timed,
 )
 from mvsink.config import Config, Topics, state_dir
-from mvsink.demo import service_env, start_services, stop_services
-from mvsink.kafka import drain, tail_consumer
-from mvsink.messages import ShardUpper
 from mvsink.provision import provision
-from mvsink.shard import open_shard
 
-SYSTEMS = ("mvsink", "peer", "raw", "mvsink-e2e", "peer-e2e")
-HEADINGS = {"mvsink": "mvsink", "peer": "peer (Spark SS)", "raw": "raw limit",
-            "mvsink-e2e": "mvsink end to end", "peer-e2e": "peer end to end"}  # fmt: skip
+SYSTEMS = ("mvsink", "peer", "delta", "raw", "mvsink-e2e", "peer-e2e")
+HEADINGS = {"mvsink": "mvsink", "peer": "peer (Spark SS)", "delta": "Delta MERGE",
+            "raw": "raw limit", "mvsink-e2e": "mvsink end to end",
+            "peer-e2e": "peer end to end"}  # fmt: skip
 #: Columns fed from the upstream's DataFrames (`DataFrameFeeder`) instead of encoded bytes.
 END_TO_END = "-e2e"
 
@@ -108,176 +112,6 @@ def variants(systems: tuple[str, ...], spark_master: str | None,
         else:
             found.append(Variant("mvsink", "mvsink", spark_master))
     return found
-
-
-# -- systems --------------------------------------------------------------------------------
-
-
-@dataclass
-class Run:
-    """What one system did with the workload."""
-
-    name: str
-    initial_load_s: float = 0.0
-    steady_s: float = 0.0
-    steady_updates: int = 0
-    freshness: list[float] = field(default_factory=list)
-    batch_seconds: list[float] = field(default_factory=list)
-    peak_rss_mib: dict[str, float] = field(default_factory=dict)
-    bytes_written: int = 0
-    bytes_read_back: int = 0
-    correct: bool | None = None
-    detail: str = ""
-    spark_master: str | None = None
-
-    @property
-    def updates_per_s(self) -> float:
-        return self.steady_updates / self.steady_s if self.steady_s else 0.0
-
-
-class System(ABC):
-    """A system under benchmark: started, fed, asked how many ticks are durable, stopped."""
-
-    name = ""
-
-    def __init__(self, config: Config, logs: Path) -> None:
-        self.config = config
-        self.logs = logs
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.ends: dict[int, dict[int, int]] = {}
-
-    @abstractmethod
-    def start(self) -> None:
-        """Start the system's processes."""
-
-    @abstractmethod
-    def durable(self) -> int:
-        """How many ticks (0..n-1) are durable."""
-
-    def check_alive(self) -> None:
-        for label, proc in self.procs.items():
-            if proc.poll() is not None:
-                raise BenchError(f"{self.name} process {label} exited with {proc.returncode}; "
-                                 f"log {self.logs / (label + '.log')}")  # fmt: skip
-
-    def stop(self) -> None:
-        stop_services(self.procs.values())
-
-    @abstractmethod
-    def finish(self, run: Run, final: pa.Table) -> None:
-        """Fill in what is only known at the end (correctness, bytes)."""
-
-
-class MvsinkSystem(System):
-    name = "mvsink"
-
-    def start(self) -> None:
-        for proc, label in zip(
-            start_services(self.config, self.logs), ("mint", "write", "append"), strict=True
-        ):
-            self.procs[label] = proc
-        self.upper = 0
-        self._frontiers = tail_consumer(self.config.kafka_bootstrap, self.config.topics.frontiers)
-
-    def durable(self) -> int:
-        for _, record in drain(self._frontiers):
-            if isinstance(record, ShardUpper) and record.shard_id == self.config.shard_id:
-                self.upper = max(self.upper, record.upper.time or 0)
-        return self.upper
-
-    def stop(self) -> None:
-        self._frontiers.close()
-        super().stop()
-
-    def finish(self, run: Run, final: pa.Table) -> None:
-        shard = open_shard(self.config.shard_id, None, self.config.s3)
-        snapshot = shard.snapshot(self.upper)
-        expected = {
-            (k, v)
-            for k, v in zip(
-                final.column("key").to_pylist(), final.column("value").to_pylist(), strict=True
-            )
-        }
-        got = snapshot.select(["key", "value", "_diff"]).to_pylist()
-        run.correct = (
-            all(r["_diff"] == 1 for r in got) and {(r["key"], r["value"]) for r in got} == expected
-        )
-        metrics = scrape(self.logs / "write.log")
-        run.bytes_written = int(metrics.get("mvsink_write_written_bytes_total", 0))
-        run.bytes_read_back = int(metrics.get("mvsink_write_read_back_bytes_total", 0))
-        run.detail = f"shard {len(got):,} rows at upper {{{self.upper}}}"
-
-
-def scrape(log: Path) -> dict[str, float]:
-    """The write service's Prometheus metrics (its port is in its log), summed over labels."""
-    # The last address: a restarted service logs a new one after the dead process's.
-    found = re.findall(r"metrics on (http://\S+/metrics)", log.read_text(errors="replace"))
-    if not found:
-        return {}
-    text = urllib.request.urlopen(found[-1], timeout=10).read().decode()
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.split("{")[0].split(" ")[0], float(line.rsplit(" ", 1)[1])
-            out[name] = out.get(name, 0.0) + value
-    return out
-
-
-class OffsetSystem(System):
-    """A `mvsink.bench.systems` process reporting durable offsets as JSON lines."""
-
-    #: Which `mvsink.bench.systems` loop runs (`name` is the column's, e.g. `peer-e2e`).
-    kind = ""
-
-    def start(self) -> None:
-        prefix = f"bench/{self.config.sink_id}"
-        cmd = [sys.executable, "-m", "mvsink.bench.systems", self.kind, self.config.topics.desired,
-               str(self.config.partitions), prefix, str(self.logs / "work")]  # fmt: skip
-        self.logs.mkdir(parents=True, exist_ok=True)
-        with (self.logs / f"{self.name}.log").open("ab") as err:
-            self.procs[self.name] = subprocess.Popen(cmd, env=service_env(self.config), stdout=subprocess.PIPE,
-                                                     stderr=err)  # fmt: skip
-        self.offsets: dict[int, int] = {}
-        self.batch_seconds: list[float] = []
-        self.rows = 0
-        self._lines = threading.Thread(target=self._read, daemon=True)
-        self._lines.start()
-
-    def _read(self) -> None:
-        stdout = self.procs[self.name].stdout
-        assert stdout is not None
-        for raw in stdout:
-            line = json.loads(raw)
-            if "batch" in line:
-                for partition, offset in line["offsets"].items():
-                    self.offsets[int(partition)] = max(self.offsets.get(int(partition), 0), offset)
-                self.batch_seconds.append(line["seconds"])
-            else:
-                self.offsets[line["partition"]] = max(
-                    self.offsets.get(line["partition"], 0), line["offset"]
-                )
-            self.rows += line["rows"]
-
-    def durable(self) -> int:
-        done = 0
-        while done in self.ends and all(
-            self.offsets.get(p, 0) >= o for p, o in self.ends[done].items()
-        ):
-            done += 1
-        return done
-
-    def finish(self, run: Run, final: pa.Table) -> None:
-        run.batch_seconds = list(self.batch_seconds)
-        run.correct = None  # neither corrects anything; what they wrote is counted instead
-        run.detail = f"{self.rows:,} updates written as Parquet, nothing read back"
-
-
-class PeerSystem(OffsetSystem):
-    name = kind = "peer"
-
-
-class RawSystem(OffsetSystem):
-    name = kind = "raw"
 
 
 def drive(system: System, feeder: Feeder | DataFrameFeeder, ticks: list[EncodedTick], in_flight: int, say: Say,
@@ -349,15 +183,18 @@ def run(config: Config, workload: Workload, out: Path, say: Say, in_flight: int 
                    partitioning=1 if wire == "avro" else config.partitioning)  # fmt: skip
     ticks, final, producer_rate = encode_ticks_timed(base, workload, say, wire)
     upstream: DataFrameFeeder | None = None
-    if "peer" in systems:
-        from mvsink.bench.systems import peer_jars
+    if {"peer", "delta"} & set(systems):
+        from mvsink.bench.systems import delta_jars, peer_jars
 
         peer_jars(say)  # resolve before timing anything
+        if "delta" in systems:
+            delta_jars(say)
     feeder = Feeder(config.kafka_bootstrap)
     runs: dict[str, Run] = {}
-    kinds: dict[str, type[MvsinkSystem | PeerSystem | RawSystem]] = {
+    kinds: dict[str, type[System]] = {
         "mvsink": MvsinkSystem,
         "peer": PeerSystem,
+        "delta": DeltaSystem,
         "raw": RawSystem,
     }
     columns = variants(systems, spark_master, spark_workers)
@@ -430,6 +267,7 @@ def _figures(
         "peer_updates_per_s": peer,
         "raw_updates_per_s": raw,
         "ratio_vs_peer": round(mv / peer, 3) if mv and peer else None,
+        "ratio_vs_delta": round(mv / delta, 3) if mv and (delta := rate("delta")) else None,
         "ratio_vs_raw": round(mv / raw, 3) if mv and raw else None,
         "ratio_e2e_vs_peer_e2e": (
             round(e2e / peer_e2e, 3)
@@ -451,6 +289,8 @@ def _figures(
         figures[f"{prefix}freshness_p99_s"] = round(percentile(result.freshness, 99), 3)
         figures[f"{name}_initial_load_s"] = round(result.initial_load_s, 2)
         figures[f"{name}_peak_rss_mib"] = result.peak_rss_mib
+        if result.table_bytes is not None:
+            figures[f"{name}_table_bytes"] = result.table_bytes
         figures[f"{name}_bytes_read_back_per_byte_written"] = (
             round(result.bytes_read_back / result.bytes_written, 4) if result.bytes_written else 0.0
         )
@@ -488,7 +328,11 @@ def _report(figures: dict[str, Any], say: Say) -> None:
         ("micro-batch latency p99", "{}batch_latency_p99_s", " s"),
         ("initial load (incl. start)", "{}initial_load_s", " s"),
         ("bytes read back / byte written", "{}bytes_read_back_per_byte_written", ""),
+        ("table in the bucket (MiB)", "{}table_mib", ""),
     ]
+    for name in names:  # shown in MiB
+        if f"{name}_table_bytes" in figures:
+            figures = {**figures, f"{name}_table_mib": figures[f"{name}_table_bytes"] / 2**20}
     for label, key, unit in rows:
         cells = []
         for name in names:
@@ -502,6 +346,9 @@ def _report(figures: dict[str, Any], say: Say) -> None:
             say(f"peak RSS {name:<25} {show(figures[f'{name}_peak_rss_mib'], ' MiB')}")
     say(f"ratio mvsink/peer {show(figures['ratio_vs_peer'])}   ratio mvsink/raw {show(figures['ratio_vs_raw'])}"
         f"   shard equals desired: {figures.get('mvsink_shard_equals_desired')}")  # fmt: skip
+    if figures.get("ratio_vs_delta") is not None:
+        say(f"ratio mvsink/Delta MERGE {show(figures['ratio_vs_delta'])}   Delta table equals the "
+            f"view: {figures.get('delta_shard_equals_desired')}")  # fmt: skip
     if figures.get("ratio_e2e_vs_peer_e2e") is not None:
         say(f"end to end (upstream DataFrame -> durable): ratio mvsink/peer "
             f"{show(figures['ratio_e2e_vs_peer_e2e'])}")  # fmt: skip

@@ -22,11 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from mvsink import Say
-from mvsink.bench.compare import (
-    MvsinkSystem,
-    save_figures,
-    scrape,
-)
+from mvsink.bench.compare import save_figures
+from mvsink.bench.contenders import MvsinkSystem, scrape
 from mvsink.bench.workload import (
     ROW_SCHEMA,
     BenchError,

@@ -1,4 +1,4 @@
-"""The two systems `mvsink bench` measures mvsink against, each run as its own process that
+"""The systems `mvsink bench` measures mvsink against, each run as its own process that
 prints one JSON line per unit of durable progress on stdout:
 
 * `peer`: what a user would build instead: Spark Structured Streaming reading `<topic>` with
@@ -6,14 +6,20 @@ prints one JSON line per unit of durable progress on stdout:
   micro-batch as Parquet to object storage in `foreachBatch` (one object per Kafka partition
   per batch, written by the executors). No read-back, no self-correction, no replicas. Line:
   `{"batch": id, "offsets": {partition: next offset}, "seconds": batch duration, "rows": n}`.
+* `delta`: what a user would build to keep a table equal to the view: the same source, each
+  micro-batch consolidated to one change per key and applied with Delta Lake's `MERGE` to a
+  Delta table over S3A (`delta_jars`, `delta_conf`). Lines as the peer's plus the S3A bytes
+  `read` and `written` by the batch; on SIGTERM its table's rows go to `WORKDIR/final.parquet`
+  and a `{"final": path, "rows": n}` line.
 * `raw`: the limit: one tight loop per partition (a thread each) consuming the topic and
   writing the updates of each tick (up to its in-band `Progress`) as one Parquet object, with
   no coordination at all. Line: `{"partition": p, "offset": next offset, "rows": n}`.
 
-Both decode the desired records with the same code as mvsink's write tasks
-(`mvsink.codec.decode` + `updates_from_ipc`), so the three differ only in what they do with
-the updates. Run: `python -m mvsink.bench.systems peer|raw TOPIC PARTITIONS PREFIX` with the
-S3 settings, row schema and bootstrap in the environment (`MVSINK_*`, as for the services).
+All decode the desired records with the same code as mvsink's write tasks
+(`mvsink.codec.decode` + `updates_from_ipc`), so they differ only in what they do with the
+updates. Run: `python -m mvsink.bench.systems peer|delta|raw TOPIC PARTITIONS PREFIX [WORKDIR]`
+with the S3 settings, row schema and bootstrap in the environment (`MVSINK_*`, as for the
+services).
 """
 
 from __future__ import annotations
@@ -25,11 +31,12 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mvsink import Say
@@ -56,6 +63,47 @@ def peer_jars(say: Say) -> list[str]:
                         f"Spark's Kafka source {version}",
                         [f"-Dspark.version={version}", f"-DincludeArtifactIds={PEER_ARTIFACTS}"])  # fmt: skip
     return sorted(str(p) for p in libs.glob("*.jar"))
+
+
+#: The groups of `maven/delta-peer.pom.xml` passed as `spark.jars` (see the POM).
+DELTA_GROUPS = (
+    "io.delta,org.apache.hadoop,software.amazon.awssdk,software.amazon.eventstream,"
+    "org.reactivestreams"
+)
+DELTA_EXCLUDED = (
+    "hadoop-client-api,hadoop-client-runtime,delta-kernel-api,delta-kernel-defaults,"
+    "delta-kernel-unitycatalog"
+)
+
+
+def delta_jars(say: Say) -> list[str]:
+    """Delta Lake for Spark 4.1 and the S3A filesystem (resolved once)."""
+    from mvsink.stack import jars
+
+    libs = jars.resolve("delta-peer.pom.xml", cache_dir() / "delta-peer" / "libs", say,
+                        "Delta Lake and S3A", [f"-DincludeGroupIds={DELTA_GROUPS}",
+                                               f"-DexcludeArtifactIds={DELTA_EXCLUDED}"])  # fmt: skip
+    return sorted(str(p) for p in libs.glob("*.jar"))
+
+
+def delta_conf(settings: S3Settings) -> dict[str, str]:
+    """Spark settings for Delta tables on `settings`' S3 endpoint through S3A."""
+    endpoint = settings.endpoint
+    if "://" not in endpoint:
+        endpoint = ("https://" if settings.secure else "http://") + endpoint
+    return {
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.hadoop.fs.s3a.endpoint": endpoint,
+        "spark.hadoop.fs.s3a.endpoint.region": settings.region or "us-east-1",
+        "spark.hadoop.fs.s3a.path.style.access": "true",
+        "spark.hadoop.fs.s3a.connection.ssl.enabled": str(settings.secure).lower(),
+        "spark.hadoop.fs.s3a.access.key": settings.access_key.reveal(),
+        "spark.hadoop.fs.s3a.secret.key": settings.secret_key.reveal(),
+        # A commit's snapshot is rebuilt in 50 tasks by default: on a small table on 2 cores
+        # that is most of a micro-batch.
+        "spark.databricks.delta.snapshotPartitions": "2",
+    }
 
 
 def decode_updates(values: Iterable[bytes], row_schema: pa.Schema) -> pa.Table | None:
@@ -127,16 +175,29 @@ def run_peer(config: Config, topic: str, prefix: str, work: Path) -> None:
         _emit({"batch": batch_id, "offsets": {r["partition"]: r["offset"] for r in done},
                "seconds": time.monotonic() - started, "rows": sum(r["rows"] for r in done)})  # fmt: skip
 
+    stream_until_sigterm(spark, config, topic, write_batch, work)
+    spark.stop()
+
+
+def stream_until_sigterm(
+    spark: Any, config: Config, topic: str, each_batch: Callable[[Any, int], None], work: Path
+) -> None:
+    """Read `topic` from the start with Spark's Kafka source (read_committed: desired is written
+    transactionally), `each_batch(batch, id)` per micro-batch, until SIGTERM.
+
+    Raises:
+        RuntimeError: the stream failed (its error).
+    """
     stream = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", config.kafka_bootstrap)
         .option("subscribe", topic)
-        .option("kafka.isolation.level", "read_committed")  # desired is written transactionally
+        .option("kafka.isolation.level", "read_committed")
         .option("startingOffsets", "earliest")
         .load()
     )
     query = (
-        stream.writeStream.foreachBatch(write_batch)
+        stream.writeStream.foreachBatch(each_batch)
         .option("checkpointLocation", str(work / "checkpoint"))
         .trigger(processingTime="0 seconds")
         .start()
@@ -145,8 +206,106 @@ def run_peer(config: Config, topic: str, prefix: str, work: Path) -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     while not stop.wait(0.5) and query.isActive:
         pass
+    if query.exception() is not None:
+        raise RuntimeError(f"the stream failed: {query.exception()}")
     query.stop()
+
+
+# -- delta --------------------------------------------------------------------------------------
+
+#: A micro-batch's changes as one row per key: the new value, or a delete (`upsert` false).
+MERGE = """
+MERGE INTO delta.`{table}` AS t
+USING {changes} AS c
+ON t.key = c.key
+WHEN MATCHED AND NOT c.upsert THEN DELETE
+WHEN MATCHED THEN UPDATE SET t.value = c.value
+WHEN NOT MATCHED AND c.upsert THEN INSERT (key, value) VALUES (c.key, c.value)
+"""
+
+
+def run_delta(config: Config, topic: str, prefix: str, work: Path) -> None:
+    """Structured Streaming: Kafka source -> foreachBatch -> consolidate -> Delta MERGE by key
+    into `s3a://<bucket>/<prefix>/table` (until SIGTERM; then the table's rows are written to
+    `work/final.parquet` and a `{"final": path, "rows": n}` line is printed). Lines as the
+    peer's, with the S3A bytes read and written since the last line."""
+    from pyspark.sql import functions as F
+
+    from mvsink.spark import spark_session
+
+    say = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    jars = peer_jars(say) + delta_jars(say)
+    settings, row_schema = config.s3, parse_row_schema(config.row_schema)
+    spark = spark_session("mvsink-bench-delta", shuffle_partitions=2,
+                          conf={"spark.jars": ",".join(jars), **delta_conf(settings)})  # fmt: skip
+    table = f"s3a://{settings.bucket}/{prefix}/table"
+    spark.createDataFrame([], "key string, value long").write.format("delta").mode(
+        "overwrite"
+    ).save(table)
+    io_bytes = _s3a_bytes(spark, table)
+    schema = "partition int, offset long, key string, value long, _diff long"
+
+    def decode_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        """Per Arrow batch (one Kafka partition's range): a marker row with its partition and
+        last offset (`key` null), then its updates."""
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            yield pa.RecordBatch.from_pydict({
+                "partition": pa.array([batch.column("partition")[0].as_py()], pa.int32()),
+                "offset": pa.array([pc.max(batch.column("offset")).as_py()], pa.int64()),
+                "key": pa.nulls(1, pa.string()), "value": pa.nulls(1, pa.int64()),
+                "_diff": pa.array([0], pa.int64()),
+            })  # fmt: skip
+            updates = decode_updates(batch.column("value").to_pylist(), row_schema)
+            if updates is not None:
+                n = updates.num_rows
+                yield from pa.Table.from_pydict({
+                    "partition": pa.nulls(n, pa.int32()), "offset": pa.nulls(n, pa.int64()),
+                    "key": updates.column("key"), "value": updates.column("value"),
+                    "_diff": updates.column("_diff"),
+                }).to_batches()  # fmt: skip
+
+    def merge_batch(batch: Any, batch_id: int) -> None:
+        started = time.monotonic()
+        decoded = (batch.select("partition", "offset", "value")
+                   .mapInArrow(decode_partition, schema).persist())  # fmt: skip
+        offsets = {r["partition"]: r["offset"] + 1 for r in decoded.where("key IS NULL")
+                   .groupBy("partition").agg(F.max("offset").alias("offset")).collect()}  # fmt: skip
+        updates = decoded.where("key IS NOT NULL")
+        rows = updates.count()
+        # Consolidate the micro-batch, then one change per key: its new value, or a delete.
+        net = updates.groupBy("key", "value").agg(F.sum("_diff").alias("d")).where("d != 0")
+        changes = net.groupBy("key").agg(
+            F.max(F.when(F.col("d") > 0, F.col("value"))).alias("value"),
+            (F.max("d") > 0).alias("upsert"),
+        )
+        name = f"changes_{batch_id}"
+        changes.createOrReplaceTempView(name)
+        batch.sparkSession.sql(MERGE.format(table=table, changes=name))
+        batch.sparkSession.catalog.dropTempView(name)
+        decoded.unpersist()
+        read, written = _s3a_bytes(spark, table)
+        _emit({"batch": batch_id, "offsets": offsets, "seconds": time.monotonic() - started,
+               "rows": rows, "read": read - io_bytes[0], "written": written - io_bytes[1]})  # fmt: skip
+        io_bytes[0], io_bytes[1] = read, written
+
+    stream_until_sigterm(spark, config, topic, merge_batch, work)
+    final = spark.read.format("delta").load(table).toArrow()
+    work.mkdir(parents=True, exist_ok=True)
+    pq.write_table(final, work / "final.parquet")
+    _emit({"final": str(work / "final.parquet"), "rows": final.num_rows})
     spark.stop()
+
+
+def _s3a_bytes(spark: Any, path: str) -> list[int]:
+    """Bytes the S3A filesystem of `path` has read and written in this process so far."""
+    jvm = spark.sparkContext._jvm
+    uri = jvm.java.net.URI(path)
+    fs = jvm.org.apache.hadoop.fs.FileSystem.get(uri, spark.sparkContext._jsc.hadoopConfiguration())
+    stats = fs.getStorageStatistics()
+    return [int(stats.getLong("stream_read_bytes") or 0),
+            int(stats.getLong("stream_write_bytes") or 0)]  # fmt: skip
 
 
 # -- raw ----------------------------------------------------------------------------------------
@@ -203,11 +362,13 @@ def run_raw(config: Config, topic: str, partitions: int, prefix: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m mvsink.bench.systems peer|raw TOPIC PARTITIONS PREFIX [WORKDIR]`."""
+    """`python -m mvsink.bench.systems peer|delta|raw TOPIC PARTITIONS PREFIX [WORKDIR]`."""
     which, topic, partitions, prefix = argv[0], argv[1], int(argv[2]), argv[3]
     config = load_config()
     if which == "peer":
         run_peer(config, topic, prefix, Path(argv[4]))
+    elif which == "delta":
+        run_delta(config, topic, prefix, Path(argv[4]))
     else:
         run_raw(config, topic, partitions, prefix)
     return 0

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mvsink.errors import InvalidUsage
+from mvsink.s3 import prefix_bytes
 from mvsink.settings import CompactionPolicy, S3Settings, Timing
 from mvsink.shard.parts import merge_updates
 from mvsink.shard.state import MergeRequest, PartRef, maybe_merge, merge_all, select_parts
@@ -200,11 +201,7 @@ def compact_once(
 
 def shard_table_bytes(shard: Shard) -> tuple[int, int]:
     """(objects, bytes) under the shard's prefix in the bucket: live, retained and garbage."""
-    count = total = 0
-    for obj in shard.client.list_objects(shard.bucket, prefix=f"{shard.prefix}/", recursive=True):
-        count += 1
-        total += obj.size or 0
-    return count, total
+    return prefix_bytes(shard.client, shard.bucket, f"{shard.prefix}/")
 
 
 __all__ = [

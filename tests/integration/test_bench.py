@@ -1,6 +1,6 @@
 """`mvsink bench` end to end on the real stack (small workloads): the systems run (also fed
-from DataFrames published by executors), the figures land in JSON and a PNG, the shard equals
-desired; the restart and read-only benchmarks run and report. Figures are printed, never asserted (DEVELOPERS.md: ratios, not timings)."""
+from DataFrames published by executors), the figures land in JSON and a PNG, the shard and the
+Delta MERGE peer's table equal the view; the restart and read-only benchmarks run and report. Figures are printed, never asserted (DEVELOPERS.md: ratios, not timings)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def bench(kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, *args: 
     return done.stderr
 
 
-def test_bench_compares_mvsink_peer_and_raw(
+def test_bench_compares_mvsink_peer_delta_and_raw(
     kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
@@ -37,6 +37,12 @@ def test_bench_compares_mvsink_peer_and_raw(
                 "ratio_vs_raw", "freshness_p50_s", "freshness_p99_s"):  # fmt: skip
         assert isinstance(figures[key], float) and figures[key] > 0, key
     assert figures["mvsink_shard_equals_desired"] is True
+    # The Delta MERGE peer maintains the view too: its table, read at the end, equals it.
+    assert isinstance(figures["ratio_vs_delta"], float) and figures["ratio_vs_delta"] > 0
+    assert figures["delta_shard_equals_desired"] is True
+    assert figures["delta_bytes_read_back_per_byte_written"] > 0  # MERGE rewrites files
+    assert figures["delta_table_bytes"] > 0 and figures["mvsink_table_bytes"] > 0
+    assert "ratio mvsink/Delta MERGE" in text and "table in the bucket (MiB)" in text
     # Fed from the upstream's DataFrames (publish_dataframe from the executors), end to end.
     for key in ("mvsink-e2e_updates_per_s", "peer-e2e_updates_per_s", "ratio_e2e_vs_peer_e2e",
                 "producer_updates_per_cpu_s", "producer_v1_updates_per_cpu_s"):  # fmt: skip

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mvsink.bench.compare import OffsetSystem, percentile
+from mvsink.bench.compare import percentile
+from mvsink.bench.contenders import OffsetSystem
 from mvsink.bench.workload import Workload
 from mvsink.config import load_config
 
