@@ -155,7 +155,12 @@ class Feeder:
     """Publishes encoded ticks; returns each tick's end offsets per partition."""
 
     def __init__(self, bootstrap: str) -> None:
-        self.producer = Producer(client_config(bootstrap, **{"linger.ms": 5}))
+        # Idempotent: without it a retried request (e.g. the first tick's, sent before a new
+        # topic's leaders were known) can land after the tick's `Progress`, and the sinks then
+        # rightly refuse its updates as below the partition's progress.
+        self.producer = Producer(
+            client_config(bootstrap, **{"linger.ms": 5, "enable.idempotence": True})
+        )
         self.header: list[tuple[str, str | bytes | None]] = [
             (SCHEMA_HEADER, schema_header(Progress(Frontier.at(0))).encode())
         ]
