@@ -25,7 +25,6 @@ from typing import Generic, TypeVar
 from mvsink.frontier import Frontier
 
 D = TypeVar("D", bound=Hashable)
-Update = tuple[D, int, int]
 
 
 def consolidate(updates: Iterable[tuple[D, int, int]]) -> list[tuple[D, int, int]]:
