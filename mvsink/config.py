@@ -6,7 +6,7 @@ Sources, later ones winning:
 2. the endpoints and credentials of the embedded stack, if `mvsink stack up` is running one
    under the state directory (so `mvsink ...` just works after `mvsink stack up`);
 3. a TOML file (`--config PATH` or `MVSINK_CONFIG`) with tables `[sink]`, `[kafka]`, `[s3]`,
-   `[spark]`, `[shard]`, `[service]`;
+   `[spark]`, `[shard]`, `[service]`, `[ct]`;
 4. environment variables `MVSINK_*` (see `FIELDS`).
 
 Credentials come only from the environment or from secret files (`MVSINK_S3_ACCESS_KEY_FILE`,
@@ -29,7 +29,7 @@ from mvsink.partitioning import KNOWN as KNOWN_PARTITIONINGS
 from mvsink.settings import CompactionPolicy, S3Settings, Secret, Timing
 
 __all__ = ["FIELDS", "MEANINGS", "REPO_ROOT", "CompactionPolicy", "Config", "S3Settings", "Secret", "Timing", "Topics",
-           "cache_dir", "config_env", "load_config", "settings_help", "state_dir"]  # fmt: skip
+           "cache_dir", "config_env", "load_config", "read_toml", "settings_help", "state_dir"]  # fmt: skip
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 #: The shard library's own defaults are the configuration's.
@@ -124,6 +124,8 @@ class Config:
     compaction: bool = True
     compaction_max_batches: int = _POLICY.max_batches
     compaction_max_amplification: float = _POLICY.max_amplification
+    #: The continual task service's task definition file (`services.ct.definition`).
+    ct_task: str = ""
 
     def shard_timing(self) -> Timing:
         """The shard library's `Timing` of this configuration."""
@@ -253,6 +255,7 @@ FIELDS: tuple[FieldSpec, ...] = (
         "MVSINK_SHARD_MAX_AMPLIFICATION",
         float,
     ),
+    FieldSpec("ct_task", "ct", "task", "MVSINK_CT_TASK", str),
 )
 
 DEFAULTS: Mapping[str, Any] = {
@@ -286,6 +289,7 @@ DEFAULTS: Mapping[str, Any] = {
         "request_timeout")},
     "compaction_max_batches": _POLICY.max_batches,
     "compaction_max_amplification": _POLICY.max_amplification,
+    "ct_task": "",
 }  # fmt: skip
 
 
@@ -326,6 +330,7 @@ MEANINGS: Mapping[str, str] = {
     "compaction": "whether the write service compacts the shard",
     "compaction_max_batches": "never keep more live batches than this",
     "compaction_max_amplification": "merge all once newer batches hold this many times the oldest one's updates",
+    "ct_task": "the continual task's definition file (python -m services.ct)",
 }
 
 
@@ -372,13 +377,21 @@ def config_env(config: Config) -> dict[str, str]:
             else str(flat[spec.name]) for spec in FIELDS}  # fmt: skip
 
 
-def _from_file(path: Path) -> dict[str, Any]:
+def read_toml(path: Path, what: str = "config file") -> dict[str, Any]:
+    """The TOML document at `path`; a `ConfigError` naming `what` and the path if it is missing,
+    unreadable or not TOML."""
     try:
-        document = tomllib.loads(path.read_text())
+        return tomllib.loads(path.read_text())
     except FileNotFoundError as error:
-        raise ConfigError(f"config file {path} does not exist") from error
+        raise ConfigError(f"{what} {path} does not exist") from error
+    except OSError as error:
+        raise ConfigError(f"{what} {path}: {error.strerror}") from error
     except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"config file {path} is not valid TOML: {error}") from error
+        raise ConfigError(f"{what} {path} is not valid TOML: {error}") from error
+
+
+def _from_file(path: Path) -> dict[str, Any]:
+    document = read_toml(path)
     known = {(f.section, f.key): f for f in FIELDS}
     values: dict[str, Any] = {}
     for section, table in document.items():
@@ -480,4 +493,5 @@ def _build(values: Mapping[str, Any]) -> Config:
         compaction=values["compaction"],
         compaction_max_batches=values["compaction_max_batches"],
         compaction_max_amplification=values["compaction_max_amplification"],
+        ct_task=values["ct_task"],
     )

@@ -14,12 +14,13 @@ import pytest
 
 from mvsink.config import DEFAULTS, FIELDS, MEANINGS, REPO_ROOT
 
-SERVICES = ("mint", "write", "append")
+SERVICES = ("mint", "write", "append", "ct")
 
 
-def _run(service: str, *args: str, state: Path) -> subprocess.CompletedProcess[str]:
+def _run(service: str, *args: str, state: Path, **extra: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")}
     env["MVSINK_STATE_DIR"] = str(state)  # an empty home: no embedded stack to find
+    env.update(extra)
     return subprocess.run([sys.executable, "-m", f"services.{service}", *args], cwd=REPO_ROOT,
                           env=env, text=True, capture_output=True, timeout=120)  # fmt: skip
 
@@ -76,3 +77,16 @@ def test_an_unknown_option_is_refused_with_the_usage(tmp_path: Path) -> None:
     result = _run("write", "--partitions", "3", state=tmp_path)
     assert result.returncode == 2
     assert "usage: python -m services.write" in result.stderr
+
+
+def test_the_ct_service_names_what_is_wrong_with_its_task(tmp_path: Path) -> None:
+    endpoints = {"MVSINK_KAFKA_BOOTSTRAP": "127.0.0.1:9", "MVSINK_S3_ENDPOINT": "127.0.0.1:9"}
+    result = _run("ct", state=tmp_path, **endpoints)
+    assert result.returncode == 2
+    assert "no continual task: set [ct] task or MVSINK_CT_TASK" in result.stderr
+    task = tmp_path / "task.toml"
+    task.write_text('name = "t"\nlogic = ["UPDATE out SET a = 1"]\n[inputs]\nsrc = "in"\n'
+                    '[output]\nname = "out"\nshard = "out"\nschema = "a long"\n')  # fmt: skip
+    result = _run("ct", state=tmp_path, MVSINK_CT_TASK=str(task), **endpoints)
+    assert result.returncode == 2
+    assert f"{task}: logic statement 'UPDATE out SET a = 1': use INSERT INTO out" in result.stderr

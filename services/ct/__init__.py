@@ -4,19 +4,46 @@
 the same `T`. It never rewrites the past when references change later, and reacts only to new
 input, so rehydration does not depend on the inputs' history.
 
-What exists so far is the pure core, `services.ct.state` (`times_extract`, `TimesReduce`,
-`step_forward`, `SinkState`), and `services.ct.sink.truncating_compare_and_append` over the
-shard library. The service around them (`python -m services.ct`), the task definitions and the
-demo are not built yet (issue 15).
+```
+ input shards ──(changes from the output's upper)──▶ times_extract ─▶ TimesReduce ─▶ append_times
+      │                                                                                 │
+      └──▶ changes at T ─┐                                                              ▼
+ reference shards (as of T) ─▶ logic on Spark (SQL statements in order) ─▶ to_append ─▶ SinkState
+ output as of T-1 (step_forward) ─┘                                                     │
+                                            truncating_compare_and_append ◀─────────────┘
+                                                       │
+                                               output shard at T
+```
 
-Invariants (of `SinkState.process`)
-------------------------------------
+A task is a TOML file (`services.ct.definition`; examples in `examples/ct/`): its inputs,
+references, output shard and row schema, `as_of`, whether the first run sees the inputs'
+snapshot, and the logic as ordered `INSERT INTO <output> <query>` / `DELETE FROM <output>
+WHERE ...` statements. `python -m services.ct` runs one task (`[ct] task` / `MVSINK_CT_TASK`);
+`mvsink ct run|show|demo` run, inspect and demonstrate them.
+
+Modules: `state` (the seed's operators, pure), `definition` (the task file), `logic` (one time's
+statements on Spark), `sink` (`truncating_compare_and_append`), `shell` (the process).
+
+Invariants (of `SinkState.process` and the shell)
+-------------------------------------------------
 1. Data is written only at an *append time*: a time at which some input changed, once the
-   append times' progress has passed it (times may arrive out of order).
+   append times' progress (the meet of the inputs' uppers) has passed it.
 2. Between append times the output's upper moves forward with no data.
-3. A write at `T` holds the to-append collection as of `T` (earlier times advanced to `T`,
-   consolidated), and moves the upper to `T+1`.
+3. A write at `T` holds the logic's diffs at `T` (consolidated), and moves the upper to `T+1`.
+   The seed's inputs are their changes retracted again at `T+1`, so its `to_append`
+   consolidates to the diffs at `T` alone; here the diffs of times the upper passed are dropped
+   after each write, to the same effect.
 4. Replicas race; a write whose time the output's upper has already passed is dropped, not
    retried (`truncating_compare_and_append`: the seed's HA strategy, losers throw away their
-   result).
+   result and read the winner's output).
+5. A restart reads the inputs from the output's upper only: input batches wholly before it are
+   never read. Each input and reference is leased at the output's upper (one lease per task,
+   `ct.<name>`), so its `since` cannot pass the restart point while the task lives; a task down
+   longer than `reader_lease` refuses to start if an input was compacted past its upper.
+
+Every time an input changed at runs the logic, even if the input's diffs at it cancel (an update
+of a row is a retraction and an insertion at one time); the seed's `times_extract` would drop
+such a time (a seed quirk, kept and tested in `state`).
+
+Not built yet (issue 15): read-only mode and `promote`, the task in the compose deployment.
 """

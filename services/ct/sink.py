@@ -3,17 +3,29 @@ function of `services.ct` that touches the shard."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import pyarrow as pa
 
 from mvsink.frontier import Frontier
 from mvsink.shard import Appended, Shard
 
 
+class Truncated(NamedTuple):
+    """The outcome of a truncating compare-and-append."""
+
+    #: The latest upper known after it (`new_upper` when `written`; at or past it when a
+    #: racing replica got there first, before it only if the shard's upper regressed, never).
+    upper: Frontier
+    #: Whether this call appended the batch (False: a replica wrote these times; drop ours).
+    written: bool
+
+
 def truncating_compare_and_append(
     shard: Shard, updates: pa.Table, new_upper: Frontier, writer_id: str
-) -> Frontier:
+) -> Truncated:
     """Append `updates` (all at times before `new_upper`) as the batch `[upper, new_upper)` from
-    the shard's current upper; the latest upper known after it.
+    the shard's current upper.
 
     A write the upper has already reached or passed is dropped, not retried: a racing replica
     wrote that time first and its result stands (the seed's HA strategy). When the upper moved
@@ -32,7 +44,7 @@ def truncating_compare_and_append(
         parts = [shard.stage(updates, expected, new_upper, writer_id)] if updates.num_rows else []
         result = shard.compare_and_append(parts, expected, new_upper)
         if isinstance(result, Appended):
-            return new_upper
+            return Truncated(new_upper, True)
         shard.delete_staged(parts)
         expected = result.current
-    return expected
+    return Truncated(expected, False)

@@ -38,9 +38,9 @@ def output(s3_settings: S3Settings) -> Shard:
 
 
 def test_writes_from_the_upper_and_reports_the_new_one(output: Shard) -> None:
-    assert truncating_compare_and_append(output, _updates(), F(3), "r1") == F(3)  # no data
+    assert truncating_compare_and_append(output, _updates(), F(3), "r1") == (F(3), True)  # no data
     written = _updates(("a", 1, 3, 1))
-    assert truncating_compare_and_append(output, written, F(4), "r1") == F(4)
+    assert truncating_compare_and_append(output, written, F(4), "r1") == (F(4), True)
     assert output.upper() == F(4) and _contents(output, 3) == {("a", 1): 1}
     batches = output.state().batches
     assert [(b.lower, b.upper) for b in batches] == [(F(3), F(4))]
@@ -49,10 +49,16 @@ def test_writes_from_the_upper_and_reports_the_new_one(output: Shard) -> None:
 def test_a_time_another_replica_wrote_is_dropped_not_retried(output: Shard) -> None:
     truncating_compare_and_append(output, _updates(("a", 1, 0, 1)), F(1), "r1")
     # r2 computed the same time from a stale view: the upper is there, its result is dropped
-    assert truncating_compare_and_append(output, _updates(("b", 2, 0, 1)), F(1), "r2") == F(1)
+    assert truncating_compare_and_append(output, _updates(("b", 2, 0, 1)), F(1), "r2") == (
+        F(1),
+        False,
+    )
     # and one the upper passed too: the latest upper comes back
     truncating_compare_and_append(output, _updates(), F(5), "r1")
-    assert truncating_compare_and_append(output, _updates(("c", 3, 2, 1)), F(3), "r2") == F(5)
+    assert truncating_compare_and_append(output, _updates(("c", 3, 2, 1)), F(3), "r2") == (
+        F(5),
+        False,
+    )
     assert _contents(output, 4) == {("a", 1): 1}
     assert _part_keys(output, "r2") == []  # nothing staged for a dropped write
 
@@ -69,12 +75,12 @@ def test_an_upper_moved_by_a_racing_replica_truncates_the_batch(
 
     def racing(parts: Any, expected: Frontier, new_upper: Frontier) -> Any:
         if not raced:
-            raced.append(truncating_compare_and_append(replica, _updates(), F(2), "r2"))
+            raced.append(truncating_compare_and_append(replica, _updates(), F(2), "r2").upper)
         return original(parts, expected, new_upper)
 
     output.compare_and_append = racing  # type: ignore[method-assign]
     written = _updates(("a", 1, 2, 1), ("b", 1, 2, 1))
-    assert truncating_compare_and_append(output, written, F(3), "r1") == F(3)
+    assert truncating_compare_and_append(output, written, F(3), "r1") == (F(3), True)
     assert raced == [F(2)]
     assert [(b.lower, b.upper) for b in output.state().batches] == [(F(2), F(3))]
     assert _contents(output, 2) == {("a", 1): 1, ("b", 1): 1}

@@ -1,0 +1,9 @@
+"""`python -m services.ct`: one continual task's process (a Spark driver)."""
+
+import sys
+
+import services.ct
+from mvsink.service import run_service
+from services.ct.shell import run
+
+sys.exit(run_service("ct", run, services.ct.__doc__))

@@ -1,0 +1,313 @@
+"""The continual task process: follows its inputs' shards from the output's upper, runs the logic
+on Spark at every time an input changed at, and writes the result at that time with the seed's
+`truncating_compare_and_append`. All decisions of what to write when are `SinkState`'s.
+
+Steps of `ContinualTask`:
+1. `start`: open the output (created with the definition's schema on first use) and move its
+   upper to `as_of`; lease every input and reference at the output's upper (their `since` may
+   not pass it, so the changes from there stay readable at their own times); read the output's
+   contents as of its upper (the self-reference);
+2. `poll`: for each input whose upper moved, read only the batches that overlap
+   `[read upper, new upper)` (a restart starts at the output's upper: input history behind it
+   is never read), keep the changes, release the times at which they changed once every
+   input's upper has passed them (`times_extract`, `TimesReduce`);
+3. `work`: ask `SinkState.process` for the next write; when it waits for the data of an append
+   time, run the logic at that time (inputs' changes at it, references as of it, the output as
+   of the time before) and hand it the diffs; write with `truncating_compare_and_append`: a
+   time a racing replica wrote first is dropped, and the output's contents read again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from prometheus_client import Counter, Gauge
+
+from mvsink.config import Config
+from mvsink.errors import ConfigError, MvsinkError
+from mvsink.frontier import Frontier, meet_all
+from mvsink.health import report
+from mvsink.rows import row_decoder, row_encoder
+from mvsink.service import Stopping, writer_identity
+from mvsink.settings import S3Settings, Timing
+from mvsink.shard import AsOfBeforeSince, PartGone, Shard, open_shard
+from mvsink.updates import DIFF, TIME, advance_times, normalize_updates, part_schema
+from services.ct.definition import Definition, load_definition
+from services.ct.logic import consolidate, run_logic
+from services.ct.sink import truncating_compare_and_append
+from services.ct.state import SinkState, TimesReduce, times_extract
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("mvsink.ct")
+
+OUTPUT_UPPER = Gauge("mvsink_ct_output_upper", "The output shard's upper", ["task"])
+INPUT_FRONTIER = Gauge("mvsink_ct_input_frontier", "The meet of the inputs' uppers read", ["task"])
+WRITTEN = Counter("mvsink_ct_times_written", "Append times written with data", ["task"])
+DROPPED = Counter("mvsink_ct_times_dropped", "Writes a racing replica got to first", ["task"])
+INPUT_BYTES = Counter("mvsink_ct_input_bytes_read", "Bytes of input parts read", ["task"])
+LOGIC_SECONDS = Counter("mvsink_ct_logic_seconds", "Seconds spent running the logic", ["task"])
+#: How often a lease is renewed at the latest, as a share of its duration.
+RENEW_SHARE = 1 / 3
+
+
+class ContinualTask:
+    """One replica of a continual task. Not thread-safe: one loop calls `poll` and `work`."""
+
+    def __init__(self, definition: Definition, s3: S3Settings, timing: Timing,
+                 spark: SparkSession, writer_id: str) -> None:  # fmt: skip
+        self.definition = definition
+        self.spark = spark
+        self.writer_id = writer_id
+        self.timing = timing
+        #: One lease per task, shared by its replicas (a renewal never moves a hold back).
+        self.reader_id = f"ct.{definition.name}"
+        self.output = open_shard(definition.output_shard, definition.output_schema, s3, timing)
+        self.readers: dict[str, Shard] = {
+            name: open_shard(shard_id, None, s3, timing)
+            for name, shard_id in definition.shards().items()
+        }
+        self.sink: SinkState[bytes] = SinkState()
+        self.times = TimesReduce()
+        #: Per input: the upper through which its changes are read, and the changes kept.
+        self.read_upper: dict[str, Frontier] = {}
+        self.pending: dict[str, pa.Table] = {}
+        #: The output's contents as of `sink.output_progress - 1` (the self-reference).
+        self.contents = part_schema(definition.output_schema).empty_table()
+        self.start_upper = Frontier.minimum()
+        self.snapshot_first = False
+        self.bytes_read = 0
+        self.times_written = 0
+        self.times_dropped = 0
+        self._logic_seconds = 0.0
+        self._held: tuple[Frontier, float] | None = None
+        self._encode = row_encoder(definition.output_schema)
+        self._decode = row_decoder(definition.output_schema)
+
+    # -- 1. start ---------------------------------------------------------------------------
+
+    def start(self) -> Frontier:
+        """Bring the output to `as_of`, lease the shards read, read the output; its upper."""
+        as_of = Frontier.at(self.definition.as_of)
+        upper = self.output.upper()
+        if upper.less_than(as_of):
+            upper = truncating_compare_and_append(self.output, self._table([]), as_of,
+                                                  self.writer_id).upper  # fmt: skip
+        self.start_upper = upper
+        self.snapshot_first = self.definition.snapshot and upper == as_of
+        self._hold(upper, force=True)
+        for name in self.definition.inputs:
+            self.read_upper[name] = upper
+            self.pending[name] = part_schema(self.readers[name].schema).empty_table()
+        self.sink = SinkState(output_progress=upper, to_append_progress=upper)
+        self.contents = self.output.snapshot(upper)
+        OUTPUT_UPPER.labels(self.definition.name).set(_time(upper))
+        log.info("continual task %s starts at output upper %s (as_of %d%s), inputs %s",
+                 self.definition.name, upper, self.definition.as_of,
+                 ", with the inputs' snapshot" if self.snapshot_first else "",
+                 {n: self.readers[n].shard_id for n in self.definition.inputs})  # fmt: skip
+        return upper
+
+    def _hold(self, upper: Frontier, force: bool = False) -> None:
+        """Keep every read shard's `since` at or before `upper` (the restart point): renew when
+        the hold moved (at most once a second) or a share of the lease has passed."""
+        now = time.monotonic()
+        if not force and self._held is not None:
+            held, at = self._held
+            age = now - at
+            if age < self.timing.reader_lease * RENEW_SHARE and (held == upper or age < 1.0):
+                return
+        for name, shard in self.readers.items():
+            try:
+                shard.lease(self.reader_id, upper)
+            except AsOfBeforeSince as error:
+                raise MvsinkError(
+                    f"continual task {self.definition.name}: {name} ({shard.shard_id}) is "
+                    f"compacted past the output's upper {upper}, so its changes from there are "
+                    f"no longer apart by time ({error}). Its lease lapsed: the task was down "
+                    f"longer than reader_lease ({self.timing.reader_lease:.0f}s)"
+                ) from error
+        self._held = (upper, now)
+
+    # -- 2. poll ----------------------------------------------------------------------------
+
+    def poll(self) -> bool:
+        """Read what the inputs appended since the last poll; whether any input's upper moved."""
+        moved = False
+        for name in self.definition.inputs:
+            moved |= self._read_input(name)
+        progress = meet_all(list(self.read_upper.values()))
+        if self.sink.append_times_progress.less_than(progress):
+            self.sink.append_times.update(t for t, _ in self.times.advance(progress))
+            self.sink.append_times_progress = progress
+            INPUT_FRONTIER.labels(self.definition.name).set(_time(progress))
+        return moved
+
+    def _read_input(self, name: str) -> bool:
+        shard, lower = self.readers[name], self.read_upper[name]
+        state = shard.state()
+        if not lower.less_than(state.upper):
+            return False
+        first = self.snapshot_first and lower == self.start_upper
+        selected = shard.parts_for(None, Frontier.minimum() if first else lower, state.upper,
+                                   state=state)  # fmt: skip
+        try:
+            table = shard.read_parts(selected)
+        except PartGone:
+            return False  # a merge replaced a part: the next poll reads the latest version
+        read = sum(choice.part.bytes for choice in selected)
+        self.bytes_read += read
+        INPUT_BYTES.labels(self.definition.name).inc(read)
+        times = table.column(TIME)
+        keep = pc.less(times, state.upper.time) if state.upper.time is not None else None
+        if not first and lower.time is not None:
+            at_or_after = pc.greater_equal(times, lower.time)
+            keep = at_or_after if keep is None else pc.and_(keep, at_or_after)
+        if keep is not None:
+            table = table.filter(keep)
+        if first and self.start_upper.time is not None:
+            # The snapshot: the contents before the start are changes at the start.
+            table = advance_times(table, self.start_upper.time, self.start_upper.time)
+        self.pending[name] = pa.concat_tables([self.pending[name], table])
+        # Every update counts once: a time at which an input changed runs the logic even if its
+        # diffs cancel (an update is a retraction and an insertion at one time).
+        _, changed = times_extract(list(zip(itertools.repeat(None),
+                                            table.column(TIME).to_pylist(),
+                                            itertools.repeat(1, table.num_rows))))  # fmt: skip
+        self.times.absorb(changed)
+        self.read_upper[name] = state.upper
+        return True
+
+    # -- 3. work ----------------------------------------------------------------------------
+
+    def work(self) -> int:
+        """Write everything that can be written now; how many writes were made."""
+        writes = 0
+        while True:
+            step = self.sink.process()
+            if step is None:
+                write_ts = self._data_needed()
+                if write_ts is None or not self._run(write_ts):
+                    return writes
+                continue
+            new_upper, updates = step
+            self._write(new_upper, updates)
+            writes += 1
+
+    def _data_needed(self) -> int | None:
+        """The append time whose data `process` waits for, once the output is right before it."""
+        sink = self.sink
+        pending = [t for t in sink.append_times
+                   if sink.output_progress.less_equal_time(t)
+                   and not sink.append_times_progress.less_equal_time(t)]  # fmt: skip
+        write_ts = min(pending, default=None)
+        if write_ts is None or sink.output_progress != Frontier.at(write_ts):
+            return None
+        if not sink.to_append_progress.less_equal_time(write_ts):
+            return None
+        return write_ts
+
+    def _run(self, write_ts: int) -> bool:
+        """Run the logic at `write_ts` into the sink's `to_append`; False if a reference is
+        not final at `write_ts` yet."""
+        references = {}
+        for name in self.definition.references:
+            shard = self.readers[name]
+            if not Frontier.at(write_ts).less_than(shard.upper()):
+                return False
+            references[name] = shard.snapshot(write_ts + 1)
+        changes = {
+            name: table.filter(pc.equal(table.column(TIME), write_ts))
+            for name, table in self.pending.items()
+        }
+        started = time.monotonic()
+        diffs = run_logic(self.spark, self.definition, write_ts, changes, references,
+                          self.contents)  # fmt: skip
+        self._logic_seconds = time.monotonic() - started
+        LOGIC_SECONDS.labels(self.definition.name).inc(self._logic_seconds)
+        rows = diffs.select(self.definition.output_schema.names).to_pylist()
+        self.sink.to_append.extend(
+            (self._encode(row), write_ts, diff)
+            for row, diff in zip(rows, diffs.column(DIFF).to_pylist(), strict=True)
+        )
+        self.sink.to_append_progress = Frontier.at(write_ts + 1)
+        return True
+
+    def _write(self, new_upper: Frontier, updates: list[tuple[bytes, int, int]]) -> None:
+        table = self._table(updates)
+        before = self.sink.output_progress
+        result = truncating_compare_and_append(self.output, table, new_upper, self.writer_id)
+        name = self.definition.name
+        if result.written and new_upper.time is not None:
+            self.contents = consolidate(pa.concat_tables([self.contents, table]),
+                                        self.definition.output_schema, new_upper.time - 1)  # fmt: skip
+        else:
+            self.contents = self.output.snapshot(result.upper)  # a replica wrote: take its result
+        if updates:
+            if result.written:
+                self.times_written += 1
+                WRITTEN.labels(name).inc()
+                log.info("%s wrote time %s: %d updates (+%d -%d), logic %.2fs, upper %s",
+                         name, updates[0][1], len(updates),
+                         sum(d for _, _, d in updates if d > 0),
+                         -sum(d for _, _, d in updates if d < 0), self._logic_seconds,
+                         result.upper)  # fmt: skip
+            else:
+                self.times_dropped += 1
+                DROPPED.labels(name).inc()
+                log.info("%s: a replica wrote [%s, %s) first; dropped ours, upper %s",
+                         name, before, new_upper, result.upper)  # fmt: skip
+        upper = result.upper
+        self.sink.output_progress = upper
+        self.sink.to_append = [u for u in self.sink.to_append if upper.less_equal_time(u[1])]
+        if upper.time is not None:
+            for input_name, pending in self.pending.items():
+                self.pending[input_name] = pending.filter(
+                    pc.greater_equal(pending.column(TIME), upper.time)
+                )
+        self._hold(upper)
+        OUTPUT_UPPER.labels(name).set(_time(upper))
+        report(upper.time, self.sink.append_times_progress.time)
+
+    def _table(self, updates: list[tuple[bytes, int, int]]) -> pa.Table:
+        schema = self.definition.output_schema
+        rows = pa.Table.from_pylist([self._decode(d) for d, _, _ in updates], schema=schema)
+        rows = rows.append_column(TIME, pa.array([t for _, t, _ in updates], pa.int64()))
+        rows = rows.append_column(DIFF, pa.array([r for _, _, r in updates], pa.int64()))
+        return normalize_updates(rows, schema)
+
+    def step(self) -> bool:
+        """One round: poll, then work; whether anything happened."""
+        moved = self.poll()
+        return bool(self.work()) or moved
+
+
+def _time(frontier: Frontier) -> float:
+    return float("inf") if frontier.time is None else float(frontier.time)
+
+
+def run(config: Config, stopping: Stopping) -> int:
+    """The service body: one continual task (`[ct] task` / `MVSINK_CT_TASK`) until stopped."""
+    from mvsink.spark import spark_session
+
+    if not config.ct_task:
+        raise ConfigError("no continual task: set [ct] task or MVSINK_CT_TASK to its definition")
+    definition = load_definition(config.ct_task)
+    spark = spark_session(f"mvsink-ct-{definition.name}", config.spark_master,
+                          shuffle_partitions=2)  # fmt: skip
+    task = ContinualTask(definition, config.s3, config.shard_timing(), spark,
+                         writer_identity(config, "ct"))  # fmt: skip
+    task.start()
+    while not stopping.stopped:
+        if not task.step():
+            stopping.wait(task.timing.poll_interval * 4)
+    log.info("%s stopped at output upper %s: %d times written, %d dropped, %d input bytes read",
+             definition.name, task.sink.output_progress, task.times_written, task.times_dropped,
+             task.bytes_read)  # fmt: skip
+    return 0

@@ -1,0 +1,280 @@
+"""The continual task service against real MinIO and Spark: the three example tasks
+(`examples/ct/`: UPSERT, audit, retention) over random append-only inputs, differentially
+checked at every upper against an in-memory evaluation applied time by time; replicas racing
+in one process; the service process killed with `kill -9` and restarted; rehydration that does
+not read the input's history."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from mvsink.config import S3Settings
+from mvsink.ct_demo import (
+    EVALUATIONS,
+    ORDERS,
+    History,
+    Order,
+    Row,
+    append_orders,
+    contents,
+    evaluate,  # fmt: skip
+    example_task,
+    mismatches,
+)
+from mvsink.frontier import Frontier
+from mvsink.settings import Timing
+from mvsink.shard import Appended, Shard, open_shard
+from mvsink.updates import part_schema
+from services.ct.definition import Definition, definition_from_toml, load_definition
+from services.ct.shell import ContinualTask
+
+pytestmark = pytest.mark.integration
+F = Frontier.at
+
+
+# -- the inputs ----------------------------------------------------------------------------------
+
+
+def _random_history(rng: random.Random, ticks: int) -> History:
+    """Batches `(upper, {time: orders})`: some times without orders, some batches of several
+    times, several orders of one customer at one time."""
+    batches, now, next_id = [], 0, 1
+    while now < ticks:
+        upper = min(ticks, now + rng.choice([1, 1, 1, 2, 3]))
+        by_time: dict[int, list[Order]] = {}
+        for t in range(now, upper):
+            for _ in range(rng.choice([0, 0, 1, 2, 4])):
+                by_time.setdefault(t, []).append((next_id, f"c{rng.randrange(4)}",
+                                                  rng.randrange(100, 10000)))  # fmt: skip
+                next_id += 1
+        batches.append((upper, by_time))
+        now = upper
+    return batches
+
+
+def _check(output: Shard, expected: dict[int, Counter[Row]]) -> None:
+    assert mismatches(output, expected) == []  # at every time
+    # each time whose contents changed was written once, as the one batch [t, t + 1)
+    changed = [t for t in expected if expected[t] != expected.get(t - 1, Counter())]
+    written = [(b.lower, b.upper) for b in output.state().batches if b.parts]
+    assert written == [(F(t), F(t + 1)) for t in changed]
+
+
+# -- fixtures ------------------------------------------------------------------------------------
+
+
+def _definition(example: str, orders: Shard, unique: str) -> Definition:
+    loaded = definition_from_toml(tomllib.loads(example_task(example, orders.shard_id, unique)))
+    return dataclasses.replace(loaded, name=f"{loaded.name}-{unique}")
+
+
+@pytest.fixture
+def orders(s3_settings: S3Settings, unique: str) -> Shard:
+    return open_shard(f"orders-{unique}", ORDERS, s3_settings)
+
+
+def _run_until(tasks: list[ContinualTask], upper: Frontier, rng: random.Random | None = None,
+               timeout: float = 120) -> None:  # fmt: skip
+    deadline = time.monotonic() + timeout
+    while any(t.sink.output_progress != upper for t in tasks):
+        for task in rng.sample(tasks, len(tasks)) if rng else tasks:
+            task.step()
+        assert time.monotonic() < deadline, [t.sink.output_progress for t in tasks]
+
+
+# -- tests ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("example", sorted(EVALUATIONS))
+def test_the_example_task_equals_its_evaluation_time_by_time(
+    example: str, orders: Shard, spark: Any, s3_settings: S3Settings, unique: str
+) -> None:
+    rng = random.Random(f"{example}-{unique}")
+    history = _random_history(rng, 14)
+    definition = _definition(example, orders, unique)
+    task = ContinualTask(definition, s3_settings, Timing(), spark, "r1")
+    task.start()
+    for upper, by_time in history:  # the task follows the input as it grows
+        append_orders(orders, upper, by_time)
+        if rng.random() < 0.6:
+            _run_until([task], F(upper))
+    _run_until([task], F(history[-1][0]))
+    _check(task.output, evaluate(example, history))
+    written = {t for _, by_time in history for t, o in by_time.items() if o}
+    assert task.times_written == len(written) - (example == "big_orders") * sum(
+        1 for _, b in history for t, o in b.items() if o and all(a <= 9000 for *_, a in o)
+    )
+
+
+def test_racing_replicas_write_each_time_once(
+    orders: Shard, spark: Any, s3_settings: S3Settings, unique: str
+) -> None:
+    rng = random.Random(unique)
+    history = _random_history(rng, 12)
+    definition = _definition("recent_orders", orders, unique)
+    replicas = [ContinualTask(definition, s3_settings, Timing(), spark, f"r{i}") for i in (1, 2)]
+    for replica in replicas:
+        replica.start()
+    for upper, by_time in history:
+        append_orders(orders, upper, by_time)
+        for _ in range(rng.randrange(3)):
+            for replica in rng.sample(replicas, 2):
+                replica.step()
+    _run_until(replicas, F(history[-1][0]), rng)
+    _check(replicas[0].output, evaluate("recent_orders", history))
+    # every written time was written by one replica; the other dropped its result
+    assert sum(r.times_written for r in replicas) == sum(
+        1 for _, b in history for o in b.values() if o
+    )
+
+
+def test_the_service_killed_at_random_points_writes_each_time_once(
+    orders: Shard, s3_settings: S3Settings, kafka_bootstrap: str, unique: str, tmp_path: Path
+) -> None:
+    """`python -m services.ct` is killed with `kill -9` while the input grows, and started
+    again: it resumes from the output's upper, and the output equals the evaluation."""
+    rng = random.Random(unique)
+    history = _random_history(rng, 16)
+    task_file = tmp_path / "task.toml"
+    task_file.write_text(example_task("latest_order", orders.shard_id, unique))
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")},
+           "MVSINK_KAFKA_BOOTSTRAP": kafka_bootstrap,
+           "MVSINK_S3_ENDPOINT": s3_settings.endpoint, "MVSINK_S3_BUCKET": s3_settings.bucket,
+           "MVSINK_S3_ACCESS_KEY": s3_settings.access_key.reveal(),
+           "MVSINK_S3_SECRET_KEY": s3_settings.secret_key.reveal(),
+           "MVSINK_CT_TASK": str(task_file), "MVSINK_SPARK_MASTER": "local[1]",
+           "MVSINK_STATE_DIR": str(tmp_path / "state")}  # fmt: skip
+    log = tmp_path / "ct.log"
+    definition = load_definition(task_file)
+    output = open_shard(definition.output_shard, definition.output_schema, s3_settings)
+
+    def start() -> subprocess.Popen[bytes]:
+        with log.open("ab") as out:
+            return subprocess.Popen([sys.executable, "-m", "services.ct"], env=env,
+                                    stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+
+    proc, kills = start(), 0
+    try:
+        for number, (upper, by_time) in enumerate(history):
+            append_orders(orders, upper, by_time)
+            time.sleep(rng.uniform(0.1, 0.8))
+            if number in (len(history) // 3, 2 * len(history) // 3):  # mid-stream
+                _wait_for(lambda k=kills: log.read_text().count("starts at output upper") > k, 120)
+                time.sleep(rng.uniform(0, 1.5))  # while it follows, runs the logic or writes
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(30)
+                kills += 1
+                proc = start()
+        _wait_past(output, F(history[-1][0] - 1), 180)
+        assert proc.poll() is None, log.read_text()[-3000:]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, log.read_text()[-3000:]
+    text = log.read_text()
+    assert kills == 2 and text.count("starts at output upper") == 3, text[-3000:]
+    _check(output, evaluate("latest_order", history))
+
+
+def _wait_past(shard: Shard, frontier: Frontier, timeout: float) -> None:
+    shard.wait_for_upper_past(frontier, timeout)
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
+def test_a_restart_does_not_read_the_inputs_history(
+    orders: Shard, spark: Any, s3_settings: S3Settings, unique: str
+) -> None:
+    """An input holding 1M historical updates: the task processes them once; restarted, it reads
+    only what the input appended since, not the history (printed next to a full read)."""
+    rng = random.Random(unique)
+    per_time, times = 200_000, 5
+    for t in range(times):
+        first = t * per_time + 1
+        table = pa.table({
+            "order_id": pa.array(range(first, first + per_time), pa.int64()),
+            "customer": pa.array([f"c{i % 1000}" for i in range(per_time)], pa.string()),
+            "amount": pa.array([rng.randrange(100, 10000) for _ in range(per_time)], pa.int64()),
+            "_time": pa.array([t] * per_time, pa.int64()),
+            "_diff": pa.array([1] * per_time, pa.int64()),
+        })  # fmt: skip
+        part = orders.stage(table, F(t), F(t + 1), "feeder")
+        assert isinstance(orders.compare_and_append([part], F(t), F(t + 1)), Appended)
+    definition = _definition("big_orders", orders, unique)
+    first_run = ContinualTask(definition, s3_settings, Timing(), spark, "r1")
+    first_run.start()
+    _run_until([first_run], F(times), timeout=300)
+    full = sum(p.bytes for p in orders.state().parts())
+    append_orders(
+        orders, times + 2, {times: [(10**7, "c1", 9999)], times + 1: [(10**7 + 1, "c2", 50)]}
+    )
+    restarted = ContinualTask(definition, s3_settings, Timing(), spark, "r2")
+    restarted.start()
+    _run_until([restarted], F(times + 2))
+    print(
+        f"input history: {per_time * times:,} updates, {full:,} bytes in its parts; "
+        f"bytes read by the first run {first_run.bytes_read:,}, by the restart "
+        f"{restarted.bytes_read:,}"
+    )
+    assert first_run.bytes_read >= full
+    assert 0 < restarted.bytes_read < full / 1000
+    assert contents(restarted.output, times + 1)[(10**7, "c1", 9999, times)] == 1
+
+
+@pytest.mark.parametrize(
+    ("statement", "message"),
+    [
+        ("INSERT INTO out SELECT nope FROM src", "statement 1 ('INSERT INTO out SELECT nope"),
+        ("INSERT INTO out SELECT a, a FROM src", "returns 2 columns, the output has 1: ['a']"),
+        ("INSERT INTO out SELECT 'x' FROM src", "statement 1 ("),
+    ],
+)
+def test_a_failing_statement_is_named(statement: str, message: str, spark: Any) -> None:
+    from services.ct.logic import LogicError, run_logic, with_diffs
+
+    text = ('name = "t"\nlogic = [' + json.dumps(statement) + ']\n[inputs]\n'
+            'src = "in"\n[output]\nname = "out"\nshard = "out"\nschema = "a long not null"\n')  # fmt: skip
+    definition = definition_from_toml(tomllib.loads(text))
+    schema = definition.output_schema
+    changes = with_diffs(pa.table({"a": pa.array([1, 2], pa.int64())}), schema, 3, 1)
+    with pytest.raises(LogicError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        run_logic(spark, definition, 3, {"src": changes}, {}, part_schema(schema).empty_table())
+
+
+def test_statements_see_the_diffs_before_them_and_the_time(spark: Any) -> None:
+    from services.ct.logic import run_logic, with_diffs
+
+    text = ('name = "t"\nlogic = ["INSERT INTO out SELECT a + :time FROM src", '
+            '"DELETE FROM out WHERE a = 1", "INSERT INTO out SELECT count(*) FROM out", '
+            '"INSERT INTO out SELECT a * 100 FROM src_retractions"]\n[inputs]\nsrc = "in"\n'
+            '[output]\nname = "out"\nshard = "out"\nschema = "a long not null"\n')  # fmt: skip
+    definition = definition_from_toml(tomllib.loads(text))
+    schema = definition.output_schema
+    changes = with_diffs(pa.table({"a": pa.array([1, 2, 7], pa.int64())}), schema, 3, 1)
+    retracted = with_diffs(pa.table({"a": pa.array([5], pa.int64())}), schema, 3, -1)
+    output = with_diffs(pa.table({"a": pa.array([1, 1, 9], pa.int64())}), schema, 2, 1)
+    diffs = run_logic(spark, definition, 3, {"src": pa.concat_tables([changes, retracted])}, {},
+                      output)  # fmt: skip
+    got = sorted(zip(diffs.column("a").to_pylist(), diffs.column("_diff").to_pylist(), strict=True))
+    # +{4, 5, 10}; -{1, 1}; +count of {9, 4, 5, 10} = 4 (so 4 twice); +500 from the retraction
+    assert got == [(1, -2), (4, 2), (5, 1), (10, 1), (500, 1)]
+    assert set(diffs.column("_time").to_pylist()) == {3}
