@@ -122,11 +122,78 @@ def cmd_provision(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from mvsink.demo import run_demo
 
+    # run_demo provisions a sink of its own: the configured one is left alone.
+    return _demo(args, run_demo)
+
+
+def _demo(args: argparse.Namespace, run: Callable[..., None]) -> int:
+    """Bring the stack up unless `--no-stack`, then run a demo with `--ticks` and `--orders`."""
     if not args.no_stack:
         _stack().up(timeout=args.timeout)
-    # run_demo provisions a sink of its own: the configured one is left alone.
-    run_demo(load_config(args.config), say, ticks=args.ticks, orders=args.orders)
+    run(load_config(args.config), say, ticks=args.ticks, orders=args.orders)
     return 0
+
+
+def cmd_ct_run(args: argparse.Namespace) -> int:
+    import services.ct
+    from mvsink.service import run_service
+    from services.ct.definition import load_definition
+    from services.ct.shell import run
+
+    load_definition(args.task)  # a bad definition fails here, before Spark starts
+    os.environ["MVSINK_CT_TASK"] = str(Path(args.task).resolve())
+    if args.config:
+        os.environ["MVSINK_CONFIG"] = args.config
+    return run_service("ct", run, services.ct.__doc__, argv=[])
+
+
+def cmd_ct_show(args: argparse.Namespace) -> int:
+    from mvsink.frontier import meet_all
+    from mvsink.shard import open_shard
+    from services.ct.definition import load_definition
+
+    definition = load_definition(args.task)
+    s3 = load_config(args.config).s3
+    reads = {name: open_shard(shard_id, None, s3) for name, shard_id in definition.shards().items()}
+    try:
+        output = open_shard(definition.output_shard, None, s3)
+    except MvsinkError:
+        output = None
+    read = {name: shard.state() for name, shard in reads.items()}
+    progress = meet_all([read[name].upper for name in definition.inputs])
+    rows = [("task", f"{definition.name}  (as_of {definition.as_of}"
+                     f"{', snapshot' if definition.snapshot else ''})")]  # fmt: skip
+    for name, state in read.items():
+        kind = "input" if name in definition.inputs else "reference"
+        lease = state.lease(f"ct.{definition.name}")
+        held = f"held at {lease.since}" if lease else "no lease"
+        rows.append((kind, f"{name} = {state.shard_id}: upper {state.upper}, since "
+                           f"{state.since} ({held})"))  # fmt: skip
+    if output is None:
+        rows.append(("output", f"{definition.output_name} = {definition.output_shard}: "
+                               "not created yet (the task has not run)"))  # fmt: skip
+    else:
+        state = output.state()
+        lag = "caught up" if state.upper == progress else f"inputs at {progress}"
+        rows.append(("output", f"{definition.output_name} = {output.shard_id}: upper "
+                               f"{state.upper} ({lag}), {len(state.batches)} batches"))  # fmt: skip
+    for number, statement in enumerate(definition.logic, 1):
+        rows.append((f"logic {number}", statement.text))
+    for name, value in rows:
+        print(f"{name:<10} {value}")
+    if output is not None:
+        table = output.snapshot(output.upper())
+        print(f"\n{table.num_rows} rows as of {output.upper()}" +
+              (f", the first {args.limit}:" if table.num_rows > args.limit else ":"))  # fmt: skip
+        for row in table.slice(0, args.limit).select(output.schema.names).to_pylist():
+            print("  " + ", ".join(f"{k}={v}" for k, v in row.items()))
+    return 0
+
+
+def cmd_ct_demo(args: argparse.Namespace) -> int:
+    from mvsink.ct_demo import run_ct_demo
+
+    return _demo(args, run_ct_demo)
 
 
 def cmd_view(args: argparse.Namespace) -> int:
@@ -429,6 +496,15 @@ def cmd_bench_readonly(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo_arguments(parser: argparse.ArgumentParser, func: Callable[[argparse.Namespace], int],
+                    ticks: int, orders: int, orders_help: str) -> None:  # fmt: skip
+    parser.add_argument("--timeout", type=float, default=180.0)
+    parser.add_argument("--ticks", type=int, default=ticks, help="ticks of order events")
+    parser.add_argument("--orders", type=int, default=orders, help=orders_help)
+    parser.add_argument("--no-stack", action="store_true", help="use configured endpoints")
+    parser.set_defaults(func=func)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (also used by tests to check compose commands are real)."""
     parser = argparse.ArgumentParser(prog="mvsink", description=__doc__.split("\n\n")[0])
@@ -594,16 +670,26 @@ def build_parser() -> argparse.ArgumentParser:
         func=cmd_provision
     )
     demo = commands.add_parser("demo", help="stack up + the whole pipeline on a demo view")
-    demo.add_argument("--timeout", type=float, default=180.0)
-    demo.add_argument("--ticks", type=int, default=8, help="ticks of the view job")
-    demo.add_argument("--orders", type=int, default=200, help="order events per tick")
-    demo.add_argument("--no-stack", action="store_true", help="use configured endpoints")
-    demo.set_defaults(func=cmd_demo)
+    _demo_arguments(demo, cmd_demo, ticks=8, orders=200, orders_help="order events per tick")
     view = commands.add_parser("view", help="the demo's view job alone, for the configured sink")
     view.add_argument("--ticks", type=int, default=0, help="0 = until SIGTERM")
     view.add_argument("--orders", type=int, default=200, help="order events per tick")
     view.add_argument("--interval", type=float, default=1.0, help="seconds per tick")
     view.set_defaults(func=cmd_view)
+    ct = commands.add_parser("ct", help="continual tasks (examples/ct/*.toml)")
+    ct_commands = ct.add_subparsers(dest="ct_command", required=True, metavar="ACTION")
+    ct_run = ct_commands.add_parser(
+        "run", help="run one task in the foreground (python -m services.ct)"
+    )
+    ct_run.add_argument("task", help="the task's definition file (TOML)")
+    ct_run.set_defaults(func=cmd_ct_run)
+    ct_show = ct_commands.add_parser("show", help="a task's inputs, output, lag and contents")
+    ct_show.add_argument("task", help="the task's definition file (TOML)")
+    ct_show.add_argument("--limit", type=int, default=10, help="rows of the output to print")
+    ct_show.set_defaults(func=cmd_ct_show)
+    ct_demo = ct_commands.add_parser("demo", help="stack up + three tasks over demo orders")
+    _demo_arguments(ct_demo, cmd_ct_demo, ticks=12, orders=20,
+                    orders_help="at most this many orders a tick")  # fmt: skip
     smoke = commands.add_parser("smoke", help="stack up + one record of each contract + CAS")
     smoke.add_argument("--timeout", type=float, default=180.0)
     smoke.set_defaults(func=cmd_smoke)
