@@ -32,6 +32,7 @@ COPY README.md ./
 COPY schemas ./schemas
 COPY services ./services
 COPY mvsink ./mvsink
+COPY examples ./examples
 RUN venv/bin/pip install --quiet --no-deps -e . \
  && find /opt/mvsink -name __pycache__ -prune -exec rm -rf {} +
 

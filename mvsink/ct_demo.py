@@ -34,19 +34,19 @@ from services.ct.definition import load_definition
 
 EXAMPLES = REPO_ROOT / "examples" / "ct"
 ORDERS = parse_row_schema("order_id long not null, customer string not null, amount long not null")
-#: The example tasks read the shard of this id; `example_task` renames it.
-EXAMPLE_INPUT = "demo-orders"
 Order = tuple[int, str, int]
 Row = tuple[Any, ...]
 History = list[tuple[int, dict[int, list[Order]]]]
 
 
-def example_task(name: str, orders_shard: str, suffix: str) -> str:
-    """The definition text of example task `name`, reading `orders_shard` and writing its
-    output shard with `-<suffix>` appended."""
-    text = (EXAMPLES / f"{name}.toml").read_text()
-    text = text.replace(f'"{EXAMPLE_INPUT}"', f'"{orders_shard}"')
-    output = text.split('shard = "', 1)[1].split('"', 1)[0]
+def example_task(name: str, input_shard: str, suffix: str) -> str:
+    """The definition text of example task `name` (one input), reading `input_shard` and
+    writing its output shard with `-<suffix>` appended."""
+    path = EXAMPLES / f"{name}.toml"
+    definition = load_definition(path)
+    [original] = definition.inputs.values()
+    text = path.read_text().replace(f'= "{original}"', f'= "{input_shard}"')
+    output = definition.output_shard
     return text.replace(f'shard = "{output}"', f'shard = "{output}-{suffix}"')
 
 

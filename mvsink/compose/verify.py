@@ -28,7 +28,11 @@ Phases, each timed and printed:
    again, the master lists both ALIVE with executors of every write application on each, and
    the shard converges;
 9. **restart kafka**, **restart minio**: `docker compose restart` of each; converge again;
-10. **down**: `docker compose down -v` (always, unless `--keep`).
+10. **continual task**: the two `ct` replicas' output (`examples/ct/milestones.toml` over the
+    view's shard) reaches the shard's upper and holds, as of its upper, exactly the customers
+    whose total in the shard is at least 1,000.00 there, each once; no time was logged written
+    by both replicas;
+11. **down**: `docker compose down -v` (always, unless `--keep`).
 
 "Converge" after a fault means: the shard's upper moved at least `ADVANCE` times past where it
 was when the fault was over, and equals the view there. A phase that fails prints the
@@ -74,7 +78,7 @@ APPEND_HOLDS, APPEND_WORK = "append workers assigned: ", re.compile(r"\bappended
 WORK = {"write": (WRITE_HOLDS, WRITE_WORK, "batches staged"),
         "append": (APPEND_HOLDS, APPEND_WORK, "appends")}  # fmt: skip
 #: Replicas of the scaled services, `docker compose up --scale` each.
-SCALE = {"write": 2, "append": 2, "spark-worker": 2}
+SCALE = {"write": 2, "append": 2, "spark-worker": 2, "ct": 2}
 #: Cores each Spark worker offers and each application (a write driver) gets, in this project:
 #: as many as there are workers, so the master spreads each application over all of them.
 SPARK_CORES = SCALE["spark-worker"]
@@ -145,8 +149,8 @@ class Deployment:
         """Print what the containers are doing: states and log tails."""
         result = engine.compose(["ps", "-a"], project=self.project, env=self.env, check=False)
         self.say(result.stdout)
-        for service in ("mint", "write", "append", "view", "spark-master", "spark-worker",
-                        "kafka", "minio", "provision"):  # fmt: skip
+        for service in ("mint", "write", "append", "view", "ct", "spark-master",
+                        "spark-worker", "kafka", "minio", "provision"):  # fmt: skip
             tail = engine.compose(["logs", "--no-color", "--tail", "25", service],
                                   project=self.project, env=self.env, check=False)  # fmt: skip
             self.say(f"--- {service} (last lines) ---\n{tail.stdout}{tail.stderr}")
@@ -230,6 +234,51 @@ def wait_converged(deployment: Deployment, shard: Shard, advance: int, timeout: 
             say(f"  waiting for upper >= {'?' if base is None else base + advance}: {status}")
             last, said = status, time.monotonic()
         time.sleep(1.0)
+
+
+#: The continual task the compose file runs, and its threshold (`examples/ct/milestones.toml`).
+CT_OUTPUT, CT_THRESHOLD = "ct-milestones", 1000.0
+CT_WROTE = re.compile(r" wrote time (\d+): ")
+
+
+def check_ct(deployment: Deployment, shard: Shard, upper: int, timeout: float) -> dict[str, Any]:
+    """Wait until the continual task's output reaches `upper`; then, as of the output's upper,
+    it holds each customer whose total in the view's shard reached the threshold, once, and
+    nobody else; and no time was written by both replicas. Its figures."""
+    deadline, status = time.monotonic() + timeout, "not created yet"
+    while True:
+        try:
+            output = open_shard(CT_OUTPUT, None, deployment.config.s3)
+            at = output.upper().time or 0
+            status = f"output upper {at}"
+            if at >= upper:
+                break
+        except MvsinkError:
+            pass
+        if time.monotonic() > deadline:
+            raise VerifyError(
+                f"the continual task did not reach {upper} in {timeout:.0f}s: {status}"
+            )
+        time.sleep(1.0)
+    rows = _rows(output.snapshot(at), ["customer", "total", "tick"])
+    view = _rows(shard.snapshot(at), ["customer", "total"])
+    want = {customer for (customer, total), n in view.items() if n == 1 and total >= CT_THRESHOLD}
+    got = [customer for (customer, total, _), n in rows.items() for _ in range(n)]
+    if sorted(got) != sorted(want) or any(t < CT_THRESHOLD for _, t, _ in rows):
+        raise VerifyError(f"the continual task's output at {at} is not the customers at or over "
+                          f"{CT_THRESHOLD}: got {sorted(got)}, want {sorted(want)}")  # fmt: skip
+    written: dict[int, list[str]] = {}
+    for container, lines in deployment.logs("ct").items():
+        for line in lines:
+            if (match := CT_WROTE.search(line)) is not None:
+                written.setdefault(int(match[1]), []).append(container)
+    twice = {t: c for t, c in written.items() if len(c) > 1}
+    if twice:
+        raise VerifyError(f"times written by more than one replica: {twice}")
+    writers = sorted({c for cs in written.values() for c in cs})
+    deployment.say(f"  continual task at {at}: {len(got)} customers at or over {CT_THRESHOLD:.0f}, "
+                   f"{len(written)} times written, by {writers}")  # fmt: skip
+    return {"upper": at, "customers": len(got), "times_written": len(written), "writers": writers}
 
 
 def check_scaled(deployment: Deployment, timeout: float = 120.0) -> dict[str, Any]:
@@ -442,6 +491,8 @@ def run_verify(home: Path, cache: Path, say: Say, *, keep: bool = False,
                 upper = converge()
         _, equal, odd = check_once(shard, deployment.config)
         figures.update(upper=upper, equal=equal, rows_with_diff_not_1=odd)
+        with phases.phase("continual task"):
+            figures["ct"] = check_ct(deployment, shard, upper, timeout)
         failed = False
     except Exception:
         deployment.diagnose()

@@ -26,12 +26,15 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from confluent_kafka import Consumer
 from prometheus_client import Counter, Gauge
 
-from mvsink.config import Config
+from mvsink.config import Config, Topics
 from mvsink.errors import ConfigError, MvsinkError
 from mvsink.frontier import Frontier, meet_all
 from mvsink.health import report
+from mvsink.kafka import TopicSpec, drain, ensure_topics, tail_consumer
+from mvsink.messages import SinkControl
 from mvsink.rows import row_decoder, row_encoder
 from mvsink.service import Stopping, writer_identity
 from mvsink.settings import S3Settings, Timing
@@ -61,8 +64,11 @@ class ContinualTask:
     """One replica of a continual task. Not thread-safe: one loop calls `poll` and `work`."""
 
     def __init__(self, definition: Definition, s3: S3Settings, timing: Timing,
-                 spark: SparkSession, writer_id: str) -> None:  # fmt: skip
+                 spark: SparkSession, writer_id: str, read_only: bool = False) -> None:  # fmt: skip
         self.definition = definition
+        #: A read-only replica follows the inputs and the output and writes nothing (until
+        #: `promote`): it stays at the output's upper with the inputs' changes from there.
+        self.read_only = read_only
         self.spark = spark
         self.writer_id = writer_id
         self.timing = timing
@@ -93,14 +99,26 @@ class ContinualTask:
     # -- 1. start ---------------------------------------------------------------------------
 
     def start(self) -> Frontier:
-        """Bring the output to `as_of`, lease the shards read, read the output; its upper."""
+        """Bring the output to where the task starts, lease the shards read, read the output;
+        its upper.
+
+        A task that has written nothing past `as_of` yet starts at the later of `as_of` and
+        its inputs' and references' `since` (what they can still tell apart by time; with
+        `snapshot`, their contents before it are its first changes). One that has keeps to its
+        output's upper.
+        """
         as_of = Frontier.at(self.definition.as_of)
         upper = self.output.upper()
-        if upper.less_than(as_of):
-            upper = truncating_compare_and_append(self.output, self._table([]), as_of,
+        start = upper
+        if upper.less_equal(as_of):  # nothing written past as_of: hold the reads where they are
+            start = as_of
+            for shard in self.readers.values():
+                start = start.join(shard.lease(self.reader_id).since)
+        if upper.less_than(start):
+            upper = truncating_compare_and_append(self.output, self._table([]), start,
                                                   self.writer_id).upper  # fmt: skip
         self.start_upper = upper
-        self.snapshot_first = self.definition.snapshot and upper == as_of
+        self.snapshot_first = self.definition.snapshot and upper == start
         self._hold(upper, force=True)
         for name in self.definition.inputs:
             self.read_upper[name] = upper
@@ -173,7 +191,9 @@ class ContinualTask:
             table = table.filter(keep)
         if first and self.start_upper.time is not None:
             # The snapshot: the contents before the start are changes at the start.
-            table = advance_times(table, self.start_upper.time, self.start_upper.time)
+            table = normalize_updates(
+                advance_times(table, self.start_upper.time, self.start_upper.time), shard.schema
+            )
         self.pending[name] = pa.concat_tables([self.pending[name], table])
         # Every update counts once: a time at which an input changed runs the logic even if its
         # diffs cancel (an update is a retraction and an insertion at one time).
@@ -187,7 +207,11 @@ class ContinualTask:
     # -- 3. work ----------------------------------------------------------------------------
 
     def work(self) -> int:
-        """Write everything that can be written now; how many writes were made."""
+        """Write everything that can be written now; how many writes were made (a read-only
+        replica instead follows the output's upper, and makes none)."""
+        if self.read_only:
+            self._follow_output()
+            return 0
         writes = 0
         while True:
             step = self.sink.process()
@@ -222,8 +246,14 @@ class ContinualTask:
             if not Frontier.at(write_ts).less_than(shard.upper()):
                 return False
             references[name] = shard.snapshot(write_ts + 1)
+        # An input's changes at the time, consolidated: a row retracted and inserted again
+        # (or, in a snapshot, every version of a row since retracted) is no change.
         changes = {
-            name: table.filter(pc.equal(table.column(TIME), write_ts))
+            name: consolidate(
+                table.filter(pc.equal(table.column(TIME), write_ts)),
+                self.readers[name].schema,
+                write_ts,
+            )
             for name, table in self.pending.items()
         }
         started = time.monotonic()
@@ -263,7 +293,17 @@ class ContinualTask:
                 DROPPED.labels(name).inc()
                 log.info("%s: a replica wrote [%s, %s) first; dropped ours, upper %s",
                          name, before, new_upper, result.upper)  # fmt: skip
-        upper = result.upper
+        self._advance_output(result.upper)
+
+    def _follow_output(self) -> None:
+        """Read-only: take the output's upper and contents as the writing replica moves them."""
+        upper = self.output.upper()
+        if self.sink.output_progress.less_than(upper):
+            self.contents = self.output.snapshot(upper)
+            self._advance_output(upper)
+
+    def _advance_output(self, upper: Frontier) -> None:
+        """The output's upper is now `upper`: forget what is before it, hold the inputs there."""
         self.sink.output_progress = upper
         self.sink.to_append = [u for u in self.sink.to_append if upper.less_equal_time(u[1])]
         if upper.time is not None:
@@ -272,8 +312,15 @@ class ContinualTask:
                     pc.greater_equal(pending.column(TIME), upper.time)
                 )
         self._hold(upper)
-        OUTPUT_UPPER.labels(name).set(_time(upper))
-        report(upper.time, self.sink.append_times_progress.time)
+        OUTPUT_UPPER.labels(self.definition.name).set(_time(upper))
+        report(upper.time, None if self.read_only else self.sink.append_times_progress.time)
+
+    def promote(self) -> None:
+        """Start writing from the output's upper (a no-op for a writing replica)."""
+        if self.read_only:
+            self.read_only = False
+            log.info("continual task %s promoted: writing from output upper %s",
+                     self.definition.name, self.sink.output_progress)  # fmt: skip
 
     def _table(self, updates: list[tuple[bytes, int, int]]) -> pa.Table:
         schema = self.definition.output_schema
@@ -286,6 +333,25 @@ class ContinualTask:
         """One round: poll, then work; whether anything happened."""
         moved = self.poll()
         return bool(self.work()) or moved
+
+
+def control_id(definition: Definition) -> str:
+    """The id `mvsink promote` takes for a task: its control topic is `<id>.control`."""
+    return f"ct.{definition.name}"
+
+
+def _control(config: Config, definition: Definition) -> Consumer:
+    topic = Topics.for_sink(control_id(definition)).control
+    ensure_topics(config.kafka_bootstrap, [TopicSpec(topic, 1)])
+    log.info("%s is read-only: following, writing nothing until `mvsink promote %s`",
+             definition.name, control_id(definition))  # fmt: skip
+    return tail_consumer(config.kafka_bootstrap, topic)
+
+
+def _promoted(control: Consumer, definition: Definition) -> bool:
+    key = control_id(definition).encode()
+    return any(isinstance(record, SinkControl) and not record.read_only and message.key() == key
+               for message, record in drain(control))  # fmt: skip
 
 
 def _time(frontier: Frontier) -> float:
@@ -302,11 +368,20 @@ def run(config: Config, stopping: Stopping) -> int:
     spark = spark_session(f"mvsink-ct-{definition.name}", config.spark_master,
                           shuffle_partitions=2)  # fmt: skip
     task = ContinualTask(definition, config.s3, config.shard_timing(), spark,
-                         writer_identity(config, "ct"))  # fmt: skip
+                         writer_identity(config, "ct"), read_only=config.read_only)  # fmt: skip
     task.start()
-    while not stopping.stopped:
-        if not task.step():
-            stopping.wait(task.timing.poll_interval * 4)
+    control = _control(config, definition) if config.read_only else None
+    try:
+        while not stopping.stopped:
+            if control is not None and _promoted(control, definition):
+                task.promote()
+                control.close()
+                control = None
+            if not task.step():
+                stopping.wait(task.timing.poll_interval * 4)
+    finally:
+        if control is not None:
+            control.close()
     log.info("%s stopped at output upper %s: %d times written, %d dropped, %d input bytes read",
              definition.name, task.sink.output_progress, task.times_written, task.times_dropped,
              task.bytes_read)  # fmt: skip

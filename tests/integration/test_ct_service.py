@@ -37,6 +37,7 @@ from mvsink.ct_demo import (
     mismatches,
 )
 from mvsink.frontier import Frontier
+from mvsink.rows import parse_row_schema
 from mvsink.settings import Timing
 from mvsink.shard import Appended, Shard, open_shard
 from mvsink.updates import part_schema
@@ -45,6 +46,8 @@ from services.ct.shell import ContinualTask
 
 pytestmark = pytest.mark.integration
 F = Frontier.at
+#: The demo view's rows (an MV sink's shard).
+VIEW = "customer string not null, orders long, total double"
 
 
 # -- the inputs ----------------------------------------------------------------------------------
@@ -150,24 +153,9 @@ def test_the_service_killed_at_random_points_writes_each_time_once(
     again: it resumes from the output's upper, and the output equals the evaluation."""
     rng = random.Random(unique)
     history = _random_history(rng, 16)
-    task_file = tmp_path / "task.toml"
-    task_file.write_text(example_task("latest_order", orders.shard_id, unique))
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")},
-           "MVSINK_KAFKA_BOOTSTRAP": kafka_bootstrap,
-           "MVSINK_S3_ENDPOINT": s3_settings.endpoint, "MVSINK_S3_BUCKET": s3_settings.bucket,
-           "MVSINK_S3_ACCESS_KEY": s3_settings.access_key.reveal(),
-           "MVSINK_S3_SECRET_KEY": s3_settings.secret_key.reveal(),
-           "MVSINK_CT_TASK": str(task_file), "MVSINK_SPARK_MASTER": "local[1]",
-           "MVSINK_STATE_DIR": str(tmp_path / "state")}  # fmt: skip
-    log = tmp_path / "ct.log"
-    definition = load_definition(task_file)
-    output = open_shard(definition.output_shard, definition.output_schema, s3_settings)
-
-    def start() -> subprocess.Popen[bytes]:
-        with log.open("ab") as out:
-            return subprocess.Popen([sys.executable, "-m", "services.ct"], env=env,
-                                    stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
-
+    service = _Service(orders, s3_settings, kafka_bootstrap, unique, tmp_path)
+    log, output = service.log, service.output
+    start = service.start
     proc, kills = start(), 0
     try:
         for number, (upper, by_time) in enumerate(history):
@@ -188,6 +176,83 @@ def test_the_service_killed_at_random_points_writes_each_time_once(
     text = log.read_text()
     assert kills == 2 and text.count("starts at output upper") == 3, text[-3000:]
     _check(output, evaluate("latest_order", history))
+
+
+class _Service:
+    """`python -m services.ct` running example task latest_order over `orders`."""
+
+    def __init__(self, orders: Shard, s3: S3Settings, kafka_bootstrap: str, unique: str,
+                 home: Path, **extra: str) -> None:  # fmt: skip
+        task_file = home / "task.toml"
+        task_file.write_text(example_task("latest_order", orders.shard_id, unique))
+        self.env = {**{k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")},
+                    "MVSINK_KAFKA_BOOTSTRAP": kafka_bootstrap,
+                    "MVSINK_S3_ENDPOINT": s3.endpoint, "MVSINK_S3_BUCKET": s3.bucket,
+                    "MVSINK_S3_ACCESS_KEY": s3.access_key.reveal(),
+                    "MVSINK_S3_SECRET_KEY": s3.secret_key.reveal(),
+                    "MVSINK_CT_TASK": str(task_file), "MVSINK_SPARK_MASTER": "local[1]",
+                    "MVSINK_STATE_DIR": str(home / "state"), **extra}  # fmt: skip
+        self.log = home / "ct.log"
+        self.definition = load_definition(task_file)
+        self.output = open_shard(self.definition.output_shard, self.definition.output_schema, s3)
+
+    def start(self) -> subprocess.Popen[bytes]:
+        with self.log.open("ab") as out:
+            return subprocess.Popen([sys.executable, "-m", "services.ct"], env=self.env,
+                                    stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+
+
+def test_a_read_only_replica_follows_and_writes_once_promoted(
+    orders: Shard, spark: Any, s3_settings: S3Settings, unique: str
+) -> None:
+    rng = random.Random(unique)
+    history = _random_history(rng, 12)
+    definition = _definition("latest_order", orders, unique)
+    writer = ContinualTask(definition, s3_settings, Timing(), spark, "writer")
+    standby = ContinualTask(definition, s3_settings, Timing(), spark, "standby", read_only=True)
+    writer.start()
+    standby.start()
+    half = len(history) // 2
+    for upper, by_time in history[:half]:
+        append_orders(orders, upper, by_time)
+        _run_until([writer, standby], F(upper))  # the standby follows the writer's upper
+    assert standby.times_written == 0 and standby.contents.num_rows == writer.contents.num_rows
+    standby.promote()  # the writer is gone: the standby takes over from the output's upper
+    for upper, by_time in history[half:]:
+        append_orders(orders, upper, by_time)
+    _run_until([standby], F(history[-1][0]))
+    _check(standby.output, evaluate("latest_order", history))
+    assert {b.parts[0].writer_id for b in standby.output.state().batches if b.parts} == {
+        "writer", "standby"}  # fmt: skip
+
+
+def test_the_read_only_service_writes_after_mvsink_promote(
+    orders: Shard, s3_settings: S3Settings, kafka_bootstrap: str, unique: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    from mvsink.cli import main
+    from services.ct.shell import control_id
+
+    history = _random_history(random.Random(unique), 6)
+    service = _Service(orders, s3_settings, kafka_bootstrap, unique, tmp_path,
+                       MVSINK_READ_ONLY="true")  # fmt: skip
+    proc = service.start()
+    try:
+        for upper, by_time in history:
+            append_orders(orders, upper, by_time)
+        _wait_for(lambda: "writing nothing until `mvsink promote" in service.log.read_text(), 120)
+        time.sleep(2)
+        assert service.output.upper() == F(0)  # read-only: nothing written
+        for name, value in service.env.items():
+            if name.startswith("MVSINK_"):
+                monkeypatch.setenv(name, value)
+        assert main(["promote", control_id(service.definition)]) == 0
+        _wait_past(service.output, F(history[-1][0] - 1), 120)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0, service.log.read_text()[-3000:]
+    assert "promoted: writing from output upper {0}" in service.log.read_text()
+    _check(service.output, evaluate("latest_order", history))
 
 
 def _wait_past(shard: Shard, frontier: Frontier, timeout: float) -> None:
@@ -278,3 +343,44 @@ def test_statements_see_the_diffs_before_them_and_the_time(spark: Any) -> None:
     # +{4, 5, 10}; -{1, 1}; +count of {9, 4, 5, 10} = 4 (so 4 twice); +500 from the retraction
     assert got == [(1, -2), (4, 2), (5, 1), (10, 1), (500, 1)]
     assert set(diffs.column("_time").to_pylist()) == {3}
+
+
+def test_a_task_over_a_view_shard_starts_at_its_since_with_the_snapshot(
+    spark: Any, s3_settings: S3Settings, unique: str
+) -> None:
+    """Example task milestones over an MV sink's shard (rows retracted and inserted again as
+    totals change, `since` at the upper): a new task starts at the shard's `since`, its first
+    changes the view's contents there; later changes are followed from there."""
+    view = open_shard(f"view-{unique}", parse_row_schema(VIEW), s3_settings, retain_history=0)
+    totals: dict[str, float] = {}
+    rng = random.Random(3)  # some customers over 1,000 at the start, some crossing later
+
+    def tick(t: int) -> None:
+        rows = []
+        for customer in rng.sample(["a", "b", "c", "d"], 2):
+            if customer in totals:
+                rows.append((customer, totals[customer], -1))
+            totals[customer] = totals.get(customer, 0.0) + rng.choice([300.0, 600.0])
+            rows.append((customer, totals[customer], 1))
+        table = pa.table({"customer": [r[0] for r in rows], "orders": [1] * len(rows),
+                          "total": [r[1] for r in rows], "_time": [t] * len(rows),
+                          "_diff": [r[2] for r in rows]})  # fmt: skip
+        part = view.stage(table, F(t), F(t + 1), "append")
+        assert isinstance(view.compare_and_append([part], F(t), F(t + 1)), Appended)
+
+    for t in range(4):
+        tick(t)
+    assert view.state().since == F(4)  # nothing before 4 is apart by time any more
+    definition = _definition("milestones", view, unique)
+    task = ContinualTask(definition, s3_settings, Timing(), spark, "r1")
+    assert task.start() == F(4) and task.snapshot_first
+    first = {c for c, total in totals.items() if total >= 1000}
+    for t in range(4, 9):
+        tick(t)
+    _run_until([task], F(9))
+    rows = contents(task.output, 8)
+    assert {r[0] for r in rows} == {c for c, total in totals.items() if total >= 1000}
+    assert all(n == 1 for n in rows.values()) and all(r[1] >= 1000 for r in rows)
+    # the snapshot's customers at its first time (4), the others when they crossed
+    assert first and first <= {r[0] for r in rows if r[2] == 4}
+    assert {r[0] for r in rows if r[2] > 4} and not any(r[2] < 4 for r in rows)
