@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import time
+import tomllib
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -42,11 +43,11 @@ History = list[tuple[int, dict[int, list[Order]]]]
 def example_task(name: str, input_shard: str, suffix: str) -> str:
     """The definition text of example task `name` (one input), reading `input_shard` and
     writing its output shard with `-<suffix>` appended."""
-    path = EXAMPLES / f"{name}.toml"
-    definition = load_definition(path)
-    [original] = definition.inputs.values()
-    text = path.read_text().replace(f'= "{original}"', f'= "{input_shard}"')
-    output = definition.output_shard
+    text = (EXAMPLES / f"{name}.toml").read_text()
+    raw = tomllib.loads(text)  # the shard ids as written (before any ${VARIABLE} expansion)
+    [original] = raw["inputs"].values()
+    text = text.replace(f'= "{original}"', f'= "{input_shard}"')
+    output = raw["output"]["shard"]
     return text.replace(f'shard = "{output}"', f'shard = "{output}-{suffix}"')
 
 

@@ -19,7 +19,8 @@ A task is a TOML file (`services.ct.definition`; examples in `examples/ct/`): it
 references, output shard and row schema, `as_of`, whether the first run sees the inputs'
 snapshot, and the logic as ordered `INSERT INTO <output> <query>` / `DELETE FROM <output>
 WHERE ...` statements. `python -m services.ct` runs one task (`[ct] task` / `MVSINK_CT_TASK`);
-`mvsink ct run|show|demo` run, inspect and demonstrate them.
+`mvsink ct run|show|demo` run, inspect and demonstrate them. The compose file runs
+`examples/ct/milestones.toml` over the demo view's shard.
 
 Modules: `state` (the seed's operators, pure), `definition` (the task file), `logic` (one time's
 statements on Spark), `sink` (`truncating_compare_and_append`), `shell` (the process).
@@ -41,9 +42,16 @@ Invariants (of `SinkState.process` and the shell)
    `ct.<name>`), so its `since` cannot pass the restart point while the task lives; a task down
    longer than `reader_lease` refuses to start if an input was compacted past its upper.
 
+6. A task that has written nothing past `as_of` starts at the later of `as_of` and the `since`
+   of what it reads (with `snapshot`, their contents there are its first changes); one that has
+   keeps to its output's upper.
+
 Every time an input changed at runs the logic, even if the input's diffs at it cancel (an update
 of a row is a retraction and an insertion at one time); the seed's `times_extract` would drop
-such a time (a seed quirk, kept and tested in `state`).
+such a time (a seed quirk, kept and tested in `state`). An input's changes at a time are
+consolidated before the logic sees them.
 
-Not built yet (issue 15): read-only mode and `promote`, the task in the compose deployment.
+Read-only (`[sink] read_only`, the seed's TODO(ct1)): the replica follows the inputs and the
+output's upper and contents, writes nothing, and starts writing from the output's upper on
+`mvsink promote ct.<name>` (a `SinkControl` on `ct.<name>.control`, as for a view sink).
 """

@@ -22,6 +22,9 @@ shard = "ct-latest-order"
 schema = "customer long not null, order_id long not null, amount double not null"
 ```
 
+Shard ids may name an environment variable, `${NAME}` or `${NAME:-default}` (a deployment's
+`MVSINK_SHARD_ID`, say); an unset one without a default is refused.
+
 The logic is an ordered list of statements, each either
 `INSERT INTO <output> <query>` (the query's rows, by position, are added at the time) or
 `DELETE FROM <output> [WHERE <condition>]` (every row of the output matching the condition is
@@ -33,7 +36,9 @@ a reference's name holds its contents as of the time; the parameter marker `:tim
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +55,7 @@ _INSERT = re.compile(r"^\s*INSERT\s+INTO\s+([A-Za-z_][A-Za-z0-9_]*)\s+(.+?)\s*;?
                      re.IGNORECASE | re.DOTALL)  # fmt: skip
 _DELETE = re.compile(r"^\s*DELETE\s+FROM\s+([A-Za-z_][A-Za-z0-9_]*)(?:\s+WHERE\s+(.+?))?\s*;?\s*$",
                      re.IGNORECASE | re.DOTALL)  # fmt: skip
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _TOP = {"name", "as_of", "snapshot", "logic", "inputs", "references", "output"}
 RETRACTIONS = "_retractions"
 
@@ -100,8 +106,26 @@ def parse_statement(text: str, output: str) -> Statement:
     return Statement(insert, query, text.strip())
 
 
-def definition_from_toml(raw: dict[str, Any], origin: str = "the definition") -> Definition:
-    """Validate a parsed TOML definition (see the module docs); `ConfigError` names the key."""
+def expand(value: str, origin: str, env: Mapping[str, str] | None = None) -> str:
+    """`value` with every `${NAME}` / `${NAME:-default}` replaced from the environment."""
+    env = os.environ if env is None else env
+
+    def one(found: re.Match[str]) -> str:
+        name, default = found.group(1), found.group(2)
+        if name in env:
+            return env[name]
+        if default is None:
+            raise ConfigError(f"{origin}: {value!r} names ${{{name}}}, which is not set")
+        return default
+
+    return _VARIABLE.sub(one, value)
+
+
+def definition_from_toml(
+    raw: dict[str, Any], origin: str = "the definition", env: Mapping[str, str] | None = None
+) -> Definition:
+    """Validate a parsed TOML definition (see the module docs); `ConfigError` names the key.
+    Shard ids are expanded from `env` (default: the process environment)."""
     unknown = set(raw) - _TOP
     if unknown:
         raise ConfigError(f"{origin}: unknown keys {sorted(unknown)} (known: {sorted(_TOP)})")
@@ -112,15 +136,15 @@ def definition_from_toml(raw: dict[str, Any], origin: str = "the definition") ->
     if not isinstance(output, dict) or set(output) != {"name", "shard", "schema"}:
         raise ConfigError(f"{origin}: [output] needs exactly name, shard and schema")
     output_name = _text(output, "name", f"{origin} [output]")
-    output_shard = _text(output, "shard", f"{origin} [output]")
+    output_shard = expand(_text(output, "shard", f"{origin} [output]"), origin, env)
     try:
         schema = parse_row_schema(_text(output, "schema", f"{origin} [output]"))
     except ConfigError as error:
         raise ConfigError(f"{origin}: [output] schema: {error}") from error
-    inputs = _shards(raw.get("inputs"), "inputs", origin)
+    inputs = _shards(raw.get("inputs"), "inputs", origin, env)
     if not inputs:
         raise ConfigError(f'{origin}: [inputs] needs at least one `name = "shard id"`')
-    references = _shards(raw.get("references", {}), "references", origin)
+    references = _shards(raw.get("references", {}), "references", origin, env)
     names = [output_name, *inputs, *references]
     names += [f"{n}{RETRACTIONS}" for n in inputs]
     for sql_name in names:
@@ -162,10 +186,13 @@ def _text(table: dict[str, Any], key: str, origin: str) -> str:
     return value.strip()
 
 
-def _shards(table: object, key: str, origin: str) -> dict[str, str]:
+def _shards(table: object, key: str, origin: str, env: Mapping[str, str] | None) -> dict[str, str]:
     if not isinstance(table, dict):
         raise ConfigError(f'{origin}: [{key}] must be a table of `name = "shard id"`')
-    for name, shard_id in table.items():
+    shards = {}
+    for name, value in table.items():
+        shard_id = expand(value, origin, env) if isinstance(value, str) else value
         if not isinstance(shard_id, str) or not _ID.match(shard_id):
             raise ConfigError(f"{origin}: [{key}] {name} = {shard_id!r} is not a shard id")
-    return dict(table)
+        shards[name] = shard_id
+    return shards

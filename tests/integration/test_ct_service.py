@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 import tomllib
+import urllib.request
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -228,7 +229,7 @@ def test_a_read_only_replica_follows_and_writes_once_promoted(
 
 def test_the_read_only_service_writes_after_mvsink_promote(
     orders: Shard, s3_settings: S3Settings, kafka_bootstrap: str, unique: str, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
     from mvsink.cli import main
     from services.ct.shell import control_id
@@ -243,11 +244,26 @@ def test_the_read_only_service_writes_after_mvsink_promote(
         _wait_for(lambda: "writing nothing until `mvsink promote" in service.log.read_text(), 120)
         time.sleep(2)
         assert service.output.upper() == F(0)  # read-only: nothing written
+        for name in [n for n in os.environ if n.startswith("MVSINK_")]:
+            monkeypatch.delenv(name)  # e.g. an outer stack's MVSINK_S3_ACCESS_KEY_FILE
         for name, value in service.env.items():
             if name.startswith("MVSINK_"):
                 monkeypatch.setenv(name, value)
         assert main(["promote", control_id(service.definition)]) == 0
         _wait_past(service.output, F(history[-1][0] - 1), 120)
+        text = service.log.read_text()
+        port = text.split("metrics on http://127.0.0.1:", 1)[1].split("/", 1)[0]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            metrics = answer.read().decode()
+        name = service.definition.name
+        assert f'mvsink_ct_output_upper{{task="{name}"}} {float(history[-1][0])}' in metrics
+        written = next(line for line in metrics.splitlines()
+                       if line.startswith(f'mvsink_ct_times_written_total{{task="{name}"}}'))  # fmt: skip
+        assert float(written.split()[-1]) == text.count(" wrote time ")
+        capsys.readouterr()
+        assert main(["ct", "show", service.env["MVSINK_CT_TASK"]]) == 0
+        shown = capsys.readouterr().out
+        assert f"upper {{{history[-1][0]}}} (caught up)" in shown and "rows as of" in shown
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(60) == 0, service.log.read_text()[-3000:]
@@ -384,3 +400,40 @@ def test_a_task_over_a_view_shard_starts_at_its_since_with_the_snapshot(
     # the snapshot's customers at its first time (4), the others when they crossed
     assert first and first <= {r[0] for r in rows if r[2] == 4}
     assert {r[0] for r in rows if r[2] > 4} and not any(r[2] < 4 for r in rows)
+
+
+def test_a_reference_is_read_as_of_the_time_and_never_rewrites_the_past(
+    orders: Shard, spark: Any, s3_settings: S3Settings, unique: str
+) -> None:
+    """Orders enriched with their customer's region from a reference shard as of each order's
+    time: a region changed later leaves the orders already written as they were."""
+    regions = open_shard(f"regions-{unique}", parse_row_schema(
+        "customer string not null, region string not null"), s3_settings)  # fmt: skip
+
+    def set_region(t: int, changes: list[tuple[str, str, int]]) -> None:
+        table = pa.table({"customer": [c for c, _, _ in changes],
+                          "region": [r for _, r, _ in changes], "_time": [t] * len(changes),
+                          "_diff": [d for _, _, d in changes]})  # fmt: skip
+        lower = regions.upper()
+        part = regions.stage(table, lower, F(t + 1), "regions")
+        assert isinstance(regions.compare_and_append([part], lower, F(t + 1)), Appended)
+
+    text = (f'name = "enrich-{unique}"\nlogic = ["INSERT INTO enriched SELECT o.order_id, '
+            'r.region, :time FROM orders o JOIN regions r ON o.customer = r.customer"]\n'
+            f'[inputs]\norders = "{orders.shard_id}"\n[references]\nregions = '
+            f'"{regions.shard_id}"\n[output]\nname = "enriched"\nshard = "enriched-{unique}"\n'
+            'schema = "order_id long not null, region string not null, tick long not null"\n')  # fmt: skip
+    task = ContinualTask(definition_from_toml(tomllib.loads(text)), s3_settings, Timing(), spark,
+                         "r1")  # fmt: skip
+    task.start()
+    set_region(0, [("c1", "north", 1), ("c2", "south", 1)])
+    append_orders(orders, 2, {0: [(1, "c1", 100)], 1: [(2, "c2", 200)]})
+    _run_until([task], F(1))  # the reference is at {1}: time 1 waits for it
+    assert contents(task.output, 0) == Counter({(1, "north", 0): 1})
+    set_region(1, [("c2", "south", -1), ("c2", "east", 1)])  # c2 moved at 1
+    _run_until([task], F(2))
+    set_region(2, [("c1", "north", -1), ("c1", "west", 1)])  # c1 moves after its order
+    append_orders(orders, 3, {2: [(3, "c1", 300)]})
+    _run_until([task], F(3))
+    assert contents(task.output, 2) == Counter(
+        {(1, "north", 0): 1, (2, "east", 1): 1, (3, "west", 2): 1})  # fmt: skip

@@ -24,11 +24,15 @@ schema = "a long not null"
 """
 
 
-@pytest.mark.parametrize("example", sorted(EVALUATIONS))
-def test_the_examples_load(example: str) -> None:
+@pytest.mark.parametrize("example", sorted(p.stem for p in EXAMPLES.glob("*.toml")))
+def test_the_examples_load(example: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("MVSINK_SHARD_ID", raising=False)
     definition = load_definition(EXAMPLES / f"{example}.toml")
-    assert definition.name == example and definition.inputs == {"orders": "demo-orders"}
-    assert definition.logic and definition.as_of == 0 and not definition.snapshot
+    assert definition.name == example and definition.logic and definition.as_of == 0
+    if example in EVALUATIONS:  # the demo's: over its orders
+        assert definition.inputs == {"orders": "demo-orders"} and not definition.snapshot
+    else:  # milestones, over the view sink's shard
+        assert definition.inputs == {"totals": "demo"} and definition.snapshot
 
 
 def test_statements_are_told_apart_in_any_case() -> None:
@@ -75,3 +79,25 @@ def test_a_missing_or_broken_file_is_named(tmp_path: Path) -> None:
     broken.write_text("name = \n")
     with pytest.raises(ConfigError, match=r"broken\.toml"):
         load_definition(broken)
+
+
+@pytest.mark.parametrize(
+    ("written", "env", "expected"),
+    [
+        ("${SHARD}", {"SHARD": "view-1"}, "view-1"),
+        ("${SHARD:-demo}", {}, "demo"),
+        ("${SHARD:-demo}", {"SHARD": "v2"}, "v2"),
+        ("pre-${A}-${B:-b}", {"A": "a"}, "pre-a-b"),
+    ],
+)
+def test_shard_ids_name_environment_variables(
+    written: str, env: dict[str, str], expected: str
+) -> None:
+    text = GOOD.replace('src = "in-shard"', f'src = "{written}"')
+    assert definition_from_toml(tomllib.loads(text), env=env).inputs == {"src": expected}
+
+
+def test_an_unset_variable_without_a_default_is_refused() -> None:
+    text = GOOD.replace('shard = "out-shard"', 'shard = "${OUT}"')
+    with pytest.raises(ConfigError, match=r"names \$\{OUT\}, which is not set"):
+        definition_from_toml(tomllib.loads(text), "t.toml", env={})
