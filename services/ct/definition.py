@@ -106,7 +106,7 @@ def parse_statement(text: str, output: str) -> Statement:
     return Statement(insert, query, text.strip())
 
 
-def expand(value: str, origin: str, env: Mapping[str, str] | None = None) -> str:
+def expand_variables(value: str, origin: str, env: Mapping[str, str] | None = None) -> str:
     """`value` with every `${NAME}` / `${NAME:-default}` replaced from the environment."""
     env = os.environ if env is None else env
 
@@ -136,7 +136,7 @@ def definition_from_toml(
     if not isinstance(output, dict) or set(output) != {"name", "shard", "schema"}:
         raise ConfigError(f"{origin}: [output] needs exactly name, shard and schema")
     output_name = _text(output, "name", f"{origin} [output]")
-    output_shard = expand(_text(output, "shard", f"{origin} [output]"), origin, env)
+    output_shard = expand_variables(_text(output, "shard", f"{origin} [output]"), origin, env)
     try:
         schema = parse_row_schema(_text(output, "schema", f"{origin} [output]"))
     except ConfigError as error:
@@ -191,7 +191,7 @@ def _shards(table: object, key: str, origin: str, env: Mapping[str, str] | None)
         raise ConfigError(f'{origin}: [{key}] must be a table of `name = "shard id"`')
     shards = {}
     for name, value in table.items():
-        shard_id = expand(value, origin, env) if isinstance(value, str) else value
+        shard_id = expand_variables(value, origin, env) if isinstance(value, str) else value
         if not isinstance(shard_id, str) or not _ID.match(shard_id):
             raise ConfigError(f"{origin}: [{key}] {name} = {shard_id!r} is not a shard id")
         shards[name] = shard_id

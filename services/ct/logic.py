@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from mvsink.errors import ContractError, InvalidUsage
 from mvsink.frontier import Frontier
 from mvsink.shard import consolidate_at
-from mvsink.updates import DIFF, ERR, TIME, normalize_updates
+from mvsink.updates import DIFF, ERR, TIME, normalize_updates, part_schema
 from services.ct.definition import RETRACTIONS, Definition
 
 if TYPE_CHECKING:
@@ -75,8 +75,7 @@ def run_logic(
     for name, table in references.items():
         _view(spark, name, expand(table, _schema_of(table)))
     current = output
-    proposed = normalize_updates(schema.empty_table().append_column(
-        TIME, pa.array([], pa.int64())).append_column(DIFF, pa.array([], pa.int64())), schema)  # fmt: skip
+    proposed = part_schema(schema).empty_table()
     for number, statement in enumerate(definition.logic, 1):
         _view(spark, definition.output_name, _bag(current, schema, time, statement.text))
         if statement.insert:
