@@ -7,7 +7,7 @@ snapshot = false               # optional: whether the first run sees the inputs
                                # before `as_of` as changes at `as_of` (default false)
 logic = [                      # Spark SQL, run in order at every time an input changed at
   "DELETE FROM latest WHERE customer IN (SELECT customer FROM orders)",
-  "INSERT INTO latest SELECT customer, max_by(order_id, order_id), ... FROM orders GROUP BY customer",
+  "INSERT INTO latest SELECT customer, max(order_id), max_by(amount, order_id) FROM orders GROUP BY customer",
 ]
 
 [inputs]                       # name in the SQL = shard id: read as its changes at the time
@@ -19,7 +19,7 @@ orders = "demo-orders"
 [output]
 name = "latest"                # the output's name in the SQL: its contents as of time - 1
 shard = "ct-latest-order"
-schema = "customer long not null, order_id long not null, amount double not null"
+schema = "customer string not null, order_id long not null, amount long not null"
 ```
 
 Shard ids may name an environment variable, `${NAME}` or `${NAME:-default}` (a deployment's
