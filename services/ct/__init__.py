@@ -42,9 +42,13 @@ Invariants (of `SinkState.process` and the shell)
    `ct.<name>`), so its `since` cannot pass the restart point while the task lives; a task down
    longer than `reader_lease` refuses to start if an input was compacted past its upper.
 
-6. A task that has written nothing past `as_of` starts at the later of `as_of` and the `since`
-   of what it reads (with `snapshot`, their contents there are its first changes); one that has
-   keeps to its output's upper.
+6. A task whose output's upper has not passed `as_of` starts at the later of `as_of` and the
+   `since` of what it reads: changes at and after that time are its input (with `snapshot`,
+   the contents before it are its first changes, at it). Its first write carries the output's
+   upper past that time in one append, so a task that dies before it starts afresh again; one
+   that has written keeps to its output's upper and never takes the snapshot again.
+7. The leases are renewed on every round, not only when the output moves: an idle input or a
+   reference that is not final can hold the output still for longer than a lease lives.
 
 Every time an input changed at runs the logic, even if the input's diffs at it cancel (an update
 of a row is a retraction and an insertion at one time); the seed's `times_extract` would drop

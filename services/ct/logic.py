@@ -92,6 +92,11 @@ def run_logic(
                              f"{rows.num_columns} columns, the output has {len(schema)}: "
                              f"{schema.names}")  # fmt: skip
         rows = rows.rename_columns(schema.names)
+        for field in schema:
+            if not field.nullable and rows.column(field.name).null_count:
+                raise LogicError(f"statement {number} ({statement.text!r}) at time {time} "
+                                 f"returns NULL for {field.name}, which the output declares "
+                                 "not null")  # fmt: skip
         try:
             diffs = with_diffs(rows, schema, time, diff)
         except InvalidUsage as error:

@@ -38,7 +38,7 @@ from mvsink.messages import SinkControl
 from mvsink.rows import row_decoder, row_encoder
 from mvsink.service import Stopping, writer_identity
 from mvsink.settings import S3Settings, Timing
-from mvsink.shard import AsOfBeforeSince, PartGone, Shard, open_shard
+from mvsink.shard import AsOfBeforeSince, IndefiniteAppend, PartGone, Shard, open_shard
 from mvsink.updates import DIFF, TIME, advance_times, normalize_updates, part_schema
 from services.ct.definition import Definition, load_definition
 from services.ct.logic import consolidate, run_logic
@@ -86,7 +86,8 @@ class ContinualTask:
         self.pending: dict[str, pa.Table] = {}
         #: The output's contents as of `sink.output_progress - 1` (the self-reference).
         self.contents = part_schema(definition.output_schema).empty_table()
-        self.start_upper = Frontier.minimum()
+        #: Where the task reads its inputs from when it starts (`start`).
+        self.start_at = Frontier.minimum()
         self.snapshot_first = False
         self.bytes_read = 0
         self.times_written = 0
@@ -99,38 +100,37 @@ class ContinualTask:
     # -- 1. start ---------------------------------------------------------------------------
 
     def start(self) -> Frontier:
-        """Bring the output to where the task starts, lease the shards read, read the output;
-        its upper.
+        """Lease the shards read, read the output; where the inputs are read from.
 
-        A task that has written nothing past `as_of` yet starts at the later of `as_of` and
-        its inputs' and references' `since` (what they can still tell apart by time; with
-        `snapshot`, their contents before it are its first changes). One that has keeps to its
-        output's upper.
+        A task whose output's upper has not passed `as_of` (it has written nothing) starts at
+        the later of `as_of` and its inputs' and references' `since` (what they can still tell
+        apart by time); with `snapshot`, their contents before that are its first changes.
+        Its output's upper is not moved here: the first write carries it past the start in one
+        append, so a crash before that write starts the task afresh again (snapshot and all).
+        A task that has written keeps to its output's upper.
         """
         as_of = Frontier.at(self.definition.as_of)
         upper = self.output.upper()
+        fresh = upper.less_equal(as_of)
         start = upper
-        if upper.less_equal(as_of):  # nothing written past as_of: hold the reads where they are
+        if fresh:
             start = as_of
             for shard in self.readers.values():
                 start = start.join(shard.lease(self.reader_id).since)
-        if upper.less_than(start):
-            upper = truncating_compare_and_append(self.output, self._table([]), start,
-                                                  self.writer_id).upper  # fmt: skip
-        self.start_upper = upper
-        self.snapshot_first = self.definition.snapshot and upper == start
-        self._hold(upper, force=True)
+        self.start_at = start
+        self.snapshot_first = self.definition.snapshot and fresh
+        self._hold(start, force=True)
         for name in self.definition.inputs:
-            self.read_upper[name] = upper
+            self.read_upper[name] = start
             self.pending[name] = part_schema(self.readers[name].schema).empty_table()
         self.sink = SinkState(output_progress=upper, to_append_progress=upper)
         self.contents = self.output.snapshot(upper)
         OUTPUT_UPPER.labels(self.definition.name).set(_time(upper))
-        log.info("continual task %s starts at output upper %s (as_of %d%s), inputs %s",
-                 self.definition.name, upper, self.definition.as_of,
+        log.info("continual task %s starts at output upper %s, reading from %s (as_of %d%s), "
+                 "inputs %s", self.definition.name, upper, start, self.definition.as_of,
                  ", with the inputs' snapshot" if self.snapshot_first else "",
                  {n: self.readers[n].shard_id for n in self.definition.inputs})  # fmt: skip
-        return upper
+        return start
 
     def _hold(self, upper: Frontier, force: bool = False) -> None:
         """Keep every read shard's `since` at or before `upper` (the restart point): renew when
@@ -172,7 +172,7 @@ class ContinualTask:
         state = shard.state()
         if not lower.less_than(state.upper):
             return False
-        first = self.snapshot_first and lower == self.start_upper
+        first = self.snapshot_first and lower == self.start_at
         selected = shard.parts_for(None, Frontier.minimum() if first else lower, state.upper,
                                    state=state)  # fmt: skip
         try:
@@ -189,10 +189,10 @@ class ContinualTask:
             keep = at_or_after if keep is None else pc.and_(keep, at_or_after)
         if keep is not None:
             table = table.filter(keep)
-        if first and self.start_upper.time is not None:
+        if first and self.start_at.time is not None:
             # The snapshot: the contents before the start are changes at the start.
             table = normalize_updates(
-                advance_times(table, self.start_upper.time, self.start_upper.time), shard.schema
+                advance_times(table, self.start_at.time, self.start_at.time), shard.schema
             )
         self.pending[name] = pa.concat_tables([self.pending[name], table])
         # Every update counts once: a time at which an input changed runs the logic even if its
@@ -221,17 +221,27 @@ class ContinualTask:
                     return writes
                 continue
             new_upper, updates = step
-            self._write(new_upper, updates)
+            try:
+                self._write(new_upper, updates)
+            except IndefiniteAppend as error:
+                # Unknown whether it landed: the next round reads the upper again (a landed
+                # write then reads as one a replica made, and the output is read back).
+                log.warning("%s: append to %s indefinite (%s); trying again",
+                            self.definition.name, new_upper, error)  # fmt: skip
+                return writes
             writes += 1
 
     def _data_needed(self) -> int | None:
-        """The append time whose data `process` waits for, once the output is right before it."""
+        """The append time whose data `process` waits for: the first one at or after the
+        output's progress. Nothing is written between the two (no input changed there), so the
+        output as of the time before it is the output now; its data is computed before the
+        upper moves up to it, and one append writes both."""
         sink = self.sink
         pending = [t for t in sink.append_times
                    if sink.output_progress.less_equal_time(t)
                    and not sink.append_times_progress.less_equal_time(t)]  # fmt: skip
         write_ts = min(pending, default=None)
-        if write_ts is None or sink.output_progress != Frontier.at(write_ts):
+        if write_ts is None:
             return None
         if not sink.to_append_progress.less_equal_time(write_ts):
             return None
@@ -306,6 +316,7 @@ class ContinualTask:
         """The output's upper is now `upper`: forget what is before it, hold the inputs there."""
         self.sink.output_progress = upper
         self.sink.to_append = [u for u in self.sink.to_append if upper.less_equal_time(u[1])]
+        self.sink.append_times = {t for t in self.sink.append_times if upper.less_equal_time(t)}
         if upper.time is not None:
             for input_name, pending in self.pending.items():
                 self.pending[input_name] = pending.filter(
@@ -330,9 +341,13 @@ class ContinualTask:
         return normalize_updates(rows, schema)
 
     def step(self) -> bool:
-        """One round: poll, then work; whether anything happened."""
+        """One round: poll, then work; whether anything happened. The leases are renewed here
+        too (at most every third of their duration when nothing moves): the output can stand
+        still for long, behind an idle input or a reference that is not final."""
         moved = self.poll()
-        return bool(self.work()) or moved
+        wrote = self.work()
+        self._hold(self.sink.output_progress.join(self.start_at))
+        return bool(wrote) or moved
 
 
 def control_id(definition: Definition) -> str:
