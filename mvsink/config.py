@@ -28,13 +28,14 @@ from mvsink.errors import ConfigError, ContractError
 from mvsink.partitioning import KNOWN as KNOWN_PARTITIONINGS
 from mvsink.settings import CompactionPolicy, S3Settings, Secret, Timing
 
-__all__ = ["FIELDS", "MEANINGS", "REPO_ROOT", "CompactionPolicy", "Config", "S3Settings", "Secret", "Timing", "Topics",
+__all__ = ["FIELDS", "ID", "MEANINGS", "REPO_ROOT", "CompactionPolicy", "Config", "S3Settings", "Secret", "Timing", "Topics",
            "cache_dir", "config_env", "load_config", "read_toml", "settings_help", "state_dir"]  # fmt: skip
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 #: The shard library's own defaults are the configuration's.
 _TIMING, _POLICY = Timing(), CompactionPolicy()
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
+#: A valid sink, shard or task id.
+ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 
 
 def state_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -142,7 +143,7 @@ class Config:
     def __post_init__(self) -> None:
         for name in ("sink_id", "shard_id"):
             value = getattr(self, name)
-            if not _ID.match(value):
+            if not ID.match(value):
                 raise ConfigError(f"{name}={value!r}: use 1-200 of [A-Za-z0-9_.-]")
         if self.partitions < 1:
             raise ConfigError(f"partitions (P) must be >= 1, got {self.partitions}")

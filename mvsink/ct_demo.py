@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from mvsink import Say
 from mvsink.config import REPO_ROOT, Config, state_dir
-from mvsink.demo import start_service, stop_services
+from mvsink.demo import start_service, stop_services, wait_upper
 from mvsink.errors import MvsinkError
 from mvsink.frontier import Frontier
 from mvsink.rows import parse_row_schema
@@ -159,7 +159,8 @@ def run_ct_demo(config: Config, say: Say, ticks: int = 12, orders: int = 20) -> 
             say(f"tick {tick}: {len(by_time[tick])} orders; outputs at {uppers}")
             time.sleep(1.0)
         for name, output in outputs.items():
-            _wait(output, Frontier.at(ticks), say, name)
+            say(f"{name}:")
+            wait_upper(output, ticks, say, timeout=180)
         failed = []
         for name, output in outputs.items():
             expected = evaluate(name, history)
@@ -188,13 +189,3 @@ def _wait_started(logs: Path, say: Say, timeout: float = 180) -> None:
                 raise MvsinkError(f"task {name} did not start in {timeout:.0f}s: see {log}")
             time.sleep(0.5)
     say("every task started (Spark drivers up); appending ticks of orders")
-
-
-def _wait(output: Shard, upper: Frontier, say: Say, name: str, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while output.upper() != upper:
-        if time.monotonic() > deadline:
-            raise MvsinkError(f"{name}: output upper {output.upper()} did not reach {upper} "
-                              f"in {timeout:.0f}s")  # fmt: skip
-        time.sleep(0.5)
-    say(f"{name}: output upper {upper}")

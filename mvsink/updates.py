@@ -161,4 +161,5 @@ def advance_times(table: pa.Table, before: int, to: int) -> pa.Table:
         return table
     times = table.column(TIME)
     advanced = pc.if_else(pc.less(times, before), pa.scalar(to, pa.int64()), times)
-    return table.set_column(table.schema.get_field_index(TIME), TIME, advanced)
+    index = table.schema.get_field_index(TIME)
+    return table.set_column(index, table.schema.field(index), advanced)  # keeps `not null`

@@ -45,12 +45,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from mvsink.config import read_toml
+from mvsink.config import ID, read_toml
 from mvsink.errors import ConfigError
 from mvsink.rows import parse_row_schema
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
-_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 _INSERT = re.compile(r"^\s*INSERT\s+INTO\s+([A-Za-z_][A-Za-z0-9_]*)\s+(.+?)\s*;?\s*$",
                      re.IGNORECASE | re.DOTALL)  # fmt: skip
 _DELETE = re.compile(r"^\s*DELETE\s+FROM\s+([A-Za-z_][A-Za-z0-9_]*)(?:\s+WHERE\s+(.+?))?\s*;?\s*$",
@@ -130,7 +129,7 @@ def definition_from_toml(
     if unknown:
         raise ConfigError(f"{origin}: unknown keys {sorted(unknown)} (known: {sorted(_TOP)})")
     name = _text(raw, "name", origin)
-    if not _ID.match(name):
+    if not ID.match(name):
         raise ConfigError(f"{origin}: name={name!r}: use 1-200 of [A-Za-z0-9_.-]")
     output = raw.get("output")
     if not isinstance(output, dict) or set(output) != {"name", "shard", "schema"}:
@@ -153,7 +152,7 @@ def definition_from_toml(
     if len({n.lower() for n in names}) != len(names):
         raise ConfigError(f"{origin}: the names of the output, inputs, references and "
                           f"<input>{RETRACTIONS} must differ: {names}")  # fmt: skip
-    if not _ID.match(output_shard) or output_shard in {*inputs.values(), *references.values()}:
+    if not ID.match(output_shard) or output_shard in {*inputs.values(), *references.values()}:
         raise ConfigError(f"{origin}: output shard {output_shard!r} must be a valid id other "
                           f"than the inputs' and references' (the output is read as "
                           f"{output_name!r} already)")  # fmt: skip
@@ -192,7 +191,7 @@ def _shards(table: object, key: str, origin: str, env: Mapping[str, str] | None)
     shards = {}
     for name, value in table.items():
         shard_id = expand_variables(value, origin, env) if isinstance(value, str) else value
-        if not isinstance(shard_id, str) or not _ID.match(shard_id):
+        if not isinstance(shard_id, str) or not ID.match(shard_id):
             raise ConfigError(f"{origin}: [{key}] {name} = {shard_id!r} is not a shard id")
         shards[name] = shard_id
     return shards

@@ -29,12 +29,12 @@ class LogicError(ContractError):
     """A statement failed or returned rows that do not fit the output."""
 
 
-def expand(table: pa.Table, schema: pa.Schema, sign: int = 1) -> pa.Table:
-    """The row columns of `table`, each row repeated by its diff times `sign` (rows whose
-    product is not positive left out): a bag of rows for SQL."""
+def expand(table: pa.Table, sign: int = 1) -> pa.Table:
+    """The row columns of a part-schema `table`, each row repeated by its diff times `sign`
+    (rows whose product is not positive left out): a bag of rows for SQL."""
     counts = table.column(DIFF).to_numpy() * sign
     keep = np.repeat(np.arange(table.num_rows), np.clip(counts, 0, None))
-    return table.select(schema.names).take(pa.array(keep, pa.int64()))
+    return table.drop_columns([TIME, DIFF, ERR]).take(pa.array(keep, pa.int64()))
 
 
 def with_diffs(rows: pa.Table, schema: pa.Schema, time: int, diff: int) -> pa.Table:
@@ -70,14 +70,14 @@ def run_logic(
     """
     schema = definition.output_schema
     for name, table in changes.items():
-        _view(spark, name, expand(table, _schema_of(table)))
-        _view(spark, f"{name}{RETRACTIONS}", expand(table, _schema_of(table), -1))
+        _view(spark, name, expand(table))
+        _view(spark, f"{name}{RETRACTIONS}", expand(table, -1))
     for name, table in references.items():
-        _view(spark, name, expand(table, _schema_of(table)))
+        _view(spark, name, expand(table))
     current = output
     proposed = part_schema(schema).empty_table()
     for number, statement in enumerate(definition.logic, 1):
-        _view(spark, definition.output_name, _bag(current, schema, time, statement.text))
+        _view(spark, definition.output_name, _bag(current, time, statement.text))
         if statement.insert:
             query, diff = statement.query, 1
         else:
@@ -103,20 +103,15 @@ def run_logic(
             raise LogicError(f"statement {number} ({statement.text!r}): {error}") from error
         proposed = consolidate(pa.concat_tables([proposed, diffs]), schema, time)
         current = consolidate(pa.concat_tables([output, proposed]), schema, time)
-    _bag(current, schema, time, "the logic")  # the result must be a collection
+    _bag(current, time, "the logic")  # the result must be a collection
     return proposed
 
 
-def _bag(collection: pa.Table, schema: pa.Schema, time: int, what: str) -> pa.Table:
+def _bag(collection: pa.Table, time: int, what: str) -> pa.Table:
     if collection.num_rows and pc.min(collection.column(DIFF)).as_py() < 0:
         raise LogicError(f"after {what!r} at time {time} the output holds a row a negative "
                          "number of times: a DELETE retracted more than the output held")  # fmt: skip
-    return expand(collection, schema)
-
-
-def _schema_of(table: pa.Table) -> pa.Schema:
-    """The row columns of a part-schema table."""
-    return pa.schema([f for f in table.schema if f.name not in (TIME, DIFF, ERR)])
+    return expand(collection)
 
 
 def _view(spark: SparkSession, name: str, rows: pa.Table) -> None:

@@ -3,23 +3,24 @@ on Spark at every time an input changed at, and writes the result at that time w
 `truncating_compare_and_append`. All decisions of what to write when are `SinkState`'s.
 
 Steps of `ContinualTask`:
-1. `start`: open the output (created with the definition's schema on first use) and move its
-   upper to `as_of`; lease every input and reference at the output's upper (their `since` may
-   not pass it, so the changes from there stay readable at their own times); read the output's
-   contents as of its upper (the self-reference);
+1. `start`: open the output (created with the definition's schema on first use); choose where
+   the inputs are read from (the output's upper, or for a task that wrote nothing the later of
+   `as_of` and the inputs' `since`) and lease every input and reference there (their `since`
+   may not pass it, so the changes from there stay readable at their own times); read the
+   output's contents as of its upper (the self-reference);
 2. `poll`: for each input whose upper moved, read only the batches that overlap
    `[read upper, new upper)` (a restart starts at the output's upper: input history behind it
    is never read), keep the changes, release the times at which they changed once every
-   input's upper has passed them (`times_extract`, `TimesReduce`);
+   input's upper has passed them (`TimesReduce`; the times are counted in Arrow, as the seed's
+   `times_extract` would with a count per update);
 3. `work`: ask `SinkState.process` for the next write; when it waits for the data of an append
    time, run the logic at that time (inputs' changes at it, references as of it, the output as
-   of the time before) and hand it the diffs; write with `truncating_compare_and_append`: a
+   of the time before) and hand it a handle on the diffs (they stay in Arrow); write with `truncating_compare_and_append`: a
    time a racing replica wrote first is dropped, and the output's contents read again.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -35,15 +36,14 @@ from mvsink.frontier import Frontier, meet_all
 from mvsink.health import report
 from mvsink.kafka import TopicSpec, drain, ensure_topics, tail_consumer
 from mvsink.messages import SinkControl
-from mvsink.rows import row_decoder, row_encoder
 from mvsink.service import Stopping, writer_identity
 from mvsink.settings import S3Settings, Timing
 from mvsink.shard import AsOfBeforeSince, IndefiniteAppend, PartGone, Shard, open_shard
-from mvsink.updates import DIFF, TIME, advance_times, normalize_updates, part_schema
+from mvsink.updates import DIFF, TIME, advance_times, part_schema
 from services.ct.definition import Definition, load_definition
 from services.ct.logic import consolidate, run_logic
 from services.ct.sink import truncating_compare_and_append
-from services.ct.state import SinkState, TimesReduce, times_extract
+from services.ct.state import SinkState, TimesReduce
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -79,7 +79,11 @@ class ContinualTask:
             name: open_shard(shard_id, None, s3, timing)
             for name, shard_id in definition.shards().items()
         }
-        self.sink: SinkState[bytes] = SinkState()
+        #: `to_append` holds one handle per time the logic ran at, `(time, time, 1)`; its diffs
+        #: (Arrow, consolidated at that time by `run_logic`) are in `diffs`. `process` decides
+        #: when they are written without the rows passing through Python.
+        self.sink: SinkState[int] = SinkState()
+        self.diffs: dict[int, pa.Table] = {}
         self.times = TimesReduce()
         #: Per input: the upper through which its changes are read, and the changes kept.
         self.read_upper: dict[str, Frontier] = {}
@@ -94,8 +98,6 @@ class ContinualTask:
         self.times_dropped = 0
         self._logic_seconds = 0.0
         self._held: tuple[Frontier, float] | None = None
-        self._encode = row_encoder(definition.output_schema)
-        self._decode = row_decoder(definition.output_schema)
 
     # -- 1. start ---------------------------------------------------------------------------
 
@@ -191,16 +193,13 @@ class ContinualTask:
             table = table.filter(keep)
         if first and self.start_at.time is not None:
             # The snapshot: the contents before the start are changes at the start.
-            table = normalize_updates(
-                advance_times(table, self.start_at.time, self.start_at.time), shard.schema
-            )
+            table = advance_times(table, self.start_at.time, self.start_at.time)
         self.pending[name] = pa.concat_tables([self.pending[name], table])
-        # Every update counts once: a time at which an input changed runs the logic even if its
-        # diffs cancel (an update is a retraction and an insertion at one time).
-        _, changed = times_extract(list(zip(itertools.repeat(None),
-                                            table.column(TIME).to_pylist(),
-                                            itertools.repeat(1, table.num_rows))))  # fmt: skip
-        self.times.absorb(changed)
+        # The times the input changed at, counted in Arrow (the seed's `times_extract` with a
+        # count per update, not the diffs' sum: a time whose diffs cancel, such as an update's
+        # retraction and insertion, still runs the logic).
+        counts = pc.value_counts(table.column(TIME)).flatten()
+        self.times.absorb(zip(counts[0].to_pylist(), counts[1].to_pylist(), strict=True))
         self.read_upper[name] = state.upper
         return True
 
@@ -271,16 +270,15 @@ class ContinualTask:
                           self.contents)  # fmt: skip
         self._logic_seconds = time.monotonic() - started
         LOGIC_SECONDS.labels(self.definition.name).inc(self._logic_seconds)
-        rows = diffs.select(self.definition.output_schema.names).to_pylist()
-        self.sink.to_append.extend(
-            (self._encode(row), write_ts, diff)
-            for row, diff in zip(rows, diffs.column(DIFF).to_pylist(), strict=True)
-        )
+        if diffs.num_rows:
+            self.diffs[write_ts] = diffs
+            self.sink.to_append.append((write_ts, write_ts, 1))
         self.sink.to_append_progress = Frontier.at(write_ts + 1)
         return True
 
-    def _write(self, new_upper: Frontier, updates: list[tuple[bytes, int, int]]) -> None:
-        table = self._table(updates)
+    def _write(self, new_upper: Frontier, updates: list[tuple[int, int, int]]) -> None:
+        schema = part_schema(self.definition.output_schema)
+        table = pa.concat_tables([schema.empty_table(), *(self.diffs[t] for t, _, _ in updates)])
         before = self.sink.output_progress
         result = truncating_compare_and_append(self.output, table, new_upper, self.writer_id)
         name = self.definition.name
@@ -293,11 +291,12 @@ class ContinualTask:
             if result.written:
                 self.times_written += 1
                 WRITTEN.labels(name).inc()
-                log.info("%s wrote time %s: %d updates (+%d -%d), logic %.2fs, upper %s",
-                         name, updates[0][1], len(updates),
-                         sum(d for _, _, d in updates if d > 0),
-                         -sum(d for _, _, d in updates if d < 0), self._logic_seconds,
-                         result.upper)  # fmt: skip
+                diffs = table.column(DIFF)
+                log.info("%s wrote time %s: %d updates (+%s -%s), logic %.2fs, upper %s",
+                         name, updates[0][1], table.num_rows,
+                         pc.sum(pc.max_element_wise(diffs, 0)).as_py(),
+                         pc.sum(pc.max_element_wise(pc.negate(diffs), 0)).as_py(),
+                         self._logic_seconds, result.upper)  # fmt: skip
             else:
                 self.times_dropped += 1
                 DROPPED.labels(name).inc()
@@ -316,6 +315,7 @@ class ContinualTask:
         """The output's upper is now `upper`: forget what is before it, hold the inputs there."""
         self.sink.output_progress = upper
         self.sink.to_append = [u for u in self.sink.to_append if upper.less_equal_time(u[1])]
+        self.diffs = {t: d for t, d in self.diffs.items() if upper.less_equal_time(t)}
         self.sink.append_times = {t for t in self.sink.append_times if upper.less_equal_time(t)}
         if upper.time is not None:
             for input_name, pending in self.pending.items():
@@ -332,13 +332,6 @@ class ContinualTask:
             self.read_only = False
             log.info("continual task %s promoted: writing from output upper %s",
                      self.definition.name, self.sink.output_progress)  # fmt: skip
-
-    def _table(self, updates: list[tuple[bytes, int, int]]) -> pa.Table:
-        schema = self.definition.output_schema
-        rows = pa.Table.from_pylist([self._decode(d) for d, _, _ in updates], schema=schema)
-        rows = rows.append_column(TIME, pa.array([t for _, t, _ in updates], pa.int64()))
-        rows = rows.append_column(DIFF, pa.array([r for _, _, r in updates], pa.int64()))
-        return normalize_updates(rows, schema)
 
     def step(self) -> bool:
         """One round: poll, then work; whether anything happened. The leases are renewed here

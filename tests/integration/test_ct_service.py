@@ -10,9 +10,6 @@ import dataclasses
 import json
 import os
 import random
-import signal
-import subprocess
-import sys
 import time
 import tomllib
 import urllib.request
@@ -23,6 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from sinkkit import Service
 
 from mvsink.config import S3Settings
 from mvsink.ct_demo import (
@@ -156,10 +154,8 @@ def test_the_service_killed_at_random_points_writes_each_time_once(
     again: it resumes from the output's upper, and the output equals the evaluation."""
     rng = random.Random(unique)
     history = _random_history(rng, 16)
-    service = _Service(orders, s3_settings, kafka_bootstrap, unique, tmp_path)
-    log, output = service.log, service.output
-    start = service.start
-    proc, kills = start(), 0
+    task = _Task(orders, s3_settings, kafka_bootstrap, unique, tmp_path)
+    log, output, proc, kills = task.process.log, task.output, task.process.start(), 0
     try:
         for number, (upper, by_time) in enumerate(history):
             append_orders(orders, upper, by_time)
@@ -167,42 +163,35 @@ def test_the_service_killed_at_random_points_writes_each_time_once(
             if number in (len(history) // 3, 2 * len(history) // 3):  # mid-stream
                 _wait_for(lambda k=kills: log.read_text().count("starts at output upper") > k, 120)
                 time.sleep(rng.uniform(0, 1.5))  # while it follows, runs the logic or writes
-                proc.send_signal(signal.SIGKILL)
-                proc.wait(30)
+                proc.kill()
                 kills += 1
-                proc = start()
-        _wait_past(output, F(history[-1][0] - 1), 180)
-        assert proc.poll() is None, log.read_text()[-3000:]
+                proc.start()
+        output.wait_for_upper_past(F(history[-1][0] - 1), 180)
+        assert proc.proc is not None and proc.proc.poll() is None, log.read_text()[-3000:]
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0, log.read_text()[-3000:]
+        assert proc.stop() == 0, log.read_text()[-3000:]
     text = log.read_text()
     assert kills == 2 and text.count("starts at output upper") == 3, text[-3000:]
     _check(output, evaluate("latest_order", history))
 
 
-class _Service:
-    """`python -m services.ct` running example task latest_order over `orders`."""
+class _Task:
+    """Example task latest_order over `orders`, run by `python -m services.ct` (`process`)."""
 
     def __init__(self, orders: Shard, s3: S3Settings, kafka_bootstrap: str, unique: str,
                  home: Path, **extra: str) -> None:  # fmt: skip
         task_file = home / "task.toml"
         task_file.write_text(example_task("latest_order", orders.shard_id, unique))
-        self.env = {**{k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")},
-                    "MVSINK_KAFKA_BOOTSTRAP": kafka_bootstrap,
-                    "MVSINK_S3_ENDPOINT": s3.endpoint, "MVSINK_S3_BUCKET": s3.bucket,
-                    "MVSINK_S3_ACCESS_KEY": s3.access_key.reveal(),
-                    "MVSINK_S3_SECRET_KEY": s3.secret_key.reveal(),
-                    "MVSINK_CT_TASK": str(task_file), "MVSINK_SPARK_MASTER": "local[1]",
-                    "MVSINK_STATE_DIR": str(home / "state"), **extra}  # fmt: skip
-        self.log = home / "ct.log"
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")},
+               "MVSINK_KAFKA_BOOTSTRAP": kafka_bootstrap,
+               "MVSINK_S3_ENDPOINT": s3.endpoint, "MVSINK_S3_BUCKET": s3.bucket,
+               "MVSINK_S3_ACCESS_KEY": s3.access_key.reveal(),
+               "MVSINK_S3_SECRET_KEY": s3.secret_key.reveal(),
+               "MVSINK_CT_TASK": str(task_file), "MVSINK_SPARK_MASTER": "local[1]",
+               "MVSINK_STATE_DIR": str(home / "state"), **extra}  # fmt: skip
+        self.process = Service("ct", env, home / "ct.log")
         self.definition = load_definition(task_file)
         self.output = open_shard(self.definition.output_shard, self.definition.output_schema, s3)
-
-    def start(self) -> subprocess.Popen[bytes]:
-        with self.log.open("ab") as out:
-            return subprocess.Popen([sys.executable, "-m", "services.ct"], env=self.env,
-                                    stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
 
 
 def test_a_read_only_replica_follows_and_writes_once_promoted(
@@ -240,23 +229,23 @@ def test_the_read_only_service_writes_after_mvsink_promote(
     from services.ct.shell import control_id
 
     history = _random_history(random.Random(unique), 6)
-    service = _Service(orders, s3_settings, kafka_bootstrap, unique, tmp_path,
+    service = _Task(orders, s3_settings, kafka_bootstrap, unique, tmp_path,
                        MVSINK_READ_ONLY="true")  # fmt: skip
-    proc = service.start()
+    proc, log = service.process.start(), service.process.log
     try:
         for upper, by_time in history:
             append_orders(orders, upper, by_time)
-        _wait_for(lambda: "writing nothing until `mvsink promote" in service.log.read_text(), 120)
+        _wait_for(lambda: "writing nothing until `mvsink promote" in log.read_text(), 120)
         time.sleep(2)
         assert service.output.upper() == F(0)  # read-only: nothing written
         for name in [n for n in os.environ if n.startswith("MVSINK_")]:
             monkeypatch.delenv(name)  # e.g. an outer stack's MVSINK_S3_ACCESS_KEY_FILE
-        for name, value in service.env.items():
+        for name, value in proc.env.items():
             if name.startswith("MVSINK_"):
                 monkeypatch.setenv(name, value)
         assert main(["promote", control_id(service.definition)]) == 0
-        _wait_past(service.output, F(history[-1][0] - 1), 120)
-        text = service.log.read_text()
+        service.output.wait_for_upper_past(F(history[-1][0] - 1), 120)
+        text = log.read_text()
         port = text.split("metrics on http://127.0.0.1:", 1)[1].split("/", 1)[0]
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
             metrics = answer.read().decode()
@@ -266,18 +255,13 @@ def test_the_read_only_service_writes_after_mvsink_promote(
                        if line.startswith(f'mvsink_ct_times_written_total{{task="{name}"}}'))  # fmt: skip
         assert float(written.split()[-1]) == text.count(" wrote time ")
         capsys.readouterr()
-        assert main(["ct", "show", service.env["MVSINK_CT_TASK"]]) == 0
+        assert main(["ct", "show", proc.env["MVSINK_CT_TASK"]]) == 0
         shown = capsys.readouterr().out
         assert f"upper {{{history[-1][0]}}} (caught up)" in shown and "rows as of" in shown
     finally:
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0, service.log.read_text()[-3000:]
-    assert "promoted: writing from output upper {0}" in service.log.read_text()
+        assert proc.stop() == 0, log.read_text()[-3000:]
+    assert "promoted: writing from output upper {0}" in log.read_text()
     _check(service.output, evaluate("latest_order", history))
-
-
-def _wait_past(shard: Shard, frontier: Frontier, timeout: float) -> None:
-    shard.wait_for_upper_past(frontier, timeout)
 
 
 def _wait_for(condition: Callable[[], bool], timeout: float) -> None:
