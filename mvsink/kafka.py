@@ -155,6 +155,16 @@ def _has_leaders(topic: Any) -> bool:
     )
 
 
+def init_transactions(producer: Producer, timeout: float) -> None:
+    """`producer.init_transactions(timeout)` after one metadata round trip. librdkafka asks for
+    the producer id at once, and when its first broker connection is not up yet it asks again
+    only 500 ms later: measured here, 6 of 20 fresh producers took 0.506 s to init instead of
+    0.055 s, and none of 50 after a metadata request for all topics (one for the producer's
+    topic alone still stalled 11 in 30)."""
+    producer.list_topics(timeout=timeout)
+    producer.init_transactions(timeout)
+
+
 def produce(
     producer: Producer,
     topic: str,

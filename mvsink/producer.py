@@ -31,7 +31,7 @@ from confluent_kafka import Producer
 from mvsink.config import Config
 from mvsink.errors import ContractError
 from mvsink.frontier import Frontier, meet_all
-from mvsink.kafka import client_config, produce, read_compacted
+from mvsink.kafka import client_config, init_transactions, produce, read_compacted
 from mvsink.messages import (
     DesiredProgress,
     Progress,
@@ -79,7 +79,7 @@ class DesiredProducer:
 
     def start(self, timeout: float = 60.0) -> Frontier:
         """Fence predecessors and restore the frontier from `frontiers`; the frontier."""
-        self.producer.init_transactions(timeout)
+        init_transactions(self.producer, timeout)
         latest = read_compacted(self.config.kafka_bootstrap, self.config.topics.frontiers)
         mine = [
             record.frontier

@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from mvsink import Say, codec
 from mvsink.config import Config
 from mvsink.frontier import Frontier
-from mvsink.kafka import client_config, consumer_config, poll_message, produce
+from mvsink.kafka import client_config, consumer_config, init_transactions, poll_message, produce
 from mvsink.messages import (
     BatchDescription,
     BatchId,
@@ -84,7 +84,7 @@ def roundtrip(bootstrap: str, sample: Sample, timeout: float = 30.0) -> Record:
         delivered.append(message)
 
     if txn:
-        producer.init_transactions(timeout)
+        init_transactions(producer, timeout)
         producer.begin_transaction()
     produce(producer, sample.topic, sample.key, sample.record, sample.partition, on_delivery)
     if txn:

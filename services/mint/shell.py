@@ -22,7 +22,14 @@ from mvsink.config import Config
 from mvsink.errors import DecodeError
 from mvsink.frontier import Frontier
 from mvsink.health import report
-from mvsink.kafka import client_config, drain, last_record, produce, tail_consumer
+from mvsink.kafka import (
+    client_config,
+    drain,
+    init_transactions,
+    last_record,
+    produce,
+    tail_consumer,
+)
 from mvsink.messages import BatchDescription, DesiredProgress, ShardUpper, SinkControl
 from mvsink.service import Stopping
 from mvsink.shard import Shard, open_shard
@@ -63,7 +70,7 @@ class MintShell:
 
     def start(self) -> None:
         """Fence the previous mint, then restore from `descs`."""
-        self.producer.init_transactions(60)
+        init_transactions(self.producer, 60)
         last = last_record(self.config.kafka_bootstrap, self.config.topics.descs)
         if last is not None and not isinstance(last, BatchDescription):
             raise DecodeError(f"{self.config.topics.descs} ends with a {type(last).__name__}")
