@@ -3,9 +3,9 @@ produces them: no update passes through the driver.
 
 ```text
  driver      publish_dataframe(df, producer, frontier)
-               |  df ──mapInArrow(partition)──> + _partition   (mvsink.partitioning, columnar)
-               |     + one marker row per desired partition      (union: every partition gets Progress)
-               |     ──repartition(P, _partition)──> ──mapInArrow(publish)──> per-partition counts
+               |  df ──mapInArrow(split)──> (partition, task key, Arrow IPC of its updates)
+               |     + one empty row per desired partition       (union: every partition gets Progress)
+               |     ──repartition(tasks, task key)──> ──mapInArrow(publish)──> per-partition counts
  executor    for each desired partition p the task holds:
                transactional.id = <producer id>.p<p>     init: fences any earlier attempt's
                last committed record of p is Progress(g), g >= frontier?  yes: already published
@@ -31,6 +31,14 @@ since its last commit it is fenced and cannot commit. The task holds each partit
 until its commit, so a kept producer found fenced is replaced by a new one (init, check) and
 the partition published again; a task's memory holds its share of the publish.
 
+Between the two stages, each input batch's updates travel as one Arrow IPC payload per desired
+partition (`_split`), not row by row: Spark converts a handful of binary rows between the JVM
+and Python instead of every update twice. A row goes to the shuffle partition of its desired
+partition's task key (`_task_keys`: for each `p`, a key Spark's hash partitioning sends to
+shuffle partition `p % tasks`), so the partitions spread evenly over one wave of tasks, as many
+as the executors run at once (hashing `p` itself put 3 of 4 partitions in one task). Which task
+holds which partition changes only the speed: a task publishes every partition its rows name.
+
 The contract is `DesiredProducer`'s (docs/design.md §3.1): updates at times before the
 producer's frontier are refused (the task fails with `ContractError`, and nothing of that
 partition is committed), the records are `UpdatesArrow` stamped with the sink's partitioning.
@@ -51,19 +59,23 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from mvsink.errors import ContractError, DecodeError, InvalidUsage
 from mvsink.frontier import Frontier
-from mvsink.kafka import client_config, last_record, produce
+from mvsink.kafka import client_config, init_transactions, last_record, produce
 from mvsink.messages import DesiredProgress, Progress
 from mvsink.partitioning import partitions_of, split_by_partition
 from mvsink.producer import DesiredProducer, arrow_records
 from mvsink.service import quiet_retries
-from mvsink.updates import DIFF, ERR, TIME, normalize_updates, part_schema
+from mvsink.spark import task_slots
+from mvsink.updates import DIFF, TIME, normalize_updates, part_schema, updates_to_ipc
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger("mvsink.publish")
-PARTITION = "_partition"
+PARTITION, TASK_KEY, PAYLOAD = "_partition", "_task_key", "_updates"
+SPLIT_SCHEMA = f"{PARTITION} int, {TASK_KEY} int, {PAYLOAD} binary"
 RESULT_SCHEMA = "partition int, updates long, skipped boolean"
+#: `_task_keys` by (desired partitions, publishing tasks).
+_TASK_KEYS: dict[tuple[int, int], list[int]] = {}
 #: Transactional producers this Python worker keeps between publishes, by (bootstrap, id).
 _PRODUCERS: dict[tuple[str, str], Producer] = {}
 #: A fault or progress probe called in the task as `hook(event, partition)` with event
@@ -108,28 +120,25 @@ def publish_dataframe(
         raise InvalidUsage("publish_dataframe after send(): advance_to() first")
     if not producer.frontier.less_equal(frontier):
         raise ContractError(f"cannot move the frontier back from {producer.frontier} to {frontier}")
-    from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import from_arrow_schema
-
     config = producer.config
     spec = PublishSpec(
         config.kafka_bootstrap, config.topics.desired, config.topics.frontiers, config.sink_id,
         config.partitions, config.partitioning, producer.row_schema, producer.producer_id,
         producer.frontier, frontier, producer.chunk, hook,
     )  # fmt: skip
-    schema = part_schema(spec.row_schema).append(pa.field(PARTITION, pa.int32(), False))
-    spark_schema = from_arrow_schema(schema)
-    keyed = df.mapInArrow(lambda batches: _with_partition(batches, spec, schema), spark_schema)
     spark = df.sparkSession
-    markers = spark.range(spec.partitions).select(
-        *[F.lit(None).cast(f.dataType).alias(f.name) for f in spark_schema.fields[:-4]],
-        F.lit(0).cast("long").alias(TIME), F.lit(0).cast("long").alias(DIFF),
-        F.lit(None).cast("string").alias(ERR), F.col("id").cast("int").alias(PARTITION),
-    )  # fmt: skip
+    # One wave of publishing tasks: a task more than the slots costs a Python task's start
+    # (~0.1-0.15 s on 2 cores) and runs after the others anyway.
+    tasks = min(spec.partitions, task_slots(spark))
+    keys = _task_keys(spark, spec.partitions, tasks)
+    split = df.mapInArrow(lambda batches: _split(batches, spec, keys), SPLIT_SCHEMA)
+    markers = spark.createDataFrame(
+        [(p, keys[p], b"") for p in range(spec.partitions)], SPLIT_SCHEMA
+    )
     try:
         published = (
-            keyed.unionByName(markers)
-            .repartition(spec.partitions, PARTITION)
+            split.unionByName(markers)
+            .repartition(tasks, TASK_KEY)
             .mapInArrow(lambda batches: _publish(batches, spec), RESULT_SCHEMA)
             .collect()
         )
@@ -148,14 +157,46 @@ def publish_dataframe(
     return sum(row["updates"] for row in published)
 
 
-def _with_partition(
-    batches: Iterable[pa.RecordBatch], spec: PublishSpec, schema: pa.Schema
+def _task_keys(spark: SparkSession, partitions: int, tasks: int) -> list[int]:
+    """For each desired partition `p`, the least int that Spark's hash partitioning into
+    `tasks` shuffle partitions sends to shuffle partition `p % tasks`: asked of Spark's own
+    `hash`, the function `repartition` uses, once per `(partitions, tasks)`."""
+    keys = _TASK_KEYS.get((partitions, tasks))
+    if keys is None:
+        from pyspark.sql import functions as F
+
+        key = F.col("id").cast("int")
+        candidates = spark.range(64 * tasks).select(
+            key.alias("key"), F.pmod(F.hash(key), F.lit(tasks)).alias("goes_to")
+        )
+        found: dict[int, int] = {}
+        for row in candidates.collect():
+            found.setdefault(row["goes_to"], row["key"])
+        # Any key is correct (a task publishes every partition its rows name): a key missing
+        # here (never seen) would only put two partitions' work in one task.
+        keys = [found.get(p % tasks, p) for p in range(partitions)]
+        _TASK_KEYS[(partitions, tasks)] = keys
+    return keys
+
+
+def _split(
+    batches: Iterable[pa.RecordBatch], spec: PublishSpec, keys: list[int]
 ) -> Iterator[pa.RecordBatch]:
-    """Every update normalized to the part schema, with its desired partition."""
+    """Each batch's updates, normalized to the part schema, as one uncompressed Arrow IPC
+    payload per desired partition: `(partition, task key, payload)` rows."""
     for batch in batches:
         table = normalize_updates(batch, spec.row_schema)
         column = partitions_of(table, spec.row_schema, spec.partitions, spec.partitioning)
-        yield from table.append_column(PARTITION, column).cast(schema).to_batches()
+        split = split_by_partition(table, column, spec.partitions)
+        payloads = [updates_to_ipc(part, compression=None) for _, part in split]
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.array([p for p, _ in split], pa.int32()),
+                pa.array([keys[p] for p, _ in split], pa.int32()),
+                pa.array(payloads, pa.binary()),
+            ],
+            names=[PARTITION, TASK_KEY, PAYLOAD],
+        )
 
 
 def _publish(batches: Iterable[pa.RecordBatch], spec: PublishSpec) -> Iterator[pa.RecordBatch]:
@@ -164,12 +205,14 @@ def _publish(batches: Iterable[pa.RecordBatch], spec: PublishSpec) -> Iterator[p
     be replaced and the partition published again."""
     quiet_retries()  # one line per outage, not librdkafka's per reconnect (this worker too)
     pending: dict[int, list[pa.Table]] = {}
+    empty = part_schema(spec.row_schema).empty_table()
     for batch in batches:
-        table = pa.Table.from_batches([batch])
-        column = table.column(PARTITION)
-        rows = table.drop_columns([PARTITION])
-        for partition, part in split_by_partition(rows, column.combine_chunks(), spec.partitions):
-            pending.setdefault(partition, []).append(part)
+        partitions, payloads = batch.column(PARTITION).to_pylist(), batch.column(PAYLOAD)
+        for partition, payload in zip(partitions, payloads, strict=True):
+            updates = pending.setdefault(partition, [empty])
+            data = payload.as_buffer()  # empty for the markers
+            if data is not None and data.size:
+                updates.append(pa.ipc.open_stream(data).read_all())
     done = [
         (p, *_publish_partition(spec, p, pa.concat_tables(pending[p]))) for p in sorted(pending)
     ]
@@ -207,7 +250,7 @@ def _publish_partition(spec: PublishSpec, partition: int, rows: pa.Table) -> tup
         if producer is None:
             producer, kept = Producer(client_config(spec.bootstrap, **{
                 "transactional.id": key[1], "linger.ms": 5})), False  # fmt: skip
-            producer.init_transactions(60)
+            init_transactions(producer, 60)
             _PRODUCERS[key] = producer
             committed = last_progress(spec.bootstrap, spec.desired_topic, partition)
             if committed is not None and spec.upper.less_equal(committed):

@@ -26,7 +26,7 @@ from mvsink.kafka import client_config, poll_message, read_compacted, tail_consu
 from mvsink.messages import DesiredProgress, Progress, Updates, UpdatesArrow
 from mvsink.partitioning import partition_of, partitions_of
 from mvsink.producer import DesiredProducer
-from mvsink.publish import publish_dataframe
+from mvsink.publish import _task_keys, publish_dataframe
 from mvsink.rows import parse_row_schema, row_decoder, row_encoder
 from mvsink.updates import normalize_updates, updates_from_ipc
 
@@ -161,6 +161,42 @@ def test_publish_dataframe_from_the_executors(sink: Sink, spark: Any) -> None:
     producer.send(table([("d", 4, 1, 1)]))
     with pytest.raises(InvalidUsage, match="advance_to"):
         publish_dataframe(late, producer, F(2))
+
+
+@pytest.mark.parametrize(("partitions", "tasks"), [(1, 1), (3, 2), (4, 2), (8, 2), (8, 4), (16, 3)])
+def test_publish_task_keys_spread_the_partitions_over_the_tasks(
+    spark: Any, partitions: int, tasks: int
+) -> None:
+    """Spark's hash partitioning sends desired partition p's task key to task p % tasks."""
+    from pyspark.sql import functions as sql
+
+    keys = _task_keys(spark, partitions, tasks)
+    frame = spark.createDataFrame([(p, keys[p]) for p in range(partitions)], "p int, key int")
+    placed = frame.repartition(tasks, "key").select("p", sql.spark_partition_id().alias("task"))
+    assert {row["p"]: row["task"] for row in placed.collect()} == {
+        p: p % tasks for p in range(partitions)
+    }
+
+
+def test_publish_dataframe_of_many_arrow_batches_delivers_each_update_once(
+    sink: Sink, spark: Any
+) -> None:
+    """60,000 updates in 4 DataFrame partitions: several Arrow batches (10,000 rows at most)
+    per input task, each split into one payload per desired partition, all published once."""
+    producer = DesiredProducer(sink.config, parse_row_schema(sink.config.row_schema),
+                               f"t-{uuid.uuid4().hex[:6]}")  # fmt: skip
+    producer.start()
+    rows = [(f"k{i}", i, 0, 1 + i % 3) for i in range(60_000)]
+    frame = spark.createDataFrame(rows, "k string, v long, _time long, _diff long").repartition(4)
+    assert publish_dataframe(frame, producer, F(1)) == len(rows)
+    schema = parse_row_schema(sink.config.row_schema)
+    got: Counter[tuple[str, int, int, int]] = Counter()
+    for partition, record in read_desired(sink):
+        if isinstance(record, UpdatesArrow):
+            updates = updates_from_ipc(record.ipc, schema)
+            assert set(partitions_of(updates, schema, 3).to_pylist()) == {partition}
+            got.update((u["k"], u["v"], u["_time"], u["_diff"]) for u in updates.to_pylist())
+    assert got == Counter(rows)
 
 
 def test_publish_dataframe_through_killed_tasks_delivers_every_update_once(
