@@ -80,9 +80,13 @@ class Correction:
         return self._tables[0]
 
     def updates_before(self, upper: Frontier) -> pa.Table:
-        """The consolidated corrections with time before `upper` (what a batch must write)."""
+        """The consolidated corrections with time before `upper` (what a batch must write):
+        the consolidated table itself when all of it is (the usual case), so a task that keeps
+        what it staged holds and saves (`services.write.checkpoint`) one copy, not two."""
         table = self.consolidate()
         if upper.time is None or table.num_rows == 0:
+            return table
+        if pc.max(table.column(TIME)).as_py() < upper.time:
             return table
         return table.filter(pc.less(table.column(TIME), upper.time))
 

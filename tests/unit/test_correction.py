@@ -3,6 +3,7 @@ Counter model."""
 
 from __future__ import annotations
 
+import pickle
 from collections import Counter
 
 import pyarrow as pa
@@ -52,6 +53,17 @@ def test_updates_before_upper() -> None:
     correction.insert(table([("a", 1, 1), ("b", 4, 1)]))
     assert as_counter(correction.updates_before(F(4))) == Counter({("a", 1): 1})
     assert len(correction.consolidate()) == 2  # written updates stay until read back
+
+
+def test_updates_before_an_upper_past_everything_is_the_corrections_themselves() -> None:
+    """No copy: a kept staged part and the corrections pickle (the warm state) as one table."""
+    correction = Correction(ROWS, F(0))
+    correction.insert(table([(f"k{i}", 1, 1) for i in range(2000)]))
+    staged = correction.updates_before(F(4))
+    assert staged is correction.consolidate()
+    alone = len(pickle.dumps(correction, protocol=pickle.HIGHEST_PROTOCOL))
+    both = len(pickle.dumps((correction, staged), protocol=pickle.HIGHEST_PROTOCOL))
+    assert both < alone * 1.1
 
 
 ops = st.lists(st.tuples(st.sampled_from(["insert", "negated", "since"]),
