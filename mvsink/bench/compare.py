@@ -23,7 +23,7 @@ Systems, one after the other (never two at once on this box):
    table is read at the end and must equal the view;
 4. raw: a consume-and-write loop per partition (`mvsink.bench.systems`).
 5. mvsink-e2e and peer-e2e: mvsink and the peer again, fed the way an upstream Spark job feeds
-   them: each tick's updates are a cached DataFrame, published from the executors with
+   them: each tick's updates are a DataFrame held in the executors, published from them with
    `mvsink.publish.publish_dataframe` (partitioning, encoding and producing are timed), so
    their updates/s and freshness run from the upstream's DataFrame to durable
    (`workload.DataFrameFeeder`; figure `ratio_e2e_vs_peer_e2e`).
