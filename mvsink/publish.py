@@ -25,9 +25,12 @@ for the publish: they are skipped. A partition's updates and its progress become
 together, to read_committed readers, and partitions commit independently: a write task may fold
 partition 0's tick while partition 1's is still being produced, as with any slow partition.
 
-A Python worker keeps its producers between publishes (Spark reuses the workers): a kept
-producer skips the init and the check, because if any other attempt took its transactional id
-since its last commit it is fenced and cannot commit. The task holds each partition's updates
+A Python worker keeps its producers between publishes (Spark reuses the workers), each with
+the progress its last commit carried: a kept producer skips the init and the check, because if
+any other attempt took its transactional id since its last commit it is fenced and cannot
+commit, and otherwise that commit is the partition's last, so a publish at or below its progress
+(the caller retrying a publish whose other partitions failed, in this same worker) is skipped
+as after the check. The task holds each partition's updates
 until its commit, so a kept producer found fenced is replaced by a new one (init, check) and
 the partition published again; a task's memory holds its share of the publish.
 
@@ -77,10 +80,19 @@ RESULT_SCHEMA = "partition int, updates long, skipped boolean"
 #: `_task_keys` by (desired partitions, publishing tasks).
 _TASK_KEYS: dict[tuple[int, int], list[int]] = {}
 #: Transactional producers this Python worker keeps between publishes, by (bootstrap, id).
-_PRODUCERS: dict[tuple[str, str], Producer] = {}
+_PRODUCERS: dict[tuple[str, str], _Kept] = {}
 #: A fault or progress probe called in the task as `hook(event, partition)` with event
 #: "produced" (the partition's records queued, not committed) or "committed".
 Hook = Callable[[str, int], None]
+
+
+@dataclass
+class _Kept:
+    """A transactional producer of one desired partition, and the partition's progress as far
+    as this producer knows: what its last commit carried (or the check found, when new)."""
+
+    producer: Producer
+    committed: Frontier | None
 
 
 @dataclass(frozen=True)
@@ -120,6 +132,9 @@ def publish_dataframe(
         raise InvalidUsage("publish_dataframe after send(): advance_to() first")
     if not producer.frontier.less_equal(frontier):
         raise ContractError(f"cannot move the frontier back from {producer.frontier} to {frontier}")
+    if producer.frontier == frontier:  # a partition at `frontier` would count as published
+        raise ContractError(f"publish_dataframe must move the frontier forward from {frontier}: "
+                            "a publish is recognised as done by its partitions' progress")  # fmt: skip
     config = producer.config
     spec = PublishSpec(
         config.kafka_bootstrap, config.topics.desired, config.topics.frontiers, config.sink_id,
@@ -129,7 +144,10 @@ def publish_dataframe(
     spark = df.sparkSession
     # One wave of publishing tasks: a task more than the slots costs a Python task's start
     # (~0.1-0.15 s on 2 cores) and runs after the others anyway.
-    tasks = min(spec.partitions, task_slots(spark))
+    try:
+        tasks = min(spec.partitions, task_slots(spark))
+    except Exception:  # no py4j gateway to ask (Spark Connect): a task per partition
+        tasks = spec.partitions
     keys = _task_keys(spark, spec.partitions, tasks)
     split = df.mapInArrow(lambda batches: _split(batches, spec, keys), SPLIT_SCHEMA)
     markers = spark.createDataFrame(
@@ -232,7 +250,8 @@ def _publish_partition(spec: PublishSpec, partition: int, rows: pa.Table) -> tup
     A producer this Python worker kept from its last publish of the partition is used as it is:
     if another attempt took the transactional id since, it is fenced, cannot commit, and a new
     producer takes over. A new producer fences whatever came before it and then checks the
-    partition's last committed record (module docs).
+    partition's last committed record. Either way a partition whose progress already reached
+    the publish's is skipped (module docs).
 
     Raises:
         ContractError: an update before the producer's frontier (nothing is produced).
@@ -246,15 +265,17 @@ def _publish_partition(spec: PublishSpec, partition: int, rows: pa.Table) -> tup
             )
     key = (spec.bootstrap, f"{spec.producer_id}.p{partition}")
     while True:
-        producer, kept = _PRODUCERS.get(key), True
-        if producer is None:
-            producer, kept = Producer(client_config(spec.bootstrap, **{
-                "transactional.id": key[1], "linger.ms": 5})), False  # fmt: skip
+        kept, reused = _PRODUCERS.get(key), True
+        if kept is None:
+            producer = Producer(client_config(spec.bootstrap, **{
+                "transactional.id": key[1], "linger.ms": 5}))  # fmt: skip
             init_transactions(producer, 60)
-            _PRODUCERS[key] = producer
             committed = last_progress(spec.bootstrap, spec.desired_topic, partition)
-            if committed is not None and spec.upper.less_equal(committed):
-                return int(rows.num_rows), True
+            kept, reused = _Kept(producer, committed), False
+            _PRODUCERS[key] = kept
+        if kept.committed is not None and spec.upper.less_equal(kept.committed):
+            return int(rows.num_rows), True
+        producer = kept.producer
         try:
             producer.begin_transaction()
             for record in arrow_records(rows, spec.partitioning, spec.chunk):
@@ -272,11 +293,12 @@ def _publish_partition(spec: PublishSpec, partition: int, rows: pa.Table) -> tup
             _PRODUCERS.pop(key, None)
             with contextlib.suppress(Exception):
                 producer.abort_transaction(10)
-            if kept and is_fenced(error):
+            if reused and is_fenced(error):
                 log.info("publish: the kept producer of desired partition %d was fenced by "
                          "another attempt since its last publish: a new one takes over", partition)  # fmt: skip
                 continue
             raise
+        kept.committed = spec.upper
         if spec.hook is not None:
             spec.hook("committed", partition)
         return int(rows.num_rows), False

@@ -26,7 +26,13 @@ from mvsink.kafka import client_config, poll_message, read_compacted, tail_consu
 from mvsink.messages import DesiredProgress, Progress, Updates, UpdatesArrow
 from mvsink.partitioning import partition_of, partitions_of
 from mvsink.producer import DesiredProducer
-from mvsink.publish import _task_keys, publish_dataframe
+from mvsink.publish import (
+    _PRODUCERS,
+    PublishSpec,
+    _publish_partition,
+    _task_keys,
+    publish_dataframe,
+)
 from mvsink.rows import parse_row_schema, row_decoder, row_encoder
 from mvsink.updates import normalize_updates, updates_from_ipc
 
@@ -147,6 +153,8 @@ def test_publish_dataframe_from_the_executors(sink: Sink, spark: Any) -> None:
     )
     assert publish_dataframe(frame, producer, F(1)) == 2
     assert producer.frontier == F(1)
+    with pytest.raises(ContractError, match="must move the frontier forward"):
+        publish_dataframe(frame, producer, F(1))
     records = read_desired(sink)
     assert sorted(row for _, row in sent_rows(sink, records)) == sorted(
         row_encoder(parse_row_schema(sink.config.row_schema))(r)
@@ -197,6 +205,39 @@ def test_publish_dataframe_of_many_arrow_batches_delivers_each_update_once(
             assert set(partitions_of(updates, schema, 3).to_pylist()) == {partition}
             got.update((u["k"], u["v"], u["_time"], u["_diff"]) for u in updates.to_pylist())
     assert got == Counter(rows)
+    mixed = spark.createDataFrame([("a", None, 1, 1, None), (None, None, 1, 2, "bad row")],
+                                  "k string, v long, _time long, _diff long, _err string")  # fmt: skip
+    assert publish_dataframe(mixed, producer, F(2)) == 2
+    empty = spark.createDataFrame([], "k string, v long, _time long, _diff long")
+    assert publish_dataframe(empty, producer, F(3)) == 0
+    records = read_desired(sink)
+    assert {p for p, r in records if isinstance(r, Progress) and r.frontier == F(3)} == {0, 1, 2}
+    late = [u for _, r in records if isinstance(r, UpdatesArrow)
+            for u in updates_from_ipc(r.ipc, schema).to_pylist() if u["_time"] == 1]  # fmt: skip
+    assert sorted((u["k"] or "", u["v"], u["_diff"], u["_err"] or "") for u in late) == [
+        ("", None, 2, "bad row"),
+        ("a", None, 1, ""),
+    ]
+
+
+def test_a_kept_producer_skips_a_partition_it_already_published(sink: Sink) -> None:
+    """A publish fails after some partitions committed and the caller retries it at the same
+    frontier: a partition that lands again in the Python worker that committed it (its kept
+    producer) is skipped, not published twice; so is one that lands in a new worker (the
+    check). Here this process is the worker."""
+    producer = producer_for(sink)
+    config, row_schema = sink.config, parse_row_schema(sink.config.row_schema)
+    spec = PublishSpec(config.kafka_bootstrap, config.topics.desired, config.topics.frontiers,
+                       config.sink_id, config.partitions, config.partitioning, row_schema,
+                       producer.producer_id, F(0), F(1), 100)  # fmt: skip
+    rows = normalize_updates(table([("a", 1, 0, 1), ("b", 2, 0, 1)]), row_schema)
+    assert _publish_partition(spec, 0, rows) == (2, False)
+    assert _publish_partition(spec, 0, rows) == (2, True)  # the kept producer
+    _PRODUCERS.clear()
+    assert _publish_partition(spec, 0, rows) == (2, True)  # a new one, after its check
+    updates = [u for p, r in read_desired(sink) if isinstance(r, UpdatesArrow)
+               for u in updates_from_ipc(r.ipc, row_schema).to_pylist()]  # fmt: skip
+    assert sorted((u["k"], u["v"]) for u in updates) == [("a", 1), ("b", 2)]
 
 
 def test_publish_dataframe_through_killed_tasks_delivers_every_update_once(
@@ -210,7 +251,7 @@ def test_publish_dataframe_through_killed_tasks_delivers_every_update_once(
     faults = tmp_path / "faults"
     faults.mkdir()
     (faults / "produced-1").touch()
-    (faults / "committed-2").touch()
+    (faults / "committed-0").touch()  # P=3 on 2 tasks: one holds 0 and 2, dies between them
 
     def hook(event: str, partition: int) -> None:
         import os
