@@ -25,14 +25,15 @@ for the publish: they are skipped. A partition's updates and its progress become
 together, to read_committed readers, and partitions commit independently: a write task may fold
 partition 0's tick while partition 1's is still being produced, as with any slow partition.
 
-A Python worker keeps its producers between publishes (Spark reuses the workers), each with
-the progress its last commit carried: a kept producer skips the init and the check, because if
-any other attempt took its transactional id since its last commit it is fenced and cannot
-commit, and otherwise that commit is the partition's last, so a publish at or below its progress
-(the caller retrying a publish whose other partitions failed, in this same worker) is skipped
-as after the check. The task holds each partition's updates
-until its commit, so a kept producer found fenced is replaced by a new one (init, check) and
-the partition published again; a task's memory holds its share of the publish.
+A Python worker keeps its producers between publishes (Spark reuses the workers), each with the
+progress its last commit carried: a kept producer skips the init and the check, because if any
+other attempt took its transactional id since its last commit it is fenced and cannot commit,
+and otherwise that commit is the partition's last, so a publish at or below its progress (the
+caller retrying a publish whose other partitions failed, in this same worker) is skipped as
+after the check. The task holds each partition's updates until its commit, so a kept producer
+found fenced is replaced by a new one (init, check) and the partition published again; a task's
+memory holds its share of the publish. Each publish must move the producer's frontier forward
+(`ContractError` otherwise): a partition that reached it counts as published.
 
 Between the two stages, each input batch's updates travel as one Arrow IPC payload per desired
 partition (`_split`), not row by row: Spark converts a handful of binary rows between the JVM
