@@ -72,6 +72,13 @@ def read_desired(sink: Sink) -> list[tuple[int, Any]]:
     return seen
 
 
+def published_updates(sink: Sink) -> list[dict[str, Any]]:
+    """Every update of the desired topic's `UpdatesArrow` records (read_committed)."""
+    schema = parse_row_schema(sink.config.row_schema)
+    return [u for _, record in read_desired(sink) if isinstance(record, UpdatesArrow)
+            for u in updates_from_ipc(record.ipc, schema).to_pylist()]  # fmt: skip
+
+
 def sent_rows(sink: Sink, records: list[tuple[int, Any]]) -> list[tuple[int, bytes]]:
     """`(partition, Avro-encoded row)` of every update in either wire form, chunks of <= 4."""
     schema = parse_row_schema(sink.config.row_schema)
@@ -212,8 +219,7 @@ def test_publish_dataframe_of_many_arrow_batches_delivers_each_update_once(
     assert publish_dataframe(empty, producer, F(3)) == 0
     records = read_desired(sink)
     assert {p for p, r in records if isinstance(r, Progress) and r.frontier == F(3)} == {0, 1, 2}
-    late = [u for _, r in records if isinstance(r, UpdatesArrow)
-            for u in updates_from_ipc(r.ipc, schema).to_pylist() if u["_time"] == 1]  # fmt: skip
+    late = [u for u in published_updates(sink) if u["_time"] == 1]
     assert sorted((u["k"] or "", u["v"], u["_diff"], u["_err"] or "") for u in late) == [
         ("", None, 2, "bad row"),
         ("a", None, 1, ""),
@@ -235,9 +241,7 @@ def test_a_kept_producer_skips_a_partition_it_already_published(sink: Sink) -> N
     assert _publish_partition(spec, 0, rows) == (2, True)  # the kept producer
     _PRODUCERS.clear()
     assert _publish_partition(spec, 0, rows) == (2, True)  # a new one, after its check
-    updates = [u for p, r in read_desired(sink) if isinstance(r, UpdatesArrow)
-               for u in updates_from_ipc(r.ipc, row_schema).to_pylist()]  # fmt: skip
-    assert sorted((u["k"], u["v"]) for u in updates) == [("a", 1), ("b", 2)]
+    assert sorted((u["k"], u["v"]) for u in published_updates(sink)) == [("a", 1), ("b", 2)]
 
 
 def test_publish_dataframe_through_killed_tasks_delivers_every_update_once(
@@ -276,12 +280,7 @@ def test_publish_dataframe_through_killed_tasks_delivers_every_update_once(
         for k, v, _, d in rows:
             expected[(k, v)] = expected.get((k, v), 0) + d
     assert not list(faults.iterdir())  # both faults happened
-    arrow = parse_row_schema(sink.config.row_schema)
-    got = Counter(
-        (u["k"], u["v"], u["_time"], u["_diff"])
-        for _, record in read_desired(sink) if isinstance(record, UpdatesArrow)
-        for u in updates_from_ipc(record.ipc, arrow).to_pylist()
-    )  # fmt: skip
+    got = Counter((u["k"], u["v"], u["_time"], u["_diff"]) for u in published_updates(sink))
     assert got == Counter(published)  # every update exactly once
     want = {key: d for key, d in expected.items() if d}
     wait_until(lambda: sink.shard.upper() == F(3) and contents(sink, 3) == want, 180,
@@ -315,11 +314,7 @@ def test_publish_dataframe_after_another_instance_took_a_partitions_transactiona
     stages = [s for j in tracker.getJobIdsForGroup(group) for s in tracker.getJobInfo(j).stageIds]
     failed = sum(tracker.getStageInfo(s).numFailedTasks for s in stages)
     assert failed == 0, f"{failed} task attempts failed: Spark's retry is not the recovery"
-    arrow = parse_row_schema(sink.config.row_schema)
-    got = Counter(
-        u["k"] for _, record in read_desired(sink) if isinstance(record, UpdatesArrow)
-        for u in updates_from_ipc(record.ipc, arrow).to_pylist()
-    )  # fmt: skip
+    got = Counter(u["k"] for u in published_updates(sink))
     assert got == Counter([f"a{i}" for i in range(30)] + [f"b{i}" for i in range(3000)])
 
 
