@@ -125,6 +125,9 @@ class Config:
     compaction: bool = True
     compaction_max_batches: int = _POLICY.max_batches
     compaction_max_amplification: float = _POLICY.max_amplification
+    #: Whether the write service runs its steps in resident Spark tasks (`services.write.resident`)
+    #: instead of a Spark job per step; off where executors cannot connect back to the driver.
+    spark_residents: bool = True
     #: The continual task service's task definition file (`services.ct.definition`).
     ct_task: str = ""
 
@@ -228,6 +231,7 @@ FIELDS: tuple[FieldSpec, ...] = (
     FieldSpec("s3_access_key", "s3", "access_key", "MVSINK_S3_ACCESS_KEY", str, secret=True),
     FieldSpec("s3_secret_key", "s3", "secret_key", "MVSINK_S3_SECRET_KEY", str, secret=True),
     FieldSpec("spark_master", "spark", "master", "MVSINK_SPARK_MASTER", str),
+    FieldSpec("spark_residents", "spark", "residents", "MVSINK_SPARK_RESIDENTS", _bool),
     FieldSpec("row_schema", "sink", "row_schema", "MVSINK_ROW_SCHEMA", str),
     FieldSpec("metrics_addr", "service", "metrics_addr", "MVSINK_METRICS_ADDR", str),
     FieldSpec("metrics_port", "service", "metrics_port", "MVSINK_METRICS_PORT", _int),
@@ -276,6 +280,7 @@ DEFAULTS: Mapping[str, Any] = {
     "s3_access_key": "",
     "s3_secret_key": "",
     "spark_master": "local[*]",
+    "spark_residents": True,
     "row_schema": "",
     "metrics_addr": "127.0.0.1",
     "metrics_port": 0,
@@ -313,6 +318,7 @@ MEANINGS: Mapping[str, str] = {
     "s3_access_key": "S3 access key (environment or <VAR>_FILE only)",
     "s3_secret_key": "S3 secret key (environment or <VAR>_FILE only)",
     "spark_master": "the write service's Spark master URL",
+    "spark_residents": "whether write runs its steps in long-lived Spark tasks that connect back to the driver",
     "row_schema": 'the row schema, "name type[ not null], ..."; empty: the shard\'s',
     "metrics_addr": "address of the Prometheus endpoint",
     "metrics_port": "port of the Prometheus endpoint; 0 picks a free one (logged)",
@@ -476,6 +482,7 @@ def _build(values: Mapping[str, Any]) -> Config:
             secure=values["s3_secure"],
         ),
         spark_master=values["spark_master"],
+        spark_residents=values["spark_residents"],
         row_schema=values["row_schema"],
         metrics_addr=values["metrics_addr"],
         metrics_port=values["metrics_port"],

@@ -42,10 +42,12 @@ does not compact (mint mints nothing for it, and compaction follows staging jobs
 
 Placement
 ---------
-Each job runs one task per executor core; a partition's task goes to the executor holding its
-warm state (`services.write.affinity`: a stable partition -> executor map learned from where
-tasks ran, as Spark executor locality preferences), whose Python workers share it through the
-executor's local directory (`services.write.checkpoint`). The code reaches a cluster's
+Each batch runs one task per executor core: resident ones (`services.write.resident`, long-lived
+Spark tasks that take each batch's steps over a socket, so a batch costs no Spark job), or a
+one-shot Spark job of the same tasks where the residents cannot serve. A partition's task goes
+to the executor holding its warm state (`services.write.affinity`: a stable partition ->
+executor map learned from where tasks ran, as Spark executor locality preferences), whose
+Python workers share it through the executor's local directory (`services.write.checkpoint`). The code reaches a cluster's
 executors as a zip the driver builds and ships at start (`mvsink.spark`).
 
 Failure handling
@@ -58,7 +60,7 @@ and never reach the shard.
 
 `python -m services.write`; decisions in `services.write.state` (pure), the buffer in
 `services.write.correction` (pure Arrow), placement in `services.write.affinity` (pure), the
-per-partition task in `services.write.task`, its folds in `services.write.fold` and its
-checkpoints in `services.write.checkpoint`, the compactor thread in
-`services.write.compactor`, I/O in `services.write.shell`.
+per-partition task in `services.write.task` (run by `services.write.resident`), its folds in
+`services.write.fold` and its checkpoints in `services.write.checkpoint`, the compactor thread
+in `services.write.compactor`, I/O in `services.write.shell`.
 """

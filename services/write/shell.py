@@ -1,6 +1,7 @@
 """The write driver: follows descriptions, frontiers and control, owns a share of the P desired
-partitions through consumer group `<sink>.write`, and runs one Spark job per batch with one
-task per owned partition (`services.write.task`). All decisions are `WriteState`'s.
+partitions through consumer group `<sink>.write`, and runs each batch's steps for its owned
+partitions (`services.write.task`) in its resident Spark tasks (`services.write.resident`), or
+as a Spark job where they cannot. All decisions are `WriteState`'s.
 
 The ownership consumer never fetches data (its partitions are paused): the tasks read the
 desired records themselves, by offset, from where their checkpoint says they stopped.
@@ -27,6 +28,7 @@ from mvsink.shard import AsOfBeforeSince, Shard, open_shard
 from mvsink.spark import live_executors, run_pinned, task_slots
 from services.write.affinity import groups, place
 from services.write.compactor import Compactor
+from services.write.resident import Crew
 from services.write.state import StageJob, WriteState
 from services.write.task import TaskResult, TaskSpec, run_tasks, warm_up
 
@@ -80,6 +82,8 @@ class WriteShell:
         self.staged_at = time.monotonic()
         self.spark: Any = None
         self.compactor: Compactor | None = None
+        #: The resident tasks the steps run in (`services.write.resident`), if enabled.
+        self.crew: Crew | None = None
 
     # -- ownership --------------------------------------------------------------------------
 
@@ -155,6 +159,8 @@ class WriteShell:
                 self.compactor = Compactor(self.config, self.writer_id, self.spark)
                 self.compactor.start()
             self._warm_up()
+            if self.config.spark_residents:
+                self.crew = Crew(self.spark)
             topics = self.config.topics
             owner = Consumer(consumer_config(
                 self.config.kafka_bootstrap, group_id=f"{self.config.sink_id}.write",
@@ -188,6 +194,8 @@ class WriteShell:
                     self._fold()
                     last_fold = time.monotonic()
         finally:
+            if self.crew is not None:
+                self.crew.dismiss()
             if self.compactor is not None:
                 self.compactor.stop()
             try:
@@ -252,7 +260,8 @@ class WriteShell:
                  task_slots(self.spark))  # fmt: skip
 
     def _run(self, specs: list[TaskSpec]) -> list[TaskResult]:
-        """Run `specs` on their partitions' home executors (`services.write.affinity`)."""
+        """Run `specs` on their partitions' home executors (`services.write.affinity`): in the
+        resident tasks while they serve, else (and whatever they hand back) as a Spark job."""
         executors = live_executors(self.spark)
         placement = place((s.partition for s in specs), self.home, executors)
         by_partition = {s.partition: s for s in specs}
@@ -260,7 +269,11 @@ class WriteShell:
         slots = max(1, task_slots(self.spark) // len(executors))
         work = [([by_partition[p] for p in group], executor)
                 for group, executor in groups(placement, slots)]  # fmt: skip
-        results = run_pinned(self.spark, work, run_tasks)
+        results: list[TaskResult] = []
+        if self.crew is not None:
+            results, work = self.crew.run(work, sorted(executors), slots)
+        if work:
+            results += run_pinned(self.spark, work, run_tasks)
         moved = {r.partition: f"{self.home[r.partition]} -> {r.executor}" for r in results
                  if self.home.get(r.partition, r.executor) != r.executor}  # fmt: skip
         if moved:

@@ -106,7 +106,18 @@ _SHARDS: dict[str, Shard] = {}
 
 
 def run_task(spec: TaskSpec) -> TaskResult:
-    """One desired partition's step (see the module docs)."""
+    """One desired partition's step (see the module docs). A step that fails drops the state
+    this Python worker holds in memory: the steps change it in place, so it may be half a step
+    past its version, and the next attempt (a Spark retry, or the next step, in this reused
+    worker) must load that version again (the executor's warm copy or the checkpoint)."""
+    try:
+        return _step(spec)
+    except BaseException:
+        checkpoint.CACHE.pop((spec.sink_id, spec.partition), None)
+        raise
+
+
+def _step(spec: TaskSpec) -> TaskResult:
     lap = _Laps()
     state, bytes_read = checkpoint.load(
         spec.sink_id, spec.partition, spec.version, spec.s3, spec.row_schema, spec.as_of

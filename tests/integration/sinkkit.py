@@ -248,6 +248,8 @@ class Upstream:
         self.frontier = self.producer.start().time or 0
         self.model: Counter[tuple[str, int]] = Counter()
         self.values = {f"c{i}": 0 for i in range(keys)}
+        #: Updates published so far.
+        self.sent = 0
 
     def tick(self) -> int:
         """Publish one tick's changes and advance; the new frontier."""
@@ -260,6 +262,7 @@ class Upstream:
                 self.values[key] += tick + 1
                 changes.append((key, self.values[key], tick, 1))  # insertion
         self.producer.send(updates(changes))
+        self.sent += len(changes)
         self.frontier = tick + 1
         self.producer.advance_to(Frontier.at(self.frontier))
         for k, v, _, d in changes:

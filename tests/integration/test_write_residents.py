@@ -1,0 +1,179 @@
+"""The write service's resident tasks (`services.write.resident`) on real Spark, Kafka and MinIO:
+the steps run in long-lived Python workers that keep their partitions' state, a lost resident
+hands its partitions back for a one-shot job, residents step aside for another Spark job, and
+only connections that show the crew's token join it. Also: a failed step drops the state it
+left half-changed in memory (`services.write.task.run_task`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mvsink.config import S3Settings
+from mvsink.desired import decode_desired
+from mvsink.frontier import Frontier
+from mvsink.messages import Progress
+from mvsink.rows import parse_row_schema
+from mvsink.spark import run_pinned
+from services.write import checkpoint, fold, task
+from services.write.resident import Crew, Work
+from services.write.task import TaskResult, TaskSpec, run_tasks
+from tests.integration.sinkkit import ROW_SCHEMA, Sink, Upstream, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def sink(kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path) -> Sink:
+    return Sink.create(kafka_bootstrap, s3_settings, tmp_path, partitions=2)
+
+
+@pytest.fixture
+def crew(spark: Any) -> Iterator[Crew]:
+    crew = Crew(spark)
+    yield crew
+    crew.dismiss()  # the session's Spark serves the next tests
+
+
+def specs(
+    sink: Sink, versions: dict[int, int], stage: tuple[int, int] | None = None
+) -> list[TaskSpec]:
+    """Specs as the write driver makes them, for every partition of `sink`, staging
+    `[lower, upper)` or only folding."""
+    c = sink.config
+    lower, upper = (Frontier.at(stage[0]), Frontier.at(stage[1])) if stage else (None, None)
+    return [TaskSpec(c.sink_id, c.shard_id, p, c.partitions, c.partitioning, c.kafka_bootstrap,
+                     c.topics.desired, c.topics.dead_letter, c.s3, parse_row_schema(ROW_SCHEMA),
+                     c.as_of, "test-writer", versions.get(p, -1), lower, upper)
+            for p in range(c.partitions)]  # fmt: skip
+
+
+def one_each(of: list[TaskSpec]) -> list[Work]:
+    """A group per partition, on the local executor (two task slots)."""
+    return [([spec], "driver") for spec in of]
+
+
+def test_residents_run_the_steps_and_keep_the_state_in_memory(sink: Sink, crew: Crew) -> None:
+    upstream = Upstream(sink, keys=8)
+    for _ in range(3):
+        upstream.tick()
+    results, left = crew.run(one_each(specs(sink, {}, (0, 3))), ["driver"], 2)
+    assert left == []
+    assert sorted(r.partition for r in results) == [0, 1]
+    assert all(not r.stale and not r.outdated and r.version == 0 for r in results)
+    staged = sum(r.part.updates for r in results if r.part is not None)
+    assert staged == upstream.sent  # every update, once
+    pids = {r.pid for r in crew.residents}
+    assert len(pids) == 2 and os.getpid() not in pids  # in Spark's Python workers
+    # The next round: the same residents, each holding its partition's state in memory.
+    checkpoint.CACHE.clear()  # (the driver's own memory proves nothing)
+    again, left = crew.run(one_each(specs(sink, {r.partition: r.version for r in results})),
+                           ["driver"], 2)  # fmt: skip
+    assert left == [] and {r.pid for r in crew.residents} == pids
+    assert all(r.version == 1 and r.bytes_read_back == 0 for r in again)
+
+
+def test_a_lost_resident_hands_its_partitions_back(sink: Sink, crew: Crew, spark: Any) -> None:
+    """A resident's Python worker killed between rounds: its group comes back as work left for
+    a one-shot job, the crew is dismissed, and the one-shot job continues from the checkpoint
+    the resident wrote (its memory went with it)."""
+    upstream = Upstream(sink)
+    upstream.tick()
+    results, _ = crew.run(one_each(specs(sink, {}, (0, 1))), ["driver"], 2)
+    versions = {r.partition: r.version for r in results}
+    victim = crew.assign(one_each(specs(sink, versions)))[0][1]
+    os.kill(victim.pid, signal.SIGKILL)
+    upstream.tick()
+    work = one_each(specs(sink, versions))
+    done, left = crew.run(work, ["driver"], 2)
+    assert [spec.partition for item in left for spec in item[0]] == [work[0][0][0].partition]
+    assert [r.partition for r in done] == [work[1][0][0].partition]
+    assert crew.job is None and crew.residents == []
+    assert crew.run(work, ["driver"], 2) == ([], work)  # no relaunch right after a failure
+    rerun: list[TaskResult] = run_pinned(spark, left, run_tasks)
+    assert len(rerun) == 1 and not rerun[0].stale and rerun[0].version == 1
+    before = next(r for r in results if r.partition == rerun[0].partition)
+    assert rerun[0].folded_offset > before.folded_offset  # it folded the second tick
+
+
+def test_residents_step_aside_for_another_spark_job(sink: Sink, crew: Crew, spark: Any) -> None:
+    Upstream(sink).tick()
+    results, _ = crew.run(one_each(specs(sink, {})), ["driver"], 2)
+    counted: list[int] = []
+    other = threading.Thread(
+        target=lambda: counted.append(spark.sparkContext.parallelize(range(10), 2).count())
+    )
+    other.start()  # its tasks wait: the residents hold both slots
+    tracker = spark.sparkContext.statusTracker()
+    wait_until(lambda: len(tracker.getActiveJobsIds()) >= 2, 30, "the other job to be submitted")
+    versions = {r.partition: r.version for r in results}
+    again, left = crew.run(one_each(specs(sink, versions)), ["driver"], 2)
+    assert left == [] and len(again) == 2  # the round still ran in the residents
+    assert crew.job is None  # ... and then they went home
+    other.join(60)
+    assert counted == [10]
+    # With no other job active the next round launches a new crew.
+    versions = {r.partition: r.version for r in again}
+    third, left = crew.run(one_each(specs(sink, versions)), ["driver"], 2)
+    assert left == [] and len(third) == 2 and crew.job is not None
+
+
+def test_only_the_crews_token_joins(sink: Sink, crew: Crew) -> None:
+    Upstream(sink).tick()
+    crew.run(one_each(specs(sink, {})), ["driver"], 2)
+    assert crew.address is not None and len(crew.residents) == 2
+    with socket.create_connection(crew.address) as intruder:
+        wrong, payload = b"\0" * 32, b"not a pickle the driver should ever load"
+        intruder.sendall(
+            len(wrong).to_bytes(8, "big") + wrong + len(payload).to_bytes(8, "big") + payload
+        )
+        intruder.settimeout(5)
+        try:  # refused: the driver closed the connection (reset: it left our payload unread)
+            closed = intruder.recv(1) == b""
+        except ConnectionResetError:
+            closed = True
+        assert closed
+    assert len(crew.residents) == 2
+
+
+def test_a_failed_step_drops_the_state_it_changed_in_memory(
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step that fails halfway must not leave its state in memory under the old version. Here
+    the desired fold fails after it took a tick's progress but before it recorded the offset:
+    the next attempt from that state would read the tick's updates again, find them below the
+    progress, and quarantine them (they would be lost to the view)."""
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor"))
+    checkpoint.CACHE.clear()
+    sink = Sink.create(kafka_bootstrap, s3_settings, tmp_path, partitions=1)
+    upstream = Upstream(sink, keys=2)
+    upstream.tick()
+    [first] = [task.run_task(s) for s in specs(sink, {})]  # version 0, kept in memory
+    upstream.tick()
+    upstream.tick()  # partition 0 now holds: updates 1, progress 2, updates 2, progress 3
+    [spec] = specs(sink, {0: first.version})
+    original, calls = decode_desired, []
+
+    def flaky(*args: Any) -> Any:
+        record = original(*args)
+        calls.append(record)
+        if len(calls) > 2:
+            raise RuntimeError("the broker went away mid-fold")
+        return record
+
+    with monkeypatch.context() as patch:
+        patch.setattr(fold, "decode_desired", flaky)
+        with pytest.raises(RuntimeError):
+            task.run_task(spec)
+    assert isinstance(calls[1], Progress)  # the fold had taken tick 1's progress
+    assert (spec.sink_id, 0) not in checkpoint.CACHE
+    again = task.run_task(spec)
+    assert again.dead_letters == 0 and again.version == 1
+    assert again.desired_frontier == Frontier.at(3) and again.corrections == 4
