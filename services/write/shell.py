@@ -182,6 +182,8 @@ class WriteShell:
                     self.state.advance_persist_frontier(self.shard.upper())
                     next_poll = time.monotonic() + SHARD_POLL
                 self._hold()
+                if self.crew is not None:
+                    self.crew.maybe_step_aside()  # an idle crew must not starve a merge
                 desc, state = self.state.batch_description, self.state
                 working = desc is not None and state.owned and not state.read_only
                 report(state.persist_frontier.time, desc.upper.time if desc and working else None)

@@ -183,8 +183,11 @@ def test_a_checkpoint_left_by_a_lost_task_attempt_is_continued_from(
 
 
 def test_two_write_and_two_append_replicas_split_the_work(sink: Sink, procs: list[Service]) -> None:
+    """... one write replica running its steps in resident tasks, the other as a Spark job per
+    batch (`[spark] residents = false`)."""
     start(procs, sink, "mint")
-    writes = [start(procs, sink, "write", f"-{i}") for i in range(2)]
+    writes = [start(procs, sink, "write", f"-{i}", MVSINK_SPARK_RESIDENTS=on)
+              for i, on in enumerate(("true", "false"))]  # fmt: skip
     appends = [start(procs, sink, "append", f"-{i}") for i in range(2)]
     wait_until(lambda: all(_assigned(w, "desired partitions assigned:") for w in writes)
                and all(_assigned(a, "append workers assigned:") for a in appends),
@@ -197,6 +200,7 @@ def test_two_write_and_two_append_replicas_split_the_work(sink: Sink, procs: lis
     owned = sorted(p for w in writes for p in _assigned(w, "desired partitions assigned:"))
     assert owned == list(range(sink.config.partitions))
     assert all("staged desc" in w.text() for w in writes)
+    assert [" residents on " in w.text() for w in writes] == [True, False]
 
 
 def _assigned(service: Service, marker: str) -> list[int]:

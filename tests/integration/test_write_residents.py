@@ -7,6 +7,8 @@ left half-changed in memory (`services.write.task.run_task`)."""
 from __future__ import annotations
 
 import os
+import pickle
+import shutil
 import signal
 import socket
 import threading
@@ -21,7 +23,7 @@ from mvsink.desired import decode_desired
 from mvsink.frontier import Frontier
 from mvsink.messages import Progress
 from mvsink.rows import parse_row_schema
-from mvsink.spark import run_pinned
+from mvsink.spark import executor_dir, run_pinned
 from services.write import checkpoint, fold, task
 from services.write.resident import Crew, Work
 from services.write.task import TaskResult, TaskSpec, run_tasks
@@ -60,7 +62,11 @@ def one_each(of: list[TaskSpec]) -> list[Work]:
     return [([spec], "driver") for spec in of]
 
 
-def test_residents_run_the_steps_and_keep_the_state_in_memory(sink: Sink, crew: Crew) -> None:
+def test_residents_run_the_steps_and_keep_the_state_in_memory(
+    sink: Sink, crew: Crew, spark: Any
+) -> None:
+    # Where the executor keeps its warm copies (a one-shot job, before the crew holds the slots).
+    [local] = run_pinned(spark, [(0, "driver")], lambda _: [str(executor_dir())])
     upstream = Upstream(sink, keys=8)
     for _ in range(3):
         upstream.tick()
@@ -74,6 +80,7 @@ def test_residents_run_the_steps_and_keep_the_state_in_memory(sink: Sink, crew: 
     assert len(pids) == 2 and os.getpid() not in pids  # in Spark's Python workers
     # The next round: the same residents, each holding its partition's state in memory.
     checkpoint.CACHE.clear()  # (the driver's own memory proves nothing)
+    shutil.rmtree(Path(local) / "warm" / sink.config.sink_id)  # nor does the executor's disk
     again, left = crew.run(one_each(specs(sink, {r.partition: r.version for r in results})),
                            ["driver"], 2)  # fmt: skip
     assert left == [] and {r.pid for r in crew.residents} == pids
@@ -88,7 +95,7 @@ def test_a_lost_resident_hands_its_partitions_back(sink: Sink, crew: Crew, spark
     upstream.tick()
     results, _ = crew.run(one_each(specs(sink, {}, (0, 1))), ["driver"], 2)
     versions = {r.partition: r.version for r in results}
-    victim = crew.assign(one_each(specs(sink, versions)))[0][1]
+    victim = crew.assign(one_each(specs(sink, versions)))[0][0]
     os.kill(victim.pid, signal.SIGKILL)
     upstream.tick()
     work = one_each(specs(sink, versions))
@@ -119,6 +126,8 @@ def test_residents_step_aside_for_another_spark_job(sink: Sink, crew: Crew, spar
     assert crew.job is None  # ... and then they went home
     other.join(60)
     assert counted == [10]
+    crewless = lambda: not tracker.getActiveJobsIds()  # noqa: E731
+    wait_until(crewless, 30, "the status tracker to see the other job end")
     # With no other job active the next round launches a new crew.
     versions = {r.partition: r.version for r in again}
     third, left = crew.run(one_each(specs(sink, versions)), ["driver"], 2)
@@ -126,21 +135,35 @@ def test_residents_step_aside_for_another_spark_job(sink: Sink, crew: Crew, spar
 
 
 def test_only_the_crews_token_joins(sink: Sink, crew: Crew) -> None:
+    """A connection with a wrong token is refused before its hello is read, even a hello that
+    would otherwise join (a free slot, on the crew's executor)."""
     Upstream(sink).tick()
     crew.run(one_each(specs(sink, {})), ["driver"], 2)
     assert crew.address is not None and len(crew.residents) == 2
+    crew.expected = 3  # a slot free for the intruder, were its token right
+    frames = b""
+    for frame in (b"\0" * 32, pickle.dumps((2, "driver", os.getpid()))):
+        frames += len(frame).to_bytes(8, "big") + frame
     with socket.create_connection(crew.address) as intruder:
-        wrong, payload = b"\0" * 32, b"not a pickle the driver should ever load"
-        intruder.sendall(
-            len(wrong).to_bytes(8, "big") + wrong + len(payload).to_bytes(8, "big") + payload
-        )
+        intruder.sendall(frames)
         intruder.settimeout(5)
-        try:  # refused: the driver closed the connection (reset: it left our payload unread)
+        try:  # refused: the driver closed the connection (reset: it left our hello unread)
             closed = intruder.recv(1) == b""
         except ConnectionResetError:
             closed = True
         assert closed
-    assert len(crew.residents) == 2
+    assert sorted(r.slot for r in crew.residents) == [0, 1]
+
+
+def test_a_step_failing_in_a_resident_hands_its_group_back(sink: Sink, crew: Crew) -> None:
+    """A step that raises in a resident (here: a checkpoint version that does not exist) comes
+    back as work left for a one-shot job, where Spark retries it and the error surfaces; the
+    other group's result is kept."""
+    Upstream(sink).tick()
+    work = one_each(specs(sink, {0: 7}))
+    done, left = crew.run(work, ["driver"], 2)
+    assert [r.partition for r in done] == [1] and left == [work[0]]
+    assert crew.job is None and crew.failures == 1
 
 
 def test_a_failed_step_drops_the_state_it_changed_in_memory(
