@@ -6,7 +6,8 @@ A task continues from the version the driver expects, found in the first of:
 2. the executor's warm copy (`executor_dir()/warm/<sink>/p<N>.pickle`): an executor runs
    several Python workers and Spark picks any for a task, so each saved state is also written
    where every Python worker of the executor finds it (the executor's local directory, removed
-   with it). It includes the parts the state staged, so their read-back stays free;
+   with it). It includes the parts the state staged, so their read-back stays free. A
+   resident task writes its partitions' warm copies when it leaves (`WARM_COPIES`);
 3. the checkpoint in object storage (a restart, or a partition moved to another executor);
 4. empty (version -1: nothing checkpointed yet).
 
@@ -58,6 +59,11 @@ class PartitionState:
 
 #: The executor's warm states, by (sink, partition).
 CACHE: dict[tuple[str, int], PartitionState] = {}
+#: Whether `save` also writes the executor's warm copy. A resident task (`services.write.
+#: resident`) keeps its partitions in this worker's memory from step to step and writes their
+#: warm copies once, when it leaves (`save_warm_copies`): ~0.02 s a partition and step saved.
+#: A worker killed meanwhile leaves older warm copies, which are not loaded (wrong version).
+WARM_COPIES = True
 
 
 def checkpoint_key(sink_id: str, partition: int, version: int, suffix: str = "arrow") -> str:
@@ -107,6 +113,13 @@ def _load_warm(sink_id: str, partition: int, version: int) -> PartitionState | N
     except (OSError, EOFError, pickle.UnpicklingError):
         return None
     return state if isinstance(state, PartitionState) and state.version == version else None
+
+
+def save_warm_copies() -> int:
+    """Write the warm copy of every state this worker holds (a resident leaving); how many."""
+    for (sink_id, partition), state in CACHE.items():
+        _save_warm(sink_id, partition, state)
+    return len(CACHE)
 
 
 def _save_warm(sink_id: str, partition: int, state: PartitionState | None) -> None:
@@ -159,7 +172,8 @@ def save(sink_id: str, partition: int, s3: S3Settings, writer_id: str,
         return None
     state.version = version
     CACHE[(sink_id, partition)] = state
-    _save_warm(sink_id, partition, state)
+    if WARM_COPIES:
+        _save_warm(sink_id, partition, state)
     if version >= 2:  # keep the previous version for a driver that has not seen this one
         client.remove_object(s3.bucket, checkpoint_key(sink_id, partition, version - 2))
     if state.legacy:  # the first Arrow checkpoint after Parquet ones: those are garbage now

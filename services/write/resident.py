@@ -62,6 +62,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mvsink.spark import driver_host, executor_id, live_executors, run_pinned
+from services.write import checkpoint
 from services.write.task import TaskResult, TaskSpec, run_tasks
 
 log = logging.getLogger("mvsink.write.resident")
@@ -113,6 +114,15 @@ def serve(spec: ResidentSpec) -> list[str]:
         conn = socket.create_connection(spec.address, timeout=CONNECT_TIMEOUT)
     except OSError:
         return []
+    checkpoint.WARM_COPIES = False
+    try:
+        return _serve(spec, conn)
+    finally:  # this Python worker may run one-shot tasks next: they share through warm copies
+        checkpoint.WARM_COPIES = True
+        checkpoint.save_warm_copies()
+
+
+def _serve(spec: ResidentSpec, conn: socket.socket) -> list[str]:
     with conn:
         try:
             keep_alive(conn)

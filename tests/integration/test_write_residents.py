@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import shutil
 import signal
 import socket
 import threading
@@ -80,11 +79,16 @@ def test_residents_run_the_steps_and_keep_the_state_in_memory(
     assert len(pids) == 2 and os.getpid() not in pids  # in Spark's Python workers
     # The next round: the same residents, each holding its partition's state in memory.
     checkpoint.CACHE.clear()  # (the driver's own memory proves nothing)
-    shutil.rmtree(Path(local) / "warm" / sink.config.sink_id)  # nor does the executor's disk
+    warm = Path(local) / "warm" / sink.config.sink_id
+    assert not warm.exists()  # residents write no warm copies while they serve
     again, left = crew.run(one_each(specs(sink, {r.partition: r.version for r in results})),
                            ["driver"], 2)  # fmt: skip
     assert left == [] and {r.pid for r in crew.residents} == pids
     assert all(r.version == 1 and r.bytes_read_back == 0 for r in again)
+    # Leaving, they write them, for the executor's other Python workers.
+    crew.dismiss()
+    copies = {p.name: pickle.loads(p.read_bytes()).version for p in warm.iterdir()}
+    assert copies == {"p0.pickle": 1, "p1.pickle": 1}
 
 
 def test_a_lost_resident_hands_its_partitions_back(sink: Sink, crew: Crew, spark: Any) -> None:
