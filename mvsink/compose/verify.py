@@ -74,6 +74,8 @@ HELD = re.compile(r"\[([\d, ]*)\]")
 #: What each scaled service logs when it holds something, and for each piece of work it did.
 WRITE_HOLDS, WRITE_WORK = "desired partitions assigned: ", re.compile(r"\bstaged .*: partitions \[")
 APPEND_HOLDS, APPEND_WORK = "append workers assigned: ", re.compile(r"\bappended \d+ parts for ")
+#: What write logs when it launches its resident tasks, and when a round falls back to a job.
+RESIDENTS, HANDED_BACK = " residents on ", "run as a one-shot job"
 #: Per scaled service: its holds marker, its work pattern, and what its work is called.
 WORK = {"write": (WRITE_HOLDS, WRITE_WORK, "batches staged"),
         "append": (APPEND_HOLDS, APPEND_WORK, "appends")}  # fmt: skip
@@ -293,7 +295,17 @@ def check_scaled(deployment: Deployment, timeout: float = 120.0) -> dict[str, An
         if all(len(b) >= 2 for b in busy.values()):
             for service, containers in figures.items():
                 for name, f in containers.items():
-                    deployment.say(f"  {name}: holds {f['holds']}, {f['done']} {WORK[service][2]}")
+                    crews = (
+                        (
+                            f", {f['crews']} resident crews launched, {f['handed_back']} "
+                            "rounds handed back to a Spark job"
+                        )
+                        if service == "write"
+                        else ""
+                    )
+                    deployment.say(
+                        f"  {name}: holds {f['holds']}, {f['done']} {WORK[service][2]}{crews}"
+                    )
             return figures
         if time.monotonic() > deadline:
             raise VerifyError(
@@ -313,6 +325,9 @@ def _work(
         figures[container] = {
             "holds": [int(n) for n in last[1].replace(",", " ").split()] if last else [],
             "done": sum(1 for line in lines if done.search(line)),
+            # write: crews of resident tasks launched, and rounds they handed back to a job
+            "crews": sum(1 for line in lines if RESIDENTS in line),
+            "handed_back": sum(1 for line in lines if HANDED_BACK in line),
         }
     return figures
 

@@ -7,7 +7,9 @@ A task continues from the version the driver expects, found in the first of:
    several Python workers and Spark picks any for a task, so each saved state is also written
    where every Python worker of the executor finds it (the executor's local directory, removed
    with it). It includes the parts the state staged, so their read-back stays free. A
-   resident task writes its partitions' warm copies when it leaves (`WARM_COPIES`);
+   resident task writes the warm copies of the states it saved when it leaves (`WARM_COPIES`):
+   meanwhile its own memory serves them, and a partition moved to a sibling resident reads
+   the checkpoint;
 3. the checkpoint in object storage (a restart, or a partition moved to another executor);
 4. empty (version -1: nothing checkpointed yet).
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import logging
 import os
 import pickle
 from dataclasses import dataclass, field
@@ -39,6 +42,8 @@ from mvsink.settings import S3Settings
 from mvsink.spark import executor_dir
 from mvsink.updates import part_schema, updates_to_ipc
 from services.write.correction import Correction
+
+log = logging.getLogger("mvsink.write.task")
 
 
 @dataclass
@@ -64,6 +69,8 @@ CACHE: dict[tuple[str, int], PartitionState] = {}
 #: warm copies once, when it leaves (`save_warm_copies`): ~0.02 s a partition and step saved.
 #: A worker killed meanwhile leaves older warm copies, which are not loaded (wrong version).
 WARM_COPIES = True
+#: The states saved while `WARM_COPIES` was off, whose warm copies are due.
+DEFERRED: set[tuple[str, int]] = set()
 
 
 def checkpoint_key(sink_id: str, partition: int, version: int, suffix: str = "arrow") -> str:
@@ -116,10 +123,20 @@ def _load_warm(sink_id: str, partition: int, version: int) -> PartitionState | N
 
 
 def save_warm_copies() -> int:
-    """Write the warm copy of every state this worker holds (a resident leaving); how many."""
-    for (sink_id, partition), state in CACHE.items():
-        _save_warm(sink_id, partition, state)
-    return len(CACHE)
+    """Write the warm copies `save` deferred (a resident leaving: only the states it saved
+    itself, not older ones this worker still holds); how many. Best effort: a copy that cannot
+    be written only costs its next loader a read of the checkpoint."""
+    written = 0
+    for key in sorted(DEFERRED):
+        state = CACHE.get(key)
+        try:
+            if state is not None:
+                _save_warm(*key, state)
+                written += 1
+        except OSError as error:
+            log.warning("writing the warm copy of %s failed: %r", key, error)
+    DEFERRED.clear()
+    return written
 
 
 def _save_warm(sink_id: str, partition: int, state: PartitionState | None) -> None:
@@ -174,6 +191,8 @@ def save(sink_id: str, partition: int, s3: S3Settings, writer_id: str,
     CACHE[(sink_id, partition)] = state
     if WARM_COPIES:
         _save_warm(sink_id, partition, state)
+    else:
+        DEFERRED.add((sink_id, partition))
     if version >= 2:  # keep the previous version for a driver that has not seen this one
         client.remove_object(s3.bucket, checkpoint_key(sink_id, partition, version - 2))
     if state.legacy:  # the first Arrow checkpoint after Parquet ones: those are garbage now

@@ -19,7 +19,8 @@ Rules
    checkpoints as a one-shot task, so every invariant of `services.write` holds unchanged.
    Its Python worker keeps the partitions' states in memory between steps, as a reused Python
    worker did, and a group of partitions goes to the same resident every round while the
-   placement holds.
+   placement holds. One difference, in speed only: it writes the executor's warm copies of
+   its states when it leaves, not at every step (`services.write.checkpoint.WARM_COPIES`).
 2. Any trouble dismisses the whole crew and hands the groups it did not finish back to the
    caller, who runs them as one-shot Spark jobs (Spark retries those as before): a crew not
    connected within `READY_WAIT`, a broken connection (the resident's executor or Python worker
@@ -103,8 +104,9 @@ class ResidentSpec:
 
 def serve(spec: ResidentSpec) -> list[str]:
     """Join the crew at `spec.address` and run each round of specs it sends, until it sends
-    None or goes away; nothing to return to Spark, and nothing raised (a failed resident task
-    would be retried, and a retry finds its crew gone). A retried attempt does not join."""
+    None or goes away, then write the warm copies it deferred; nothing to return to Spark, and
+    no error of the crew's raised (a failed resident task would be retried, and a retry finds
+    its crew gone). A retried attempt does not join."""
     from pyspark import TaskContext
 
     context = TaskContext.get()

@@ -66,6 +66,8 @@ def test_residents_run_the_steps_and_keep_the_state_in_memory(
 ) -> None:
     # Where the executor keeps its warm copies (a one-shot job, before the crew holds the slots).
     [local] = run_pinned(spark, [(0, "driver")], lambda _: [str(executor_dir())])
+    tracker = spark.sparkContext.statusTracker()  # (which may list that job a while longer)
+    wait_until(lambda: not tracker.getActiveJobsIds(), 30, "no Spark job active")
     upstream = Upstream(sink, keys=8)
     for _ in range(3):
         upstream.tick()
@@ -159,7 +161,9 @@ def test_only_the_crews_token_joins(sink: Sink, crew: Crew) -> None:
     assert sorted(r.slot for r in crew.residents) == [0, 1]
 
 
-def test_a_step_failing_in_a_resident_hands_its_group_back(sink: Sink, crew: Crew) -> None:
+def test_a_step_failing_in_a_resident_hands_its_group_back(
+    sink: Sink, crew: Crew, caplog: pytest.LogCaptureFixture
+) -> None:
     """A step that raises in a resident (here: a checkpoint version that does not exist) comes
     back as work left for a one-shot job, where Spark retries it and the error surfaces; the
     other group's result is kept."""
@@ -168,6 +172,8 @@ def test_a_step_failing_in_a_resident_hands_its_group_back(sink: Sink, crew: Cre
     done, left = crew.run(work, ["driver"], 2)
     assert [r.partition for r in done] == [1] and left == [work[0]]
     assert crew.job is None and crew.failures == 1
+    # Reported by the resident (with its traceback), not seen as a broken connection.
+    assert "a step failed in resident driver/" in caplog.text and "NoSuchKey" in caplog.text
 
 
 def test_a_failed_step_drops_the_state_it_changed_in_memory(

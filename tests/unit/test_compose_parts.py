@@ -25,7 +25,9 @@ from mvsink.config import REPO_ROOT
 WRITE_LOGS = {
     "v-write-1": [
         "INFO desired partitions assigned: [0, 1, 2, 3] (checkpoints {})",
+        "INFO launching 2 residents on ['0', '1'] at write-1:41233",
         "INFO staged desc[0, 1): partitions [0, 1, 2, 3], 4 parts",
+        "WARNING resident 1/1 failed (EOFError()): partitions [1, 3] run as a one-shot job",
         "WARNING desc[1, 2) staged 9s ago and still not appended: staging it again",
         "INFO desired partitions revoked: [0, 1, 2, 3]",
         "INFO desired partitions assigned: [0, 1] (checkpoints {})",
@@ -37,8 +39,8 @@ WRITE_LOGS = {
 
 def test_work_reads_the_last_assignment_and_counts_the_work() -> None:
     figures = _work(WRITE_LOGS, "desired partitions assigned: ", WRITE_WORK)
-    assert figures["v-write-1"] == {"holds": [0, 1], "done": 2}
-    assert figures["v-write-2"] == {"holds": [], "done": 0}  # an empty assignment holds nothing
+    assert figures["v-write-1"] == {"holds": [0, 1], "done": 2, "crews": 1, "handed_back": 1}
+    assert figures["v-write-2"] == {"holds": [], "done": 0, "crews": 0, "handed_back": 0}
 
 
 @pytest.mark.parametrize(
