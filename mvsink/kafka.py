@@ -9,6 +9,7 @@ so a fenced or aborted producer's records are never acted on.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -191,7 +192,7 @@ def produce(
 
 
 def poll_message(
-    consumer: Consumer, timeout: float, on_eof: Callable[[int], None] | None = None
+    consumer: Consumer | Reader, timeout: float, on_eof: Callable[[int], None] | None = None
 ) -> Message | None:
     """The next data message, or None (nothing within `timeout`, or a partition EOF event,
     reported to `on_eof(partition)`). Any other consumer error raises `KafkaException`."""
@@ -209,7 +210,7 @@ def poll_message(
 
 
 def drain(
-    consumer: Consumer, first_timeout: float = 0.0, limit: int = 500
+    consumer: Consumer | Reader, first_timeout: float = 0.0, limit: int = 500
 ) -> Iterator[tuple[Message, Record]]:
     """The records available now (waiting up to `first_timeout` for the first), at most `limit`.
     Undecodable ones are logged with topic/partition/offset and skipped: how followers of
@@ -268,15 +269,129 @@ def last_record(
         consumer.close()
 
 
-def tail_consumer(bootstrap: str, topic: str, partitions: Iterable[int] | None = None) -> Consumer:
-    """A read_committed consumer assigned to `topic` from the beginning (no group offsets):
-    how every reader of `descs`, `frontiers` and `control` follows them."""
-    consumer = Consumer(consumer_config(bootstrap))
+def tail_consumer(bootstrap: str, topic: str, partitions: Iterable[int] | None = None) -> Reader:
+    """A read_committed reader of `topic` from the beginning (no group offsets): how every
+    reader of `descs`, `frontiers` and `control` follows them."""
     if partitions is None:
-        metadata = consumer.list_topics(topic, timeout=30).topics[topic]
-        partitions = list(metadata.partitions)
-    consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-    return consumer
+        probe = Consumer(consumer_config(bootstrap))
+        try:
+            partitions = list(probe.list_topics(topic, timeout=30).topics[topic].partitions)
+        finally:
+            probe.close()
+    return Reader(bootstrap, topic, dict.fromkeys(partitions, OFFSET_BEGINNING))
+
+
+#: How long committed records may wait past an assigned consumer's position, unread, before it
+#: counts as stalled (`Stall`); and how often a reader asks the broker (when it is idle).
+STUCK_AFTER = 20.0
+STUCK_CHECK = 5.0
+
+
+class Stall:
+    """The stall librdkafka can leave an assigned consumer in after a broker restart: its
+    partition stays assigned but is never fetched again, while new records are committed
+    (confluentinc/librdkafka#5153, open; seen here in compose verify, a write driver's `descs`
+    reader never delivering the next description). A new consumer reads on.
+
+    A partition is stalled when records committed past the consumer's position have waited
+    `STUCK_AFTER` with the position unmoved. "Committed" is the last stable offset, which a
+    read_committed consumer's fresh watermark query returns, so a transaction still open never
+    counts, and neither does a reader that is simply caught up. The decision (`observe`) is
+    pure; `stuck` asks the consumer and the broker, at most every `STUCK_CHECK`.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.next_check = clock() + STUCK_CHECK
+        #: Per partition: the position last seen, and since when records wait past it.
+        self.last: dict[int, int] = {}
+        self.waiting: dict[int, float] = {}
+
+    def observe(self, partition: int, position: int, low: int, stable: int, now: float) -> bool:
+        """Whether `partition` is stalled, seen at `position` (negative: nothing read yet,
+        from `low` on) with committed records up to `stable`, at `now`."""
+        start = position if position >= 0 else low
+        if stable <= start:  # caught up
+            self.last[partition] = position
+            self.waiting.pop(partition, None)
+            return False
+        if self.last.get(partition) != position:  # moved: records are being read
+            self.last[partition] = position
+            self.waiting[partition] = now
+            return False
+        since = self.waiting.setdefault(partition, now)
+        return now - since >= STUCK_AFTER
+
+    def stuck(self, consumer: Consumer, topic: str, partitions: Iterable[int]
+              ) -> list[TopicPartition] | None:  # fmt: skip
+        """The consumer's positions if a partition of it is stalled (then it is judged anew),
+        else None. Kafka away is no stall: its outage is reported elsewhere."""
+        now = self.clock()
+        if now < self.next_check:
+            return None
+        self.next_check = now + STUCK_CHECK
+        try:
+            positions = consumer.position([TopicPartition(topic, p) for p in partitions])
+            marks = [consumer.get_watermark_offsets(tp, timeout=1.0, cached=False)
+                     for tp in positions]  # fmt: skip
+        except KafkaException:
+            return None
+        stalled = False
+        for tp, mark in zip(positions, marks, strict=True):
+            if mark is not None and self.observe(tp.partition, tp.offset, *mark, now):
+                stalled = True
+        if not stalled:
+            return None
+        self.last.clear()
+        self.waiting.clear()
+        return positions
+
+
+class ConsumerStalled(ConnectionError):
+    """A group consumer stalled (`Stall`): like a broken connection, the service body starts
+    again with new consumers (`mvsink.health.transient`)."""
+
+
+class Reader:
+    """A read_committed consumer assigned to partitions of `topic` at `offsets` (no group),
+    polled like a `Consumer`, that reads on with a new consumer from its position when the old
+    one stalled (`Stall`; checked while a poll finds nothing)."""
+
+    def __init__(self, bootstrap: str, topic: str, offsets: Mapping[int, int],
+                 extra: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+        self.bootstrap, self.topic, self.extra = bootstrap, topic, dict(extra or {})
+        self.partitions = sorted(offsets)
+        self.stall = Stall()
+        self.consumer = self._assigned(offsets)
+
+    def _assigned(self, offsets: Mapping[int, int]) -> Consumer:
+        consumer = Consumer(consumer_config(self.bootstrap, extra=self.extra))
+        consumer.assign([TopicPartition(self.topic, p, o) for p, o in sorted(offsets.items())])
+        return consumer
+
+    def poll(self, timeout: float) -> Message | None:
+        message = self.consumer.poll(timeout)
+        if message is None:
+            positions = self.stall.stuck(self.consumer, self.topic, self.partitions)
+            if positions is not None:
+                self._read_on(positions)
+        return message
+
+    def _read_on(self, positions: list[TopicPartition]) -> None:
+        offsets = {tp.partition: tp.offset if tp.offset >= 0 else OFFSET_BEGINNING
+                   for tp in positions}  # fmt: skip
+        log.warning("reading %s: committed records waited %.0fs past positions %s unread (a "
+                    "consumer stalled after a broker restart, confluentinc/librdkafka#5153): "
+                    "reading on with a new consumer", self.topic, STUCK_AFTER, offsets)  # fmt: skip
+        old, self.consumer = self.consumer, self._assigned(offsets)
+        # Closed aside: a stalled consumer's close must not hold up the reader.
+        threading.Thread(target=old.close, name="close-stalled-consumer", daemon=True).start()
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        return list(self.consumer.position(partitions))
+
+    def close(self) -> None:
+        self.consumer.close()
 
 
 def read_compacted(bootstrap: str, topic: str, timeout: float = 30.0) -> dict[str, Record]:

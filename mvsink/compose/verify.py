@@ -36,7 +36,8 @@ Phases, each timed and printed:
 
 "Converge" after a fault means: the shard's upper moved at least `ADVANCE` times past where it
 was when the fault was over, and equals the view there. A phase that fails prints the
-containers' states and log tails, and the command exits non-zero.
+containers' states and log tails (the sink's own services last), writes every container's whole
+log to `.mvsink/compose/logs/<project>.log`, and the command exits non-zero.
 """
 
 from __future__ import annotations
@@ -79,6 +80,18 @@ RESIDENTS, HANDED_BACK = " residents on ", "run as a one-shot job"
 #: Per scaled service: its holds marker, its work pattern, and what its work is called.
 WORK = {"write": (WRITE_HOLDS, WRITE_WORK, "batches staged"),
         "append": (APPEND_HOLDS, APPEND_WORK, "appends")}  # fmt: skip
+#: What a failed phase prints of each service, and how many lines of each container: the
+#: sink's services last, where a CI log's tail shows them.
+DIAGNOSE = (("provision", 3), ("minio", 5), ("kafka", 8), ("spark-master", 5),
+            ("spark-worker", 8), ("view", 8), ("ct", 5), ("mint", 10), ("append", 10),
+            ("write", 14))  # fmt: skip
+#: Log lines a diagnosis leaves out: Spark's and Kafka's lines at every task and transaction.
+NOISE = re.compile(
+    r"TaskSetManager|ExecutorRunner: Launch command|SecurityManager|"
+    r"TransactionCoordinator|clientserver|^\s*at |ProducerStateManager"
+)
+#: A diagnosed log line is cut at this many characters.
+LINE_MAX = 240
 #: Replicas of the scaled services, `docker compose up --scale` each.
 SCALE = {"write": 2, "append": 2, "spark-worker": 2, "ct": 2}
 #: Cores each Spark worker offers and each application (a write driver) gets, in this project:
@@ -147,15 +160,35 @@ class Deployment:
                 lines.setdefault(match["container"], []).append(match["text"])
         return lines
 
-    def diagnose(self) -> None:
-        """Print what the containers are doing: states and log tails."""
+    def diagnose(self, home: Path) -> None:
+        """Print what the containers are doing, the sink's own services last (a CI log shows
+        its tail): states, then a few log lines of each container, without the lines Spark and
+        Kafka log at every task and transaction; the whole logs go to a file under `home`."""
         result = engine.compose(["ps", "-a"], project=self.project, env=self.env, check=False)
         self.say(result.stdout)
-        for service in ("mint", "write", "append", "view", "ct", "spark-master",
-                        "spark-worker", "kafka", "minio", "provision"):  # fmt: skip
-            tail = engine.compose(["logs", "--no-color", "--tail", "25", service],
-                                  project=self.project, env=self.env, check=False)  # fmt: skip
-            self.say(f"--- {service} (last lines) ---\n{tail.stdout}{tail.stderr}")
+        logs = engine.compose(["logs", "--no-color", "--timestamps"], project=self.project,
+                              env=self.env, check=False, timeout=120)  # fmt: skip
+        path = home / "logs" / f"{self.project}.log"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(logs.stdout + logs.stderr)
+        self.say(f"--- every container's whole log: {path}")
+        for service, lines in DIAGNOSE:
+            tail = engine.compose(["logs", "--no-color", service], project=self.project,
+                                  env=self.env, check=False, timeout=120)  # fmt: skip
+            self.say(f"--- {service} (last lines) ---")
+            for container, text in last_lines(tail.stdout, lines).items():
+                self.say("\n".join(f"{container} | {line[:LINE_MAX]}" for line in text))
+
+
+def last_lines(logs: str, count: int) -> dict[str, list[str]]:
+    """The last `count` lines of each container in `logs` (`docker compose logs` output), but
+    for the lines logged at every Spark task and Kafka transaction."""
+    lines: dict[str, list[str]] = {}
+    for line in logs.splitlines():
+        match = LOG_LINE.match(line)
+        if match and match["text"].strip() and not NOISE.search(match["text"]):
+            lines.setdefault(match["container"], []).append(match["text"])
+    return {container: text[-count:] for container, text in sorted(lines.items())}
 
 
 def _compose_only(name: str) -> bool:
@@ -510,7 +543,10 @@ def run_verify(home: Path, cache: Path, say: Say, *, keep: bool = False,
             figures["ct"] = check_ct(deployment, shard, upper, timeout)
         failed = False
     except Exception:
-        deployment.diagnose()
+        try:
+            deployment.diagnose(home)
+        except Exception as error:  # never hide the error that got us here
+            say(f"  diagnosing the containers failed: {error!r}")
         raise
     finally:
         if keep:

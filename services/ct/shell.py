@@ -27,14 +27,13 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import Consumer
 from prometheus_client import Counter, Gauge
 
 from mvsink.config import Config, Topics
 from mvsink.errors import ConfigError, MvsinkError
 from mvsink.frontier import Frontier, meet_all
 from mvsink.health import report
-from mvsink.kafka import TopicSpec, drain, ensure_topics, tail_consumer
+from mvsink.kafka import Reader, TopicSpec, drain, ensure_topics, tail_consumer
 from mvsink.messages import SinkControl
 from mvsink.service import Stopping, writer_identity
 from mvsink.settings import S3Settings, Timing
@@ -348,7 +347,7 @@ def control_id(definition: Definition) -> str:
     return f"ct.{definition.name}"
 
 
-def _control(config: Config, definition: Definition) -> Consumer:
+def _control(config: Config, definition: Definition) -> Reader:
     topic = Topics.for_sink(control_id(definition)).control
     ensure_topics(config.kafka_bootstrap, [TopicSpec(topic, 1)])
     log.info("%s is read-only: following, writing nothing until `mvsink promote %s`",
@@ -356,7 +355,7 @@ def _control(config: Config, definition: Definition) -> Consumer:
     return tail_consumer(config.kafka_bootstrap, topic)
 
 
-def _promoted(control: Consumer, definition: Definition) -> bool:
+def _promoted(control: Reader, definition: Definition) -> bool:
     key = control_id(definition).encode()
     return any(isinstance(record, SinkControl) and not record.read_only and message.key() == key
                for message, record in drain(control))  # fmt: skip

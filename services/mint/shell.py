@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import KafkaException, Producer
 from prometheus_client import Counter, Gauge
 
 from mvsink.config import Config
@@ -23,6 +23,7 @@ from mvsink.errors import DecodeError
 from mvsink.frontier import Frontier
 from mvsink.health import report
 from mvsink.kafka import (
+    Reader,
     client_config,
     drain,
     init_transactions,
@@ -101,7 +102,7 @@ class MintShell:
             control.close()
         return 0
 
-    def _absorb(self, consumer: Consumer, timeout: float) -> None:
+    def _absorb(self, consumer: Reader, timeout: float) -> None:
         for message, record in drain(consumer, timeout):
             self._on_record(message.key(), record)
 

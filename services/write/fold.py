@@ -9,12 +9,12 @@ import logging
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer, TopicPartition
 
 from mvsink.desired import decode_desired
 from mvsink.errors import DecodeError
 from mvsink.frontier import Frontier, advance
-from mvsink.kafka import READ_TO_END, client_config, consumer_config, poll_message
+from mvsink.kafka import READ_TO_END, Reader, client_config, poll_message
 from mvsink.messages import Progress
 from mvsink.rows import updates_decoder
 from mvsink.shard import SelectedPart, Shard, ShardState
@@ -29,12 +29,13 @@ def fold_desired(bootstrap: str, topic: str, dead_letter_topic: str, partition: 
     """Read the partition from `folded_offset` to its end; the number of records quarantined
     (undecodable, below the partition's progress, or hashed by another function than
     `partitioning`)."""
-    consumer = Consumer(consumer_config(bootstrap, extra=READ_TO_END))
+    # A `Reader`: a consumer librdkafka stalled after a broker restart would never reach the
+    # end, and hold the batch (and a resident's round) forever.
+    consumer = Reader(bootstrap, topic, {partition: state.folded_offset}, READ_TO_END)
     decode_rows = updates_decoder(row_schema)
     dead, tables = 0, []
     dead_producer: Producer | None = None
     try:
-        consumer.assign([TopicPartition(topic, partition, state.folded_offset)])
         done: list[int] = []
         while not done:
             message = poll_message(consumer, 1.0, on_eof=done.append)

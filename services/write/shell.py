@@ -19,7 +19,7 @@ from prometheus_client import Counter, Gauge
 from mvsink.config import Config
 from mvsink.frontier import Frontier, meet_all
 from mvsink.health import report
-from mvsink.kafka import client_config, consumer_config, drain, produce, tail_consumer
+from mvsink.kafka import Reader, client_config, consumer_config, drain, produce, tail_consumer
 from mvsink.messages import BatchDescription, DesiredProgress, ShardUpper, SinkControl, StagedBatch
 from mvsink.rows import parse_row_schema
 from mvsink.s3 import s3_client
@@ -153,7 +153,7 @@ class WriteShell:
         self.spark = spark_session(f"mvsink-write-{self.config.sink_id}", self.config.spark_master)
         self._hold(force=True)  # before any task reads the shard
         owner: Consumer | None = None
-        follow: list[Consumer] = []
+        follow: list[Reader] = []
         try:  # everything from here is released on the way out, however it fails
             if self.config.compaction:
                 self.compactor = Compactor(self.config, self.writer_id, self.spark)
@@ -212,7 +212,7 @@ class WriteShell:
             self.spark.stop()
         return 0
 
-    def _absorb(self, consumer: Consumer, wait: float = 0.0) -> None:
+    def _absorb(self, consumer: Reader, wait: float = 0.0) -> None:
         for message, record in drain(consumer, wait):
             match record:
                 case BatchDescription(sink_id=sink) if sink == self.config.sink_id:

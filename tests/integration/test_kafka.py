@@ -1,16 +1,17 @@
 """Kafka against a real broker: provisioning per the contracts, every topic round-trips its
-records through the codecs, transactional fencing (what mint relies on), and compaction of
-`frontiers` (latest value per key)."""
+records through the codecs, transactional fencing (what mint relies on), compaction of
+`frontiers` (latest value per key), and a stalled reader reading on with a new consumer."""
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from mvsink import codec
+from mvsink import codec, kafka
 from mvsink.config import Config, S3Settings, Topics
 from mvsink.frontier import Frontier
 from mvsink.kafka import (
@@ -23,6 +24,7 @@ from mvsink.kafka import (
     produce,
     read_compacted,
     sink_topics,
+    tail_consumer,
 )
 from mvsink.messages import DesiredProgress, ShardUpper
 from mvsink.smoke import contract_samples, roundtrip
@@ -196,3 +198,62 @@ def _count_per_key(bootstrap: str, topic: str) -> dict[str, int]:
     finally:
         consumer.close()
     return counts
+
+
+def _read(reader: kafka.Reader, want: int, timeout: float) -> list[bytes]:
+    got: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < want and time.monotonic() < deadline:
+        message = poll_message(reader, 0.1)
+        if message is not None:
+            got.append(message.value() or b"")
+    return got
+
+
+def test_a_stalled_reader_reads_on_with_a_new_consumer_but_never_past_an_open_transaction(
+    kafka_bootstrap: str, unique: str, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """librdkafka#5153: after a broker restart an assigned consumer may never fetch again. A
+    paused partition looks the same (assigned, not fetched): the reader must notice committed
+    records waiting past its position and read them with a new consumer, from its position
+    (nothing twice, nothing lost). An open transaction past the position is no stall."""
+    monkeypatch.setattr(kafka, "STUCK_AFTER", 1.0)
+    monkeypatch.setattr(kafka, "STUCK_CHECK", 0.2)
+    topic = f"stall-{unique}"
+    ensure_topics(kafka_bootstrap, [TopicSpec(topic, 1)])
+    producer = Producer(client_config(kafka_bootstrap, **{"transactional.id": f"stall.{unique}"}))
+    producer.init_transactions(30)
+
+    def commit(*values: bytes) -> None:
+        producer.begin_transaction()
+        for value in values:
+            producer.produce(topic, value)
+        producer.commit_transaction(30)
+
+    commit(b"a", b"b")
+    reader = tail_consumer(kafka_bootstrap, topic)
+    caplog.set_level(logging.WARNING, logger="mvsink.kafka")
+    try:
+        assert _read(reader, 2, 30) == [b"a", b"b"]
+        # An open transaction: its records are past the high watermark, not the stable offset.
+        producer.begin_transaction()
+        producer.produce(topic, b"open")
+        producer.flush(10)
+        first = reader.consumer
+        assert _read(reader, 1, 3.0) == []
+        assert reader.consumer is first and "stalled" not in caplog.text
+        producer.commit_transaction(30)
+        assert _read(reader, 1, 30) == [b"open"]
+
+        # The stall: assigned, never fetched again, while records are committed.
+        reader.consumer.pause([TopicPartition(topic, 0)])
+        commit(b"c", b"d")
+        assert _read(reader, 2, 30) == [b"c", b"d"]
+        assert reader.consumer is not first, "read on with a new consumer"
+        assert "stalled after a broker restart" in caplog.text
+        commit(b"e")
+        assert _read(reader, 1, 30) == [b"e"]
+        assert _read(reader, 1, 1.5) == [], "nothing read twice"
+    finally:
+        reader.close()

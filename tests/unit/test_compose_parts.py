@@ -18,6 +18,7 @@ from mvsink.compose.verify import (
     Phases,
     _deployment,
     _work,
+    last_lines,
     spread,
 )
 from mvsink.config import REPO_ROOT
@@ -53,6 +54,25 @@ def test_work_reads_the_last_assignment_and_counts_the_work() -> None:
 def test_log_lines_split_into_container_and_text(line: str, container: str, text: str) -> None:
     match = LOG_LINE.match(line)
     assert match is not None and (match["container"], match["text"]) == (container, text)
+
+
+def test_a_diagnosis_keeps_each_containers_last_lines_but_the_per_task_noise() -> None:
+    logs = "\n".join(
+        [
+            "p-write-1  | 26/11/24 09:53:52 INFO TaskSetManager: Finished task 0.0 in stage 3.0",
+            "p-write-1  | INFO staged desc 0.1",
+            "p-write-2  | INFO staged desc 0.1",
+            "p-write-1  |    ",
+            "p-write-1  | WARNING resident 1/0 failed",
+            "p-write-1  | INFO staged desc 0.2",
+            "p-kafka-1  | INFO [TransactionCoordinator id=1] Initialized transactionalId v.p0",
+            "not a log line",
+        ]
+    )
+    assert last_lines(logs, 2) == {
+        "p-write-1": ["WARNING resident 1/0 failed", "INFO staged desc 0.2"],
+        "p-write-2": ["INFO staged desc 0.1"],
+    }
 
 
 def test_phases_time_each_phase_and_total(capsys: pytest.CaptureFixture[str]) -> None:
