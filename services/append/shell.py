@@ -28,9 +28,7 @@ from mvsink.errors import DecodeError
 from mvsink.frontier import Frontier
 from mvsink.health import report
 from mvsink.kafka import (
-    ConsumerStalled,
     Reader,
-    Stall,
     client_config,
     consumer_config,
     poll_message,
@@ -70,8 +68,6 @@ class AppendShell:
         self.consumed: dict[int, int] = {}
         #: The latest description read (what a newly owned worker starts from).
         self.latest_desc: BatchDescription | None = None
-        #: The `batches` consumer's partitions, watched for a librdkafka stall.
-        self.stall = Stall()
 
     # -- group membership -------------------------------------------------------------------
 
@@ -149,12 +145,6 @@ class AppendShell:
 
     def _poll_batches(self, consumer: Consumer) -> None:
         message = poll_message(consumer, 0.05)
-        batches = self.config.topics.batches
-        if message is None and self.stall.stuck(consumer, batches, sorted(self.states)):
-            log.warning("the %s consumer stalled (confluentinc/librdkafka#5153): starting "
-                        "again with a new one", batches)  # fmt: skip
-            raise ConsumerStalled(f"{batches}: staged batches wait unread past the consumer's "
-                                  "position: starting again with a new consumer")  # fmt: skip
         while message is not None:
             worker, offset = int(message.partition() or 0), int(message.offset() or 0)
             self.consumed[worker] = offset + 1
