@@ -300,18 +300,22 @@ STUCK_CHECK = 5.0
 
 class Stall:
     """The stall librdkafka can leave an assigned consumer in after a broker restart: its
-    partition stays assigned but is never fetched again, while new records are committed
+    partition stays assigned but delivers nothing, while new records are committed
     (confluentinc/librdkafka#5153, open; seen here in compose verify, a write driver's `descs`
-    reader never delivering the next description). A new consumer reads on.
+    reader never delivering the next description). The frequent metadata refresh of
+    `client_config` (`METADATA_REFRESH_MS`) cures the cause measured here, an old leader epoch;
+    this is the second line, for whatever else leaves a consumer so: a new consumer reads on.
 
     A partition is stalled when records committed past the consumer's position have waited
     `STUCK_AFTER` with the position unmoved. "Committed" is the last stable offset, which a
     read_committed consumer's fresh watermark query returns, so a transaction still open never
     counts, and neither does a reader that is simply caught up. The decision (`observe`) is
-    pure; `stuck` asks the consumer and the broker, at most every `STUCK_CHECK`.
+    pure; `stuck` asks the consumer its position and, at most every `STUCK_CHECK`, the broker
+    through a client of its own (`_probe`: a stalled consumer's own queries may fail too).
     """
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, bootstrap: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.bootstrap = bootstrap
         self.clock = clock
         self.next_check = clock() + STUCK_CHECK
         #: Per partition: the position last seen, and since when records wait past it.
@@ -345,7 +349,9 @@ class Stall:
         self.next_check = now + STUCK_CHECK
         try:
             positions = consumer.position([TopicPartition(topic, p) for p in sorted(assigned)])
-            marks = [consumer.get_watermark_offsets(tp, timeout=1.0, cached=False)
+            probe = _probe(self.bootstrap)
+            marks = [probe.get_watermark_offsets(TopicPartition(topic, tp.partition),
+                                                 timeout=1.0, cached=False)
                      for tp in positions]  # fmt: skip
         except KafkaException:
             return None
@@ -364,6 +370,19 @@ class Stall:
         return positions
 
 
+#: One unassigned read_committed consumer per bootstrap and process, for `Stall`'s queries.
+_PROBES: dict[str, Consumer] = {}
+_PROBES_LOCK = threading.Lock()
+
+
+def _probe(bootstrap: str) -> Consumer:
+    with _PROBES_LOCK:
+        probe = _PROBES.get(bootstrap)
+        if probe is None:
+            probe = _PROBES[bootstrap] = Consumer(consumer_config(bootstrap))
+        return probe
+
+
 class Reader:
     """A read_committed consumer assigned to partitions of `topic` at `offsets` (no group),
     polled like a `Consumer`, that reads on with a new consumer from its position when the old
@@ -374,7 +393,7 @@ class Reader:
         self.bootstrap, self.topic, self.extra = bootstrap, topic, dict(extra or {})
         #: Where each partition was assigned last (a new consumer starts from its position).
         self.assigned = dict(offsets)
-        self.stall = Stall()
+        self.stall = Stall(bootstrap)
         self.consumer = self._assigned(offsets)
 
     def _assigned(self, offsets: Mapping[int, int]) -> Consumer:

@@ -38,14 +38,14 @@ Look = tuple[int, int, int, float]
 def test_a_partition_is_stalled_only_when_committed_records_wait_past_an_unmoved_position(
     looks: list[Look], stalled: bool
 ) -> None:
-    stall = Stall(clock=lambda: 0.0)
+    stall = Stall("unused:9092", clock=lambda: 0.0)
     seen = [stall.observe(0, position, low, stable, at) for position, low, stable, at in looks]
     assert seen[-1] is stalled
     assert not any(seen[:-1])
 
 
 def test_partitions_are_judged_apart() -> None:
-    stall = Stall(clock=lambda: 0.0)
+    stall = Stall("unused:9092", clock=lambda: 0.0)
     assert not stall.observe(0, 5, 0, 9, 0.0)
     assert not stall.observe(1, 9, 0, 9, 0.0)
     assert not stall.observe(1, 9, 0, 9, STUCK_AFTER)
@@ -59,7 +59,7 @@ def test_a_reader_that_reads_or_is_caught_up_is_never_stalled(
 ) -> None:
     """Each look, the position moved on by `read` records or reached the last stable offset,
     which grew by `more`: never stalled, whatever the pace."""
-    stall, position, stable, now = Stall(clock=lambda: 0.0), 0, 0, 0.0
+    stall, position, stable, now = Stall("unused:9092", clock=lambda: 0.0), 0, 0, 0.0
     for read, more, after in steps:
         stable += more
         position = stable if read == 0 or position + read >= stable else position + read
