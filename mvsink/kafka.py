@@ -311,11 +311,13 @@ class Stall:
     read_committed consumer's fresh watermark query returns, so a transaction still open never
     counts, and neither does a reader that is simply caught up. The decision (`observe`) is
     pure; `stuck` asks the consumer its position and, at most every `STUCK_CHECK`, the broker
-    through a client of its own (`_probe`: a stalled consumer's own queries may fail too).
+    through an unassigned consumer of its own (`probe`, made at the first check, which a reader
+    done within `STUCK_CHECK` never makes): a stalled consumer's own queries may fail too.
     """
 
     def __init__(self, bootstrap: str, clock: Callable[[], float] = time.monotonic) -> None:
         self.bootstrap = bootstrap
+        self.probe: Consumer | None = None
         self.clock = clock
         self.next_check = clock() + STUCK_CHECK
         #: Per partition: the position last seen, and since when records wait past it.
@@ -349,7 +351,9 @@ class Stall:
         self.next_check = now + STUCK_CHECK
         try:
             positions = consumer.position([TopicPartition(topic, p) for p in sorted(assigned)])
-            probe = _probe(self.bootstrap)
+            if self.probe is None:
+                self.probe = Consumer(consumer_config(self.bootstrap))
+            probe = self.probe
             marks = [probe.get_watermark_offsets(TopicPartition(topic, tp.partition),
                                                  timeout=1.0, cached=False)
                      for tp in positions]  # fmt: skip
@@ -369,18 +373,9 @@ class Stall:
         self.waiting.clear()
         return positions
 
-
-#: One unassigned read_committed consumer per bootstrap and process, for `Stall`'s queries.
-_PROBES: dict[str, Consumer] = {}
-_PROBES_LOCK = threading.Lock()
-
-
-def _probe(bootstrap: str) -> Consumer:
-    with _PROBES_LOCK:
-        probe = _PROBES.get(bootstrap)
-        if probe is None:
-            probe = _PROBES[bootstrap] = Consumer(consumer_config(bootstrap))
-        return probe
+    def close(self) -> None:
+        if self.probe is not None:
+            self.probe.close()
 
 
 class Reader:
@@ -424,6 +419,7 @@ class Reader:
 
     def close(self) -> None:
         self.consumer.close()
+        self.stall.close()
 
 
 def read_compacted(bootstrap: str, topic: str, timeout: float = 30.0) -> dict[str, Record]:

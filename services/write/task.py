@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from mvsink.frontier import Frontier
+from mvsink.service import quiet_retries
 from mvsink.settings import S3Settings
 from mvsink.shard import PartGone, PartRef, Shard, open_shard
 from mvsink.spark import executor_id, trim_worker_path
@@ -183,6 +184,7 @@ def run_tasks(specs: list[TaskSpec]) -> list[TaskResult]:
     each result's `seconds["task"]` the whole task's. A thread per partition was measured no
     faster (again with one wave per job: 0.10-0.14 s against 0.12-0.20 s for a two-partition
     task, no change in throughput): the steps are CPU-bound on 2 cores."""
+    quiet_retries()  # one line per outage, not librdkafka's per reconnect (this worker too)
     started = time.monotonic()
     results = [run_task(spec) for spec in specs]
     took = round(time.monotonic() - started, 4)
