@@ -172,23 +172,18 @@ class Deployment:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(logs.stdout + logs.stderr)
         self.say(f"--- every container's whole log: {path}")
-        for service, lines in DIAGNOSE:
-            tail = engine.compose(["logs", "--no-color", service], project=self.project,
-                                  env=self.env, check=False, timeout=120)  # fmt: skip
+        for service, count in DIAGNOSE:
             self.say(f"--- {service} (last lines) ---")
-            for container, text in last_lines(tail.stdout, lines).items():
+            for container, text in last_lines(self.logs(service), count).items():
                 self.say("\n".join(f"{container} | {line[:LINE_MAX]}" for line in text))
 
 
-def last_lines(logs: str, count: int) -> dict[str, list[str]]:
-    """The last `count` lines of each container in `logs` (`docker compose logs` output), but
-    for the lines logged at every Spark task and Kafka transaction."""
-    lines: dict[str, list[str]] = {}
-    for line in logs.splitlines():
-        match = LOG_LINE.match(line)
-        if match and match["text"].strip() and not NOISE.search(match["text"]):
-            lines.setdefault(match["container"], []).append(match["text"])
-    return {container: text[-count:] for container, text in sorted(lines.items())}
+def last_lines(logs: dict[str, list[str]], count: int) -> dict[str, list[str]]:
+    """The last `count` lines of each container's `logs` (`Deployment.logs`), but for blank
+    ones and those logged at every Spark task and Kafka transaction."""
+    kept = {container: [line for line in lines if line.strip() and not NOISE.search(line)]
+            for container, lines in sorted(logs.items())}  # fmt: skip
+    return {container: lines[-count:] for container, lines in kept.items() if lines}
 
 
 def _compose_only(name: str) -> bool:
@@ -328,17 +323,11 @@ def check_scaled(deployment: Deployment, timeout: float = 120.0) -> dict[str, An
         if all(len(b) >= 2 for b in busy.values()):
             for service, containers in figures.items():
                 for name, f in containers.items():
-                    crews = (
-                        (
-                            f", {f['crews']} resident crews launched, {f['handed_back']} "
-                            "rounds handed back to a Spark job"
-                        )
-                        if service == "write"
-                        else ""
-                    )
-                    deployment.say(
-                        f"  {name}: holds {f['holds']}, {f['done']} {WORK[service][2]}{crews}"
-                    )
+                    line = f"  {name}: holds {f['holds']}, {f['done']} {WORK[service][2]}"
+                    if service == "write":
+                        line += (f", {f['crews']} resident crews launched, {f['handed_back']} "
+                                 "rounds handed back to a Spark job")  # fmt: skip
+                    deployment.say(line)
             return figures
         if time.monotonic() > deadline:
             raise VerifyError(

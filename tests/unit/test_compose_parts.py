@@ -57,18 +57,17 @@ def test_log_lines_split_into_container_and_text(line: str, container: str, text
 
 
 def test_a_diagnosis_keeps_each_containers_last_lines_but_the_per_task_noise() -> None:
-    logs = "\n".join(
-        [
-            "p-write-1  | 26/11/24 09:53:52 INFO TaskSetManager: Finished task 0.0 in stage 3.0",
-            "p-write-1  | INFO staged desc 0.1",
-            "p-write-2  | INFO staged desc 0.1",
-            "p-write-1  |    ",
-            "p-write-1  | WARNING resident 1/0 failed",
-            "p-write-1  | INFO staged desc 0.2",
-            "p-kafka-1  | INFO [TransactionCoordinator id=1] Initialized transactionalId v.p0",
-            "not a log line",
-        ]
-    )
+    logs = {  # as `Deployment.logs` reads them
+        "p-write-1": [
+            "26/11/24 09:53:52 INFO TaskSetManager: Finished task 0.0 in stage 3.0",
+            "INFO staged desc 0.1",
+            "   ",
+            "WARNING resident 1/0 failed",
+            "INFO staged desc 0.2",
+        ],
+        "p-write-2": ["INFO staged desc 0.1"],
+        "p-kafka-1": ["INFO [TransactionCoordinator id=1] Initialized transactionalId v.p0"],
+    }
     assert last_lines(logs, 2) == {
         "p-write-1": ["WARNING resident 1/0 failed", "INFO staged desc 0.2"],
         "p-write-2": ["INFO staged desc 0.1"],
