@@ -14,7 +14,8 @@ ratio and targets (met or missed, never asserted):
 * state version bytes, live batches and parts (`Shard.state()`), and the bucket: parts under the
   shard's prefix (live, and replaced ones not collected yet) plus metadata (retained state
   versions and the write checkpoints) -- sampled about every second by a thread, medians over
-  the samples whose last durable tick is in the window (none are taken during restarts);
+  the samples whose last durable tick is in the window (none are taken during restarts; a
+  window a fast pipeline passed between two samples is topped up to a few when its drive ends);
 * compare-and-append p50/p99 of the window's appends (the append service logs each latency);
 * snapshot time (`Shard.snapshot` at the upper, at each sample), median over the window;
 * freshness p50/p99 of the window's ticks: published -> the shard's upper past them;
@@ -65,6 +66,8 @@ SOAK_SHARD = {"shard_max_attempt_age": 5.0, "shard_request_timeout": 5.0, "shard
 FLAT, PARTS_PER_PARTITION, VIEW_FACTOR, RESTART_FACTOR = 1.5, 64, 3.0, 2.0
 #: Reads of the shard per cold restart baseline (their median is "one read").
 READS = 3
+#: Samples each window has at least: a drive ending at a window's last tick tops it up.
+WINDOW_SAMPLES = 3
 _APPENDED = re.compile(r"appended \d+ parts for desc \S+ \[\{\d*\}, \{(\d+)\}\).* in ([\d.]+) ms")
 #: The figures of the table: key, label, unit.
 FIGURES = (
@@ -154,20 +157,36 @@ class Sampler:
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             with self._lock:
-                if not self._running:
+                if not self._running or (sample := self._take()) is None:
                     continue
-                try:
-                    sample = self.sample()
-                except Exception:  # the next sample is fine; the count goes into the figures
-                    self.errors += 1
-                    continue
-                self.samples.append(sample)
             if sample.tick >= self._next_progress:
                 self._next_progress = sample.tick + self.progress_every
                 self.say(f"  tick {sample.tick} (upper {{{sample.upper}}}): {sample.live_batches} live batches, "
                          f"{sample.live_parts} live parts, bucket {sample.bucket_bytes / 2**20:.2f} MiB "
                          f"(parts {sample.part_bytes / 2**20:.2f}, metadata {sample.metadata_bytes / 2**20:.2f}), "
                          f"state version {sample.state_bytes:,} B")  # fmt: skip
+
+    def fill(self, window: tuple[int, int], count: int) -> None:
+        """Sample now until `count` samples fall in `window` (a few tries at most). A fast
+        pipeline can pass a short window between two timed samples; called when a drive ends
+        at the window's last tick, which holds while nothing more is published."""
+        low, high = window
+        for _ in range(3 * count):
+            with self._lock:
+                if sum(low <= s.tick <= high for s in self.samples) >= count:
+                    return
+                self._take()
+
+    def _take(self) -> Sample | None:
+        """One sample, kept; `None` if it failed (e.g. a version pruned between LIST and GET:
+        the next one is fine, the count goes into the figures)."""
+        try:
+            sample = self.sample()
+        except Exception:
+            self.errors += 1
+            return None
+        self.samples.append(sample)
+        return sample
 
     def sample(self) -> Sample:
         """Read the latest state, time a snapshot at its upper, and LIST the sink's objects."""
@@ -236,10 +255,12 @@ def run_soak(
     checked, rechecked = Run("mvsink"), Run("mvsink")
     try:
         first = _drive(system, feeder, ticks[: early + 1], say, "early part")
+        sampler.fill(windows["early"], WINDOW_SAMPLES)
         sampler.pause()
         restart_early = _cold_restart(system, feeder, shard, ticks[early + 1], say)
         sampler.resume()
         rest = _drive(system, feeder, ticks[early + 2 :], say, "long part")
+        sampler.fill(windows["end"], WINDOW_SAMPLES)
         sampler.pause()
         system.finish(checked, final)  # while the services serve their metrics
         restart_end = _cold_restart(system, feeder, shard, empty_tick(workload.ticks + 1), say)
