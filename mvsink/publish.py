@@ -68,13 +68,17 @@ from mvsink.messages import DesiredProgress, Progress
 from mvsink.partitioning import partitions_of, split_by_partition
 from mvsink.producer import DesiredProducer, arrow_records
 from mvsink.service import quiet_retries
-from mvsink.spark import task_slots
+from mvsink.spark import task_slots, trim_worker_path
 from mvsink.updates import DIFF, TIME, normalize_updates, part_schema, updates_to_ipc
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger("mvsink.publish")
+
+# Executors import this module to run the publishing tasks: a task of an untrimmed Python
+# worker re-reads PySpark's zips first (~0.1 s each; `trim_worker_path`).
+trim_worker_path()
 PARTITION, TASK_KEY, PAYLOAD = "_partition", "_task_key", "_updates"
 SPLIT_SCHEMA = f"{PARTITION} int, {TASK_KEY} int, {PAYLOAD} binary"
 RESULT_SCHEMA = "partition int, updates long, skipped boolean"
@@ -151,9 +155,7 @@ def publish_dataframe(
         tasks = spec.partitions
     keys = _task_keys(spark, spec.partitions, tasks)
     split = df.mapInArrow(lambda batches: _split(batches, spec, keys), SPLIT_SCHEMA)
-    markers = spark.createDataFrame(
-        [(p, keys[p], b"") for p in range(spec.partitions)], SPLIT_SCHEMA
-    )
+    markers = _markers(spark, keys)
     try:
         published = (
             split.unionByName(markers)
@@ -196,6 +198,20 @@ def _task_keys(spark: SparkSession, partitions: int, tasks: int) -> list[int]:
         keys = [found.get(p % tasks, p) for p in range(partitions)]
         _TASK_KEYS[(partitions, tasks)] = keys
     return keys
+
+
+def _markers(spark: SparkSession, keys: list[int]) -> DataFrame:
+    """One empty row per desired partition `(p, keys[p], b"")`, made in the JVM in one task.
+    (`createDataFrame` from a Python list made a Python task per slot, ~0.1-0.2 s each, most
+    of a publish's first stage.)"""
+    from pyspark.sql import functions as F
+
+    partition = F.col("id").cast("int")
+    return spark.range(0, len(keys), numPartitions=1).select(
+        partition.alias(PARTITION),
+        F.element_at(F.array(*(F.lit(k) for k in keys)), partition + 1).cast("int").alias(TASK_KEY),
+        F.lit(b"").cast("binary").alias(PAYLOAD),
+    )
 
 
 def _split(

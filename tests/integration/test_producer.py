@@ -29,6 +29,7 @@ from mvsink.producer import DesiredProducer
 from mvsink.publish import (
     _PRODUCERS,
     PublishSpec,
+    _markers,
     _publish_partition,
     _task_keys,
     publish_dataframe,
@@ -191,6 +192,12 @@ def test_publish_task_keys_spread_the_partitions_over_the_tasks(
     assert {row["p"]: row["task"] for row in placed.collect()} == {
         p: p % tasks for p in range(partitions)
     }
+    # Every desired partition's empty marker row carries its task key, made in one JVM task.
+    markers = _markers(spark, keys)
+    assert markers.rdd.getNumPartitions() == 1
+    assert sorted(tuple(row) for row in markers.collect()) == [
+        (p, keys[p], b"") for p in range(partitions)
+    ]
 
 
 def test_publish_dataframe_of_many_arrow_batches_delivers_each_update_once(
