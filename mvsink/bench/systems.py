@@ -44,6 +44,7 @@ from mvsink.codec import decode
 from mvsink.config import Config, S3Settings, cache_dir, load_config
 from mvsink.messages import Progress, Record, Updates, UpdatesArrow
 from mvsink.rows import parse_row_schema, updates_decoder
+from mvsink.spark import trim_worker_path
 from mvsink.updates import updates_from_ipc
 
 #: The artifacts of `maven/spark-kafka.pom.xml` passed as `spark.jars`.
@@ -152,6 +153,7 @@ def run_peer(config: Config, topic: str, prefix: str, work: Path) -> None:
     result = pa.schema([("partition", pa.int32()), ("offset", pa.int64()), ("rows", pa.int64())])
 
     def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        trim_worker_path()  # the peer's Python workers as lean as mvsink's (fair figures)
         chunks = list(batches)  # none: the range held only transaction markers
         if not chunks or sum(c.num_rows for c in chunks) == 0:
             return
@@ -248,6 +250,7 @@ def run_delta(config: Config, topic: str, prefix: str, work: Path) -> None:
     def decode_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Per Arrow batch (one Kafka partition's range): a marker row with its partition and
         last offset (`key` null), then its updates."""
+        trim_worker_path()  # as the peer's
         for batch in batches:
             if batch.num_rows == 0:
                 continue
