@@ -6,7 +6,7 @@ produces them: no update passes through the driver.
                |  df ──mapInArrow(split)──> (partition, task key, Arrow IPC of its updates)
                |     + one empty row per desired partition       (union: every partition gets Progress)
                |     ──repartition(tasks, task key)──> ──mapInArrow(publish)──> per-partition counts
- executor    for each desired partition p the task holds:
+ executor    for each desired partition p the task holds (a thread each):
                transactional.id = <producer id>.p<p>     init: fences any earlier attempt's
                last committed record of p is Progress(g), g >= frontier?  yes: already published
                begin; p's updates as UpdatesArrow; Progress(frontier) on p;
@@ -54,6 +54,7 @@ import contextlib
 import logging
 import re
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -248,9 +249,7 @@ def _publish(batches: Iterable[pa.RecordBatch], spec: PublishSpec) -> Iterator[p
             data = payload.as_buffer()  # empty for the markers
             if data is not None and data.size:
                 updates.append(pa.ipc.open_stream(data).read_all())
-    done = [
-        (p, *_publish_partition(spec, p, pa.concat_tables(pending[p]))) for p in sorted(pending)
-    ]
+    done = _each_partition(spec, {p: pa.concat_tables(pending[p]) for p in sorted(pending)})
     yield pa.RecordBatch.from_pydict(
         {
             "partition": pa.array([p for p, _, _ in done], pa.int32()),
@@ -258,6 +257,18 @@ def _publish(batches: Iterable[pa.RecordBatch], spec: PublishSpec) -> Iterator[p
             "skipped": pa.array([skipped for _, _, skipped in done], pa.bool_()),
         }
     )
+
+
+def _each_partition(spec: PublishSpec, rows: dict[int, pa.Table]) -> list[tuple[int, int, bool]]:
+    """`_publish_partition` for each of the task's partitions, on a thread each: their
+    transactions are independent, and most of a partition's time is spent waiting on the
+    broker (a new producer's init and check, the commit). `(partition, updates, skipped)` in
+    partition order; the first error is raised once every partition has ended."""
+    if len(rows) == 1:
+        return [(p, *_publish_partition(spec, p, table)) for p, table in rows.items()]
+    with ThreadPoolExecutor(len(rows), thread_name_prefix="publish") as pool:
+        futures = {p: pool.submit(_publish_partition, spec, p, table) for p, table in rows.items()}
+    return [(p, *future.result()) for p, future in futures.items()]
 
 
 def _publish_partition(spec: PublishSpec, partition: int, rows: pa.Table) -> tuple[int, bool]:
