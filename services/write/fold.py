@@ -25,10 +25,20 @@ log = logging.getLogger("mvsink.write.task")
 
 
 def fold_desired(bootstrap: str, topic: str, dead_letter_topic: str, partition: int,
-                 row_schema: pa.Schema, partitioning: int, state: PartitionState) -> int:  # fmt: skip
-    """Read the partition from `folded_offset` to its end; the number of records quarantined
-    (undecodable, below the partition's progress, or hashed by another function than
-    `partitioning`)."""
+                 row_schema: pa.Schema, partitioning: int, state: PartitionState,
+                 until: Frontier | None = None) -> int:  # fmt: skip
+    """Read the partition from `folded_offset` to its end, or only until its progress reaches
+    `until`; the number of records quarantined (undecodable, below the partition's progress,
+    or hashed by another function than `partitioning`).
+
+    With `until` (a batch's upper) the read stops after the `Progress` that reaches it: every
+    update before `until` has been read (the in-band contract), and what follows is the next
+    batch's, read by the next fold. Learning that the end was reached takes librdkafka
+    another fetch or two, ~30 ms of a ~35 ms read of one tick here. A partition whose progress
+    already reached `until` is not read at all; the end still stops the read if the progress
+    never comes."""
+    if until is not None and until.less_equal(state.desired_frontier):
+        return 0
     # A `Reader`: a consumer librdkafka stalled after a broker restart would never reach the
     # end, and hold the batch (and a resident's round) forever.
     consumer = Reader(bootstrap, topic, {partition: state.folded_offset}, READ_TO_END)
@@ -47,6 +57,8 @@ def fold_desired(bootstrap: str, topic: str, dead_letter_topic: str, partition: 
                     state.desired_frontier = advance(
                         state.desired_frontier, table.frontier
                     ).frontier
+                    if until is not None and until.less_equal(state.desired_frontier):
+                        break
                     continue
                 if table.num_rows:
                     low = pc.min(table.column(TIME)).as_py()

@@ -136,7 +136,8 @@ def _step(spec: TaskSpec) -> TaskResult:
         state = checkpoint.empty(spec.row_schema, spec.as_of, state.version)
     lap("load")
     dead = fold_desired(spec.bootstrap, spec.desired_topic, spec.dead_letter_topic,
-                        spec.partition, spec.row_schema, spec.partitioning, state)  # fmt: skip
+                        spec.partition, spec.row_schema, spec.partitioning, state,
+                        spec.upper)  # fmt: skip
     lap("desired")
     for _ in range(_READ_ATTEMPTS):
         try:
