@@ -7,8 +7,9 @@ Steps of `run_task`:
    `since` has passed the upper the state folded (the driver's reader lease lapsed), merges may
    have collapsed the changes it still needs: start from empty instead (all of desired, the
    whole shard), keeping the version chain;
-2. (`services.write.fold`) fold in new desired records (Kafka offsets `[folded_offset, end)`, read_committed) as
-   positive updates; quarantine invalid ones to the dead-letter topic;
+2. (`services.write.fold`) fold in new desired records (Kafka offsets from `folded_offset`,
+   read_committed) as positive updates, until the partition's `Progress` reaches the batch's
+   upper (to the end in read-only mode); quarantine invalid ones to the dead-letter topic;
 3. fold in the shard's changes since the last fold (`persist_folded`) as negative updates:
    the batches overlapping `[persist_folded, upper)`, rows before `persist_folded` filtered out
    (a merged batch may start earlier; the driver's lease keeps the shard's `since` at or
