@@ -54,7 +54,6 @@ import contextlib
 import logging
 import re
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -69,7 +68,7 @@ from mvsink.messages import DesiredProgress, Progress
 from mvsink.partitioning import partitions_of, split_by_partition
 from mvsink.producer import DesiredProducer, arrow_records
 from mvsink.service import quiet_retries
-from mvsink.spark import task_slots, trim_worker_path
+from mvsink.spark import each_on_a_thread, task_slots, trim_worker_path
 from mvsink.updates import DIFF, TIME, normalize_updates, part_schema, updates_to_ipc
 
 if TYPE_CHECKING:
@@ -263,12 +262,12 @@ def _each_partition(spec: PublishSpec, rows: dict[int, pa.Table]) -> list[tuple[
     """`_publish_partition` for each of the task's partitions, on a thread each: their
     transactions are independent, and most of a partition's time is spent waiting on the
     broker (a new producer's init and check, the commit). `(partition, updates, skipped)` in
-    partition order; the first error is raised once every partition has ended."""
-    if len(rows) == 1:
-        return [(p, *_publish_partition(spec, p, table)) for p, table in rows.items()]
-    with ThreadPoolExecutor(len(rows), thread_name_prefix="publish") as pool:
-        futures = {p: pool.submit(_publish_partition, spec, p, table) for p, table in rows.items()}
-    return [(p, *future.result()) for p, future in futures.items()]
+    partition order."""
+
+    def publish(item: tuple[int, pa.Table]) -> tuple[int, int, bool]:
+        return (item[0], *_publish_partition(spec, *item))
+
+    return each_on_a_thread(publish, list(rows.items()), "publish")
 
 
 def _publish_partition(spec: PublishSpec, partition: int, rows: pa.Table) -> tuple[int, bool]:

@@ -31,6 +31,7 @@ import tempfile
 import uuid
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -211,6 +212,17 @@ def run_pinned(
     )
     results: list[R] = rdd.flatMap(run).collect()
     return results
+
+
+def each_on_a_thread(fn: Callable[[T], R], items: Sequence[T], name: str) -> list[R]:
+    """`[fn(item) for item in items]`, each call on a thread of its own (one item: on this
+    thread), for a task's independent pieces of work that mostly wait on Kafka or S3 or run
+    in Arrow, which releases the GIL. The first error is raised once every call has ended."""
+    if len(items) <= 1:
+        return [fn(item) for item in items]
+    with ThreadPoolExecutor(len(items), thread_name_prefix=name) as pool:
+        futures = [pool.submit(fn, item) for item in items]
+    return [future.result() for future in futures]
 
 
 def trim_worker_path() -> int:

@@ -31,7 +31,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -40,7 +39,7 @@ from mvsink.frontier import Frontier
 from mvsink.service import quiet_retries
 from mvsink.settings import S3Settings
 from mvsink.shard import PartGone, PartRef, Shard, open_shard
-from mvsink.spark import executor_id, trim_worker_path
+from mvsink.spark import each_on_a_thread, executor_id, trim_worker_path
 from services.write import checkpoint
 from services.write.fold import fold_desired, fold_persist
 
@@ -193,11 +192,7 @@ def run_tasks(specs: list[TaskSpec]) -> list[TaskResult]:
     once the other steps have ended."""
     quiet_retries()  # one line per outage, not librdkafka's per reconnect (this worker too)
     started = time.monotonic()
-    if len(specs) > 1:
-        with ThreadPoolExecutor(len(specs), thread_name_prefix="write-step") as pool:
-            results = list(pool.map(run_task, specs))
-    else:
-        results = [run_task(spec) for spec in specs]
+    results = each_on_a_thread(run_task, specs, "write-step")
     took = round(time.monotonic() - started, 4)
     for result in results:  # the whole Spark task's wall clock, beside its steps
         result.seconds["task"] = took
