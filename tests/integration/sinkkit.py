@@ -17,12 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Producer
 
 from mvsink.codec import decode_message
 from mvsink.config import Config, S3Settings, Topics
 from mvsink.frontier import Frontier
-from mvsink.kafka import client_config, poll_message, produce, tail_consumer
+from mvsink.kafka import Reader, client_config, poll_message, produce, tail_consumer
 from mvsink.messages import BatchDescription, DesiredProgress, StagedBatch
 from mvsink.producer import DesiredProducer
 from mvsink.provision import provision
@@ -177,7 +177,7 @@ class WriteRole:
     two writers to exercise coverage."""
 
     sink: Sink
-    consumer: Consumer = field(init=False)
+    consumer: Reader = field(init=False)
     producer: Producer = field(init=False)
     last_lower: Frontier | None = None
     staged: list[BatchDescription] = field(default_factory=list)

@@ -199,12 +199,21 @@ def test_a_read_only_replica_follows_and_writes_once_promoted(
 ) -> None:
     rng = random.Random(unique)
     history = _random_history(rng, 12)
+    half = len(history) // 2
+    if not any(by_time for _, by_time in history[half:]):
+        # The promoted standby must have something to write (a history whose second half had
+        # no orders made the last assertion fail, 1 run in ~50).
+        last_id = max(
+            (order[0] for _, by_time in history for day in by_time.values() for order in day),
+            default=0,
+        )
+        upper, by_time = history[-1]
+        by_time[upper - 1] = [(last_id + 1, "c0", 100)]
     definition = _definition("latest_order", orders, unique)
     writer = ContinualTask(definition, s3_settings, Timing(), spark, "writer")
     standby = ContinualTask(definition, s3_settings, Timing(), spark, "standby", read_only=True)
     writer.start()
     standby.start()
-    half = len(history) // 2
     for upper, by_time in history[:half]:
         append_orders(orders, upper, by_time)
         _run_until([writer, standby], F(upper))  # the standby follows the writer's upper
