@@ -336,7 +336,7 @@ MEANINGS: Mapping[str, str] = {
     "retain_history": "times of history the shard keeps: since trails the upper by this (or a lease)",
     "compaction": "whether the write service compacts the shard",
     "compaction_max_batches": "never keep more live batches than this",
-    "compaction_max_amplification": "merge all once newer batches hold this many times the oldest one's updates",
+    "compaction_max_amplification": "merge the batches since has passed once the newer of them hold this many times the oldest one's updates",
     "ct_task": "the continual task's definition file (python -m services.ct)",
 }
 

@@ -87,12 +87,13 @@ class Timing:
 @dataclass(frozen=True)
 class CompactionPolicy:
     """When live batches merge (`mvsink.shard.state.maybe_merge`): size-tiered, so live batches
-    stay logarithmic in history and bytes stay within `1 + max_amplification` of the oldest.
+    stay logarithmic in history and bytes within `1 + max_amplification` of the oldest, plus
+    the batches `since` has not passed yet.
 
-    * `max_amplification`: merge everything once the newer batches hold this many times the
-      updates of the oldest one;
+    * `max_amplification`: merge the batches `since` has passed once the newer of them hold
+      this many times the updates of the oldest one;
     * `size_ratio`, `min_merge`: merge a run of at least `min_merge` batches of similar size
-      (each older one at most `1 + size_ratio` times the newer run);
+      (each older one at most `1 + size_ratio` times the newer run), `since` has passed;
     * `max_batches`: never keep more live batches than this.
     """
 

@@ -148,8 +148,8 @@ class Compactor:
         BYTES_IN.labels(sink).inc(outcome.bytes_in)
         BYTES_OUT.labels(sink).inc(outcome.bytes_out)
         SECONDS.labels(sink).observe(outcome.seconds)
-        log.info("%s merge of %d batches [%s, %s) at since %s (%s): %d -> %d updates, "
-                 "%d -> %d bytes in %.2fs", "committed" if merged else "refused",
+        log.info("%s merge (%s) of %d batches [%s, %s) at since %s (%s): %d -> %d updates, "
+                 "%d -> %d bytes in %.2fs", "committed" if merged else "refused", request.reason,
                  len(request.inputs), request.lower, request.upper, request.since, outcome.where,
                  request.updates, outcome.updates_out, outcome.bytes_in, outcome.bytes_out,
                  outcome.seconds)  # fmt: skip

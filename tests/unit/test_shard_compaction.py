@@ -178,20 +178,33 @@ POLICY = CompactionPolicy()
 
 
 @pytest.mark.parametrize(
-    ("sizes", "expected"),
+    ("sizes", "retain", "expected"),
     [
-        ([100], None),
-        ([100, 10], None),
-        ([100, 60, 40], ("amplification", 0, 3)),  # newer batches reach the oldest's size
-        ([1000, 10, 10, 10, 10], ("size ratio", 1, 5)),  # four similar new batches
-        ([1000, 300, 10, 10, 10], None),  # three similar, the next too big: wait
-        ([1000, 10, 10, 10], None),
+        ([100], 0, None),
+        ([100, 10], 0, None),
+        ([100, 60, 40], 0, ("amplification", 0, 3)),  # newer batches reach the oldest's size
+        ([1000, 10, 10, 10, 10], 0, ("size ratio", 1, 5)),  # four similar new batches
+        ([1000, 300, 10, 10, 10], 0, None),  # three similar, the next too big: wait
+        ([1000, 10, 10, 10], 0, None),
+        # since trails the upper (`retain`): only the batches it passed count. The newest is
+        # not passed: the passed newer ones (60) are not enough yet ...
+        ([100, 60, 40], 1, None),
+        # ... and once they are, only the passed ones merge
+        ([100, 60, 50, 40], 1, ("amplification", 0, 3)),
+        # a run of four similar batches, but only two passed: wait
+        ([1000, 10, 10, 10, 10], 2, None),
+        ([1000, 10, 10, 10, 10, 10, 10], 2, ("size ratio", 1, 5)),
+        # since kept still: nothing passes; the run waits until 12 batches are not passed
+        ([1000, *[10] * 10], None, None),
+        ([1000, *[10] * 11], None, ("size ratio", 1, 12)),
     ],
 )
-def test_the_policy_merges_by_amplification_then_size_ratio(
-    sizes: list[int], expected: tuple[str, int, int] | None
+def test_the_policy_merges_what_since_passed_by_amplification_then_size_ratio(
+    sizes: list[int], retain: int | None, expected: tuple[str, int, int] | None
 ) -> None:
-    state = chain(*([1] * len(sizes)), sizes=sizes)
+    """A merge advances times only before `since`: batches past it would be rewritten without
+    collapsing, so amplification and size-ratio merges wait for `since` to pass them."""
+    state = chain(*([1] * len(sizes)), retain=retain, sizes=sizes)
     request = maybe_merge(state, POLICY)
     if expected is None:
         assert request is None
@@ -209,27 +222,53 @@ def test_the_policy_caps_the_number_of_batches() -> None:
     assert request.inputs == state.batches[3:6]  # the cheapest run that gets back to 4
 
 
-def _simulate(ticks: int, policy: CompactionPolicy, size: int = 1) -> list[int]:
-    """Append `ticks` batches of `size` updates, merging (sizes add up, nothing cancels) as
-    the policy asks after each; live batch counts after each tick."""
-    state, counts = initial_state("s", ROWS, "n", 0), []
+def _simulate(ticks: int, policy: CompactionPolicy, retain: int | None = 0,
+              view: int | None = None) -> tuple[list[int], list[int], int]:  # fmt: skip
+    """Append `ticks` batches of one update each, merging as the policy asks after each; live
+    batch counts and sizes after each tick, and the updates all merges read. Without `view`
+    nothing cancels (sizes add up); with it, a first batch of `view` updates and churn: the
+    merged batches `since` has passed collapse to at most `view` updates."""
+    state, counts, sizes, rewritten = initial_state("s", ROWS, "n", retain), [], [], 0
     for t in range(ticks):
+        size = view if view and t == 0 else 1
         state = apply_append(state, (part(f"a{t}", t, t + 1, size),), F(t), F(t + 1), "n")
         while (request := maybe_merge(state, policy)) is not None:
+            rewritten += request.updates
+            out_size = request.updates
+            if view:
+                passed = sum(b.updates for b in request.inputs
+                             if b.upper.less_equal(request.advance_before))  # fmt: skip
+                out_size += min(passed, view) - passed
             out = part(f"m{t}.{len(state.batches)}", request.lower.time or 0,
-                       request.upper.time or 0, request.updates)  # fmt: skip
+                       request.upper.time or 0, out_size)  # fmt: skip
             merged = apply_merge(state, request, (out,), "n", 0.0)
             assert merged is not None
             state = merged
         counts.append(len(state.batches))
-    return counts
+        sizes.append(sum(b.updates for b in state.batches))
+    return counts, sizes, rewritten
 
 
-def test_live_batches_stay_logarithmic_in_history_without_consolidation() -> None:
-    """The worst case for size: nothing ever cancels. Live batches stay O(log history)."""
-    counts = _simulate(2000, POLICY)
+@pytest.mark.parametrize("retain", [0, 3, 8, None])
+def test_live_batches_stay_logarithmic_in_history_without_consolidation(retain: int | None) -> None:
+    """The worst case for size: nothing ever cancels. Live batches stay O(log history) and
+    each update is rewritten O(log history) times, however far `since` trails (`retain`)."""
+    counts, _, rewritten = _simulate(2000, POLICY, retain)
     assert max(counts) <= POLICY.max_batches
     assert max(counts) <= 4 * math.log2(2000)
+    assert rewritten / 2000 <= math.log2(2000)
+
+
+@pytest.mark.parametrize(("retain", "most"), [(0, 2), (3, 3), (8, 4)])
+def test_churn_collapses_to_the_view_without_rewriting_what_since_holds(
+    retain: int, most: int
+) -> None:
+    """20% of a view of 5 changed per tick: the shard stays within a small multiple of the
+    view plus what `since` holds back, and each update is read by merges fewer than 3 times
+    (merging batches past `since` as well read them ~3-3.5 times)."""
+    _, sizes, rewritten = _simulate(2000, POLICY, retain, view=5)
+    assert max(sizes[50:]) <= most * 5 + retain
+    assert rewritten / 2000 < 3
 
 
 # -- contents are unchanged by any merge: random histories -----------------------------------------
