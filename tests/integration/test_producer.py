@@ -210,7 +210,19 @@ def test_publish_dataframe_of_many_arrow_batches_delivers_each_update_once(
     producer.start()
     rows = [(f"k{i}", i, 0, 1 + i % 3) for i in range(60_000)]
     frame = spark.createDataFrame(rows, "k string, v long, _time long, _diff long").repartition(4)
-    assert publish_dataframe(frame, producer, F(1)) == len(rows)
+    group = f"publish-{uuid.uuid4().hex[:6]}"
+    spark.sparkContext.setJobGroup(group, "publish")
+    try:
+        assert publish_dataframe(frame, producer, F(1)) == len(rows)
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
+    # The frame's 4 partitions are split in one wave of tasks, as many as the 2 slots: that
+    # stage (with the markers' task) runs 3 tasks, not 4 + 1. (The frame's own shuffle ran 4.)
+    tracker = spark.sparkContext.statusTracker()
+    stages = [tracker.getStageInfo(s) for j in tracker.getJobIdsForGroup(group)
+              for s in tracker.getJobInfo(j).stageIds]  # fmt: skip
+    tasks = {stage.numTasks for stage in stages if stage is not None}
+    assert 3 in tasks and 5 not in tasks, tasks
     schema = parse_row_schema(sink.config.row_schema)
     got: Counter[tuple[str, int, int, int]] = Counter()
     for partition, record in read_desired(sink):
