@@ -1,18 +1,28 @@
 """Folding a write task's inputs into its partition's correction state (steps 2 and 3 of
 `services.write.task`): the desired records as positive updates, the shard's changes as negative
 ones, with the read-back of the parts this state staged itself done without reading them.
+
+A resident task (`services.write.resident`) keeps each partition's desired reader from one step
+to the next (`KEEP_READERS`, `READERS`): a fold until a batch's upper stops right after the
+`Progress` that reaches it, and meanwhile librdkafka goes on fetching, so the next step finds
+its records already fetched. A kept reader is used only from where the state folded to (any
+other offset, after a failed step or a reload, gets a new one); a read to the end (read-only)
+uses a new one; the resident closes them when it leaves, and a round closes those of the
+partitions it no longer holds. Each prefetches at most `KEPT_QUEUE_KBYTES`.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Iterable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Producer, TopicPartition
 
 from mvsink.desired import decode_desired
-from mvsink.errors import DecodeError
+from mvsink.errors import DecodeError, MvsinkError
 from mvsink.frontier import Frontier, advance
 from mvsink.kafka import READ_TO_END, Reader, client_config, poll_message
 from mvsink.messages import Progress
@@ -24,32 +34,50 @@ from services.write.checkpoint import PartitionState
 log = logging.getLogger("mvsink.write.task")
 
 
+#: How long a fold until a batch's upper waits for the partition's progress to reach it.
+PROGRESS_WAIT = 60.0
+#: Whether folds keep their desired readers for the next step (a resident sets it).
+KEEP_READERS = False
+#: The kept readers, by (bootstrap, topic, partition): the reader and the offset it reads next.
+READERS: dict[tuple[str, str, int], tuple[Reader, int]] = {}
+#: The most a kept reader prefetches (librdkafka's default is 64 MiB a partition).
+KEPT_QUEUE_KBYTES = 16384
+
+
 def fold_desired(bootstrap: str, topic: str, dead_letter_topic: str, partition: int,
                  row_schema: pa.Schema, partitioning: int, state: PartitionState,
-                 until: Frontier | None = None) -> int:  # fmt: skip
-    """Read the partition from `folded_offset` to its end, or only until its progress reaches
+                 until: Frontier | None = None, wait: float = PROGRESS_WAIT) -> int:  # fmt: skip
+    """Read the partition from `folded_offset` to its end, or until its progress reaches
     `until`; the number of records quarantined (undecodable, below the partition's progress,
     or hashed by another function than `partitioning`).
 
     With `until` (a batch's upper) the read stops after the `Progress` that reaches it: every
     update before `until` has been read (the in-band contract), and what follows is the next
-    batch's, read by the next fold. Learning that the end was reached takes librdkafka
-    another fetch or two, ~30 ms of a ~35 ms read of one tick here. A partition whose progress
-    already reached `until` is not read at all; the end still stops the read if the progress
-    never comes."""
+    batch's, read by the next fold. The end of the partition does not stop it: the driver
+    asks only once the partition's `DesiredProgress` reached `until`, committed in the same
+    transaction as that `Progress`, but a transaction's markers reach its partitions one by
+    one, so the `Progress` may become readable a moment later (on another broker, later
+    still). A batch staged from a read that stopped at the end would miss those updates.
+    Raises `MvsinkError` (the step fails and is run again) if the progress has not come
+    within `wait` seconds. A partition whose progress already reached `until` is not read."""
     if until is not None and until.less_equal(state.desired_frontier):
         return 0
-    # A `Reader`: a consumer librdkafka stalled after a broker restart would never reach the
-    # end, and hold the batch (and a resident's round) forever.
-    consumer = Reader(bootstrap, topic, {partition: state.folded_offset}, READ_TO_END)
+    key = (bootstrap, topic, partition)
+    consumer = _reader(key, state.folded_offset, keep=until is not None and KEEP_READERS)
     decode_rows = updates_decoder(row_schema)
-    dead, tables = 0, []
+    dead, tables, kept = 0, [], False
     dead_producer: Producer | None = None
+    deadline = time.monotonic() + wait
     try:
         done: list[int] = []
-        while not done:
+        while not (done and until is None):
             message = poll_message(consumer, 1.0, on_eof=done.append)
             if message is None:
+                if until is not None and time.monotonic() > deadline:
+                    raise MvsinkError(f"{topic}[{partition}]: its progress did not reach {until} "
+                                      f"within {wait:.0f}s (read to offset "
+                                      f"{consumer.position([TopicPartition(topic, partition)])[0].offset}"
+                                      f", progress {state.desired_frontier})")  # fmt: skip
                 continue
             try:
                 table = decode_desired(message, row_schema, decode_rows, partitioning)
@@ -77,13 +105,39 @@ def fold_desired(bootstrap: str, topic: str, dead_letter_topic: str, partition: 
         position = consumer.position([TopicPartition(topic, partition)])[0].offset
         if position >= 0:
             state.folded_offset = position
+        if until is not None and KEEP_READERS and position >= 0:
+            READERS[key], kept = (consumer, position), True
     finally:
-        consumer.close()
+        if not kept:
+            consumer.close()
         if dead_producer is not None:
             dead_producer.flush(30)
     if tables:
         state.correction.insert(pa.concat_tables(tables))
     return dead
+
+
+def _reader(key: tuple[str, str, int], offset: int, keep: bool) -> Reader:
+    """The kept reader of `key` if it reads on from `offset` and may be kept, else a new one
+    (a read_committed `Reader`: a consumer librdkafka stalled after a broker restart would
+    never reach the progress, and hold the batch, and a resident's round, forever)."""
+    kept = READERS.pop(key, None)
+    if kept is not None:
+        if keep and kept[1] == offset:
+            return kept[0]
+        kept[0].close()
+    extra = (
+        {**READ_TO_END, "queued.max.messages.kbytes": KEPT_QUEUE_KBYTES} if keep else READ_TO_END
+    )
+    return Reader(key[0], key[1], {key[2]: offset}, extra)
+
+
+def close_readers(keep: Iterable[tuple[str, str, int]] = ()) -> None:
+    """Close the kept readers but those of `keep`."""
+    for key in set(READERS) - set(keep):
+        kept = READERS.pop(key, None)
+        if kept is not None:
+            kept[0].close()
 
 
 def fold_persist(

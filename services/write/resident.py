@@ -19,8 +19,10 @@ Rules
    checkpoints as a one-shot task, so every invariant of `services.write` holds unchanged.
    Its Python worker keeps the partitions' states in memory between steps, as a reused Python
    worker did, and a group of partitions goes to the same resident every round while the
-   placement holds. One difference, in speed only: it writes the executor's warm copies of
-   its states when it leaves, not at every step (`services.write.checkpoint.WARM_COPIES`).
+   placement holds. Two differences, in speed only: it writes the executor's warm copies of
+   its states when it leaves, not at every step (`services.write.checkpoint.WARM_COPIES`),
+   and it keeps each partition's desired reader from step to step, so librdkafka fetches the
+   next batch's records meanwhile (`services.write.fold.KEEP_READERS`).
 2. Any trouble dismisses the whole crew and hands the groups it did not finish back to the
    caller, who runs them as one-shot Spark jobs (Spark retries those as before): a crew not
    connected within `READY_WAIT`, a broken connection (the resident's executor or Python worker
@@ -63,7 +65,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mvsink.spark import driver_host, executor_id, live_executors, run_pinned
-from services.write import checkpoint
+from services.write import checkpoint, fold
 from services.write.task import TaskResult, TaskSpec, run_tasks
 
 log = logging.getLogger("mvsink.write.resident")
@@ -116,11 +118,12 @@ def serve(spec: ResidentSpec) -> list[str]:
         conn = socket.create_connection(spec.address, timeout=CONNECT_TIMEOUT)
     except OSError:
         return []
-    checkpoint.WARM_COPIES = False
+    checkpoint.WARM_COPIES, fold.KEEP_READERS = False, True
     try:
         return _serve(spec, conn)
     finally:  # this Python worker may run one-shot tasks next: they share through warm copies
-        checkpoint.WARM_COPIES = True
+        checkpoint.WARM_COPIES, fold.KEEP_READERS = True, False
+        fold.close_readers()
         checkpoint.save_warm_copies()
 
 

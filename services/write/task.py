@@ -9,7 +9,8 @@ Steps of `run_task`:
    whole shard), keeping the version chain;
 2. (`services.write.fold`) fold in new desired records (Kafka offsets from `folded_offset`,
    read_committed) as positive updates, until the partition's `Progress` reaches the batch's
-   upper (to the end in read-only mode); quarantine invalid ones to the dead-letter topic;
+   upper, waiting for it past the end (to the end in read-only mode); quarantine invalid ones
+   to the dead-letter topic. A resident keeps the partition's reader for its next step;
 3. fold in the shard's changes since the last fold (`persist_folded`) as negative updates:
    the batches overlapping `[persist_folded, upper)`, rows before `persist_folded` filtered out
    (a merged batch may start earlier; the driver's lease keeps the shard's `since` at or
@@ -41,7 +42,7 @@ from mvsink.settings import S3Settings
 from mvsink.shard import PartGone, PartRef, Shard, open_shard
 from mvsink.spark import each_on_a_thread, executor_id, trim_worker_path
 from services.write import checkpoint
-from services.write.fold import fold_desired, fold_persist
+from services.write.fold import close_readers, fold_desired, fold_persist
 
 log = logging.getLogger("mvsink.write.task")
 
@@ -192,6 +193,7 @@ def run_tasks(specs: list[TaskSpec]) -> list[TaskResult]:
     once the other steps have ended."""
     quiet_retries()  # one line per outage, not librdkafka's per reconnect (this worker too)
     started = time.monotonic()
+    close_readers(keep={(s.bootstrap, s.desired_topic, s.partition) for s in specs})
     results = each_on_a_thread(run_task, specs, "write-step")
     took = round(time.monotonic() - started, 4)
     for result in results:  # the whole Spark task's wall clock, beside its steps

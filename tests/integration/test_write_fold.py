@@ -1,9 +1,11 @@
 """A write task's desired fold on a real broker: with a batch's upper it stops after the
 `Progress` that reaches it, so the next fold reads on from there and nothing is read twice or
-skipped; without one (read-only), or when the progress never comes, it reads to the end."""
+skipped, and it waits past the end for a progress still to come; without one (read-only) it
+reads to the end. A resident's kept readers read on from where the state folded."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from pathlib import Path
 
@@ -12,10 +14,11 @@ import pytest
 from sinkkit import Sink
 
 from mvsink.config import S3Settings
+from mvsink.errors import MvsinkError
 from mvsink.frontier import Frontier
 from mvsink.producer import DesiredProducer
 from mvsink.rows import parse_row_schema
-from services.write import checkpoint
+from services.write import checkpoint, fold
 from services.write.fold import fold_desired
 
 pytestmark = pytest.mark.integration
@@ -34,10 +37,10 @@ def test_a_fold_until_an_upper_stops_at_its_progress_and_the_next_reads_on(
         producer.advance_to(F(tick + 1))
     state = checkpoint.empty(schema, 0, -1)
 
-    def fold(until: Frontier | None) -> list[str]:
+    def fold(until: Frontier | None, wait: float = 30.0) -> list[str]:
         before = state.correction.consolidate().column("k").to_pylist()
         fold_desired(kafka_bootstrap, config.topics.desired, config.topics.dead_letter, 0,
-                     schema, config.partitioning, state, until)  # fmt: skip
+                     schema, config.partitioning, state, until, wait)  # fmt: skip
         after = state.correction.consolidate().column("k").to_pylist()
         return sorted(set(after) - set(before))
 
@@ -46,10 +49,75 @@ def test_a_fold_until_an_upper_stops_at_its_progress_and_the_next_reads_on(
     assert fold(F(1)) == [] and state.folded_offset == stopped_at  # reached: not read at all
     assert fold(F(2)) == ["key-1"] and state.desired_frontier == F(2)
     assert state.folded_offset > stopped_at
-    # The progress to 9 never comes: the end stops the read, with everything folded.
-    assert fold(F(9)) == ["key-2"] and state.desired_frontier == F(3)
+    # The progress to 9 never comes: the read does not stop at the end, and fails after `wait`
+    # (the step fails; its half-folded state is dropped, as here).
+    reached = state.folded_offset
+    with pytest.raises(MvsinkError, match=r"did not reach \{9\} within 1s"):
+        fold_desired(kafka_bootstrap, config.topics.desired, config.topics.dead_letter, 0,
+                     schema, config.partitioning, checkpoint.empty(schema, 0, -1), F(9), 1.0)  # fmt: skip
+
+    # A progress still to come (its transaction's markers reach the partitions one by one):
+    # the read waits for it past the end.
+    def later() -> None:
+        producer.send(pa.table({"k": ["key-3"], "v": [3], "_time": [3], "_diff": [1]}))
+        producer.advance_to(F(4))
+
+    threading.Timer(1.5, later).start()
+    assert fold(F(4)) == ["key-2", "key-3"] and state.desired_frontier == F(4)
+    assert state.folded_offset > reached
     end = state.folded_offset
-    assert fold(None) == [] and state.folded_offset == end  # read-only: to the end
+    # read-only: to the end, past the transaction's commit marker the fold stopped before
+    assert fold(None) == [] and state.folded_offset == end + 1
+    assert sorted(state.correction.consolidate().column("k").to_pylist()) == [
+        "key-0",
+        "key-1",
+        "key-2",
+        "key-3",
+    ]
+
+
+def test_a_resident_keeps_its_readers_from_where_the_state_folded(
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sink = Sink.create(kafka_bootstrap, s3_settings, tmp_path, partitions=1)
+    config, schema = sink.config, parse_row_schema(sink.config.row_schema)
+    producer = DesiredProducer(config, schema, f"fold-{uuid.uuid4().hex[:6]}")
+    producer.start()
+    for tick in (0, 1, 2):
+        producer.send(pa.table({"k": [f"key-{tick}"], "v": [tick], "_time": [tick], "_diff": [1]}))
+        producer.advance_to(F(tick + 1))
+    monkeypatch.setattr(fold, "KEEP_READERS", True)
+    key = (kafka_bootstrap, config.topics.desired, 0)
+
+    def run(state: checkpoint.PartitionState, until: Frontier | None) -> None:
+        fold_desired(kafka_bootstrap, config.topics.desired, config.topics.dead_letter, 0,
+                     schema, config.partitioning, state, until)  # fmt: skip
+
+    state = checkpoint.empty(schema, 0, -1)
+    try:
+        run(state, F(1))
+        reader, offset = fold.READERS[key]
+        assert offset == state.folded_offset
+        run(state, F(2))  # reads on with the same reader
+        assert fold.READERS[key][0] is reader and fold.READERS[key][1] == state.folded_offset
+        # A state reloaded at another offset (a failed step, a checkpoint) gets a new reader,
+        # from its own offset: it folds what it has not, nothing twice.
+        again = checkpoint.empty(schema, 0, -1)
+        run(again, F(3))
+        assert fold.READERS[key][0] is not reader
+        assert sorted(again.correction.consolidate().column("k").to_pylist()) == [
+            "key-0",
+            "key-1",
+            "key-2",
+        ]
+        run(again, None)  # read-only: a new reader, read to the end and closed
+        assert key not in fold.READERS
+        run(state, F(3))
+        fold.close_readers(keep=[key])
+        assert key in fold.READERS
+    finally:
+        fold.close_readers()
+    assert not fold.READERS
     assert sorted(state.correction.consolidate().column("k").to_pylist()) == [
         "key-0",
         "key-1",
