@@ -198,7 +198,8 @@ def run_tasks(specs: list[TaskSpec]) -> list[TaskResult]:
     close_readers(keep={(s.bootstrap, s.desired_topic, s.partition) for s in specs})
     # The shard's state once for the round, not once a partition (each read probes the state
     # log for versions newer than the last seen: a few GETs, ~10 ms, on every step's path).
-    shard_states = {spec.shard_id: _shard(spec).state() for spec in specs}
+    shards = {spec.shard_id: spec for spec in specs}
+    shard_states = {shard_id: _shard(spec).state() for shard_id, spec in shards.items()}
     results = each_on_a_thread(lambda spec: run_task(spec, shard_states[spec.shard_id]), specs,
                                "write-step")  # fmt: skip
     took = round(time.monotonic() - started, 4)
