@@ -558,11 +558,11 @@ def maybe_merge(state: ShardState, policy: CompactionPolicy) -> MergeRequest | N
        brings the count back to `max_batches`.
 
     Rules 1 and 2 wait for `since`: a write driver's lease trails its folds by about a second
-    (`services.write.shell.HOLD_INTERVAL`). In `mvsink bench` (20% of the view changed per tick), merging all
-    batches as soon as they held `max_amplification` x the oldest put 40-60% of a merge's
-    input past `since`: merges of 1.6M updates produced 1.6M. Waiting, every merge collapses
-    to the view (the table took 36 MiB at the end instead of 40-47) and the sink's throughput
-    went from ~1.1-1.2M to ~1.3M updates/s.
+    (`services.write.shell.HOLD_INTERVAL`). In `mvsink bench` (20% of the view changed per
+    tick), merging all batches as soon as they held `max_amplification` x the oldest put
+    40-60% of a merge's input past `since`: merges of 1.6M updates produced 1.6M. Waiting,
+    every merge collapses to the view (the table took 36 MiB at the end instead of 40-47) and
+    the sink's throughput went from ~1.1-1.2M to ~1.3M updates/s.
     """
     batches = state.batches
     if len(batches) < 2:

@@ -62,16 +62,16 @@ def fold_desired(bootstrap: str, topic: str, dead_letter_topic: str, partition: 
     within `wait` seconds. A partition whose progress already reached `until` is not read."""
     if until is not None and until.less_equal(state.desired_frontier):
         return 0
-    key = (bootstrap, topic, partition)
-    consumer = _reader(key, state.folded_offset, keep=until is not None and KEEP_READERS)
+    key, keep = (bootstrap, topic, partition), until is not None and KEEP_READERS
+    consumer = _reader(key, state.folded_offset, keep)
     decode_rows = updates_decoder(row_schema)
     dead, tables, kept = 0, [], False
     dead_producer: Producer | None = None
     deadline = time.monotonic() + wait
     try:
-        done: list[int] = []
-        while not (done and until is None):
-            message = poll_message(consumer, 1.0, on_eof=done.append)
+        done: list[int] = []  # the end, which stops only a read without `until`
+        while not done:
+            message = poll_message(consumer, 1.0, on_eof=done.append if until is None else None)
             if message is None:
                 if until is not None and time.monotonic() > deadline:
                     raise MvsinkError(f"{topic}[{partition}]: its progress did not reach {until} "
@@ -105,7 +105,7 @@ def fold_desired(bootstrap: str, topic: str, dead_letter_topic: str, partition: 
         position = consumer.position([TopicPartition(topic, partition)])[0].offset
         if position >= 0:
             state.folded_offset = position
-        if until is not None and KEEP_READERS and position >= 0:
+        if keep and position >= 0:
             READERS[key], kept = (consumer, position), True
     finally:
         if not kept:
