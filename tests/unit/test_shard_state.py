@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 from collections import Counter
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -17,6 +19,7 @@ from mvsink.shard.parts import (
     check_bounds,
     consolidate_at,
     decode_part,
+    dictionary_columns,
     encode_part,
 )
 from mvsink.shard.state import PartRef, ShardState, apply_append, initial_state
@@ -136,6 +139,31 @@ def test_normalize_updates_casts_and_adds_err() -> None:
 def test_part_encoding_round_trips() -> None:
     table = normalize_updates(_updates([("a", 1, 0, 1), (None, None, 1, 2)], err=[None, "e"]), ROWS)
     assert decode_part(encode_part(table, {"mvsink.lower": "[0]"}), ROWS).equals(table)
+
+
+def _dictionary_encoded(data: bytes) -> dict[str, bool]:
+    """Per column of a part's first row group: whether a dictionary encoding was used."""
+    group = pq.ParquetFile(io.BytesIO(data)).metadata.row_group(0)
+    return {group.column(i).path_in_schema: group.column(i).has_dictionary_page
+            for i in range(group.num_columns)}  # fmt: skip
+
+
+def test_a_part_dictionary_encodes_only_the_columns_that_repeat() -> None:
+    """A key column of distinct values is written plain (a dictionary as large as the column
+    only costs), the repeating columns keep their dictionary, and the part reads back equal."""
+    rows = [(f"key-{i:06d}", i % 3, 7, 1 - 2 * (i % 2)) for i in range(3000)]
+    table = normalize_updates(_updates(rows), ROWS)
+    data = encode_part(table, {})
+    assert _dictionary_encoded(data) == {"k": False, "v": True, "_time": True, "_diff": True,
+                                         "_err": True}  # fmt: skip
+    assert decode_part(data, ROWS).equals(table)
+    # Fewer distinct keys than half the sample: a dictionary pays, as for every other column.
+    repeating = normalize_updates(_updates([(f"k{i % 400}", 1, 7, 1) for i in range(3000)]), ROWS)
+    assert dictionary_columns(repeating) is True
+    assert all(_dictionary_encoded(encode_part(repeating, {})).values())
+    # Nested columns keep Parquet's default.
+    nested = pa.table({"s": pa.array([{"a": i} for i in range(10)])})
+    assert dictionary_columns(nested) is True
 
 
 updates_strategy = st.lists(
