@@ -37,7 +37,7 @@ steady-state ticks 1..N give updates/s and freshness (tick published -> durable)
 measured: peak RSS of every process tree, bytes read back per byte written (mvsink's write
 metrics; the Delta peer's S3A reads; the others never read back), the table's size in the
 bucket at the end (mvsink, delta), and whether the shard and the Delta table equal the view.
-Writes `bench.json` and `bench.png` into `--out`. How each system is driven (started, polled,
+Writes `bench.json` and `bench.png` into `--out`. How each system is driven (started, asked,
 finished) is `mvsink.bench.contenders`.
 """
 
@@ -114,6 +114,10 @@ def variants(systems: tuple[str, ...], spark_master: str | None,
     return found
 
 
+#: How long `drive` blocks for a system's next report before it checks the processes again.
+BLOCK = 0.05
+
+
 def drive(system: System, feeder: Feeder | DataFrameFeeder, ticks: list[EncodedTick], in_flight: int, say: Say,
           stall: float = 300.0) -> Run:  # fmt: skip
     """Publish the ticks closed-loop and time them (see the module docs). The ticks may start
@@ -127,7 +131,7 @@ def drive(system: System, feeder: Feeder | DataFrameFeeder, ticks: list[EncodedT
     def wait_for(count: int) -> None:
         nonlocal last_progress
         while True:
-            durable = system.durable() - base
+            durable = system.durable(wait=BLOCK) - base
             now = time.monotonic()
             for t in range(len(reached), min(durable, len(sent))):
                 reached[t] = now
@@ -138,7 +142,6 @@ def drive(system: System, feeder: Feeder | DataFrameFeeder, ticks: list[EncodedT
             if now - last_progress > stall:
                 raise BenchError(f"{system.name} made no progress for {stall:.0f}s at tick {len(reached)} "
                                  f"(logs in {system.logs})")  # fmt: skip
-            time.sleep(0.005)
 
     started = time.monotonic()
     system.ends[base] = feeder.feed(system.config, ticks[0])

@@ -71,8 +71,10 @@ class System(ABC):
         """Start the system's processes."""
 
     @abstractmethod
-    def durable(self) -> int:
-        """How many ticks (0..n-1) are durable."""
+    def durable(self, wait: float = 0.0) -> int:
+        """How many ticks (0..n-1) are durable, waiting up to `wait` seconds for the system's
+        next report (a frontier, a progress line) when it has none new: how the bench blocks
+        between checks instead of polling."""
 
     def check_alive(self) -> None:
         for label, proc in self.procs.items():
@@ -99,8 +101,8 @@ class MvsinkSystem(System):
         self.upper = 0
         self._frontiers = tail_consumer(self.config.kafka_bootstrap, self.config.topics.frontiers)
 
-    def durable(self) -> int:
-        for _, record in drain(self._frontiers):
+    def durable(self, wait: float = 0.0) -> int:
+        for _, record in drain(self._frontiers, first_timeout=wait):
             if isinstance(record, ShardUpper) and record.shard_id == self.config.shard_id:
                 self.upper = max(self.upper, record.upper.time or 0)
         return self.upper
@@ -150,6 +152,17 @@ class OffsetSystem(System):
     #: Which `mvsink.bench.systems` loop runs (`name` is the column's, e.g. `peer-e2e`).
     kind = ""
 
+    def __init__(self, config: Config, logs: Path) -> None:
+        super().__init__(config, logs)
+        #: Lines read from the process, and how many `durable` has counted; `news` is notified
+        #: with each line.
+        self.lines = self.counted = 0
+        self.news = threading.Condition()
+        #: Per partition, the offset the process reported durable; its batches' seconds.
+        self.offsets: dict[int, int] = {}
+        self.batch_seconds: list[float] = []
+        self.rows = 0
+
     def start(self) -> None:
         prefix = f"bench/{self.config.sink_id}"
         cmd = [sys.executable, "-m", "mvsink.bench.systems", self.kind, self.config.topics.desired,
@@ -158,9 +171,6 @@ class OffsetSystem(System):
         with (self.logs / f"{self.name}.log").open("ab") as err:
             self.procs[self.name] = subprocess.Popen(cmd, env=service_env(self.config), stdout=subprocess.PIPE,
                                                      stderr=err)  # fmt: skip
-        self.offsets: dict[int, int] = {}
-        self.batch_seconds: list[float] = []
-        self.rows = 0
         self._lines = threading.Thread(target=self._read, daemon=True)
         self._lines.start()
 
@@ -180,12 +190,22 @@ class OffsetSystem(System):
                     self.offsets.get(line["partition"], 0), line["offset"]
                 )
             self.rows += line["rows"]
+            self._heard()
+
+    def _heard(self) -> None:
+        """Count a line read and wake `durable`."""
+        with self.news:
+            self.lines += 1
+            self.news.notify_all()
 
     def _line(self, line: dict[str, Any]) -> bool:
         """A line only this kind prints (taken, True) or a progress line (False)."""
         return False
 
-    def durable(self) -> int:
+    def durable(self, wait: float = 0.0) -> int:
+        with self.news:
+            self.news.wait_for(lambda: self.lines != self.counted, wait)
+            self.counted = self.lines
         done = 0
         while done in self.ends and all(
             self.offsets.get(p, 0) >= o for p, o in self.ends[done].items()

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from mvsink import Say
-from mvsink.bench.compare import save_figures
+from mvsink.bench.compare import BLOCK, save_figures
 from mvsink.bench.contenders import MvsinkSystem, scrape
 from mvsink.bench.workload import (
     ROW_SCHEMA,
@@ -50,11 +50,10 @@ def sink_config(config: Config, name: str, partitions: int, **changes: Any) -> C
 
 def wait_upper(system: MvsinkSystem, upper: int, what: str, timeout: float = 900) -> float:
     deadline = time.monotonic() + timeout
-    while system.durable() < upper:
+    while system.durable(wait=BLOCK) < upper:
         system.check_alive()
         if time.monotonic() > deadline:
             raise BenchError(f"{what}: the shard did not reach {{{upper}}} in {timeout:.0f}s")
-        time.sleep(0.01)
     return time.monotonic()
 
 

@@ -3,6 +3,8 @@ final view, and durable ticks are counted from reported offsets exactly."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -39,10 +41,14 @@ def test_ticks_do_not_share_buffers_with_later_ticks() -> None:
     assert set(tables[0].column("value").to_pylist()) == {1}
 
 
-def test_durable_ticks_need_every_partition_past_the_ticks_end(tmp_path: Path) -> None:
+def _offset_system(tmp_path: Path) -> OffsetSystem:
     env = {"MVSINK_KAFKA_BOOTSTRAP": "127.0.0.1:9", "MVSINK_S3_ENDPOINT": "127.0.0.1:9",
            "MVSINK_S3_ACCESS_KEY": "k", "MVSINK_S3_SECRET_KEY": "s", "MVSINK_STATE_DIR": str(tmp_path)}  # fmt: skip
-    system = OffsetSystem(load_config(env=env), tmp_path)
+    return OffsetSystem(load_config(env=env), tmp_path)
+
+
+def test_durable_ticks_need_every_partition_past_the_ticks_end(tmp_path: Path) -> None:
+    system = _offset_system(tmp_path)
     system.ends = {0: {0: 5, 1: 3}, 1: {0: 9, 1: 7}, 2: {0: 12, 1: 7}}
     system.offsets = {0: 9, 1: 3}
     assert system.durable() == 1
@@ -50,6 +56,31 @@ def test_durable_ticks_need_every_partition_past_the_ticks_end(tmp_path: Path) -
     assert system.durable() == 2
     system.offsets[0] = 12
     assert system.durable() == 3
+
+
+def test_durable_waits_for_the_next_line_not_longer(tmp_path: Path) -> None:
+    """`durable(wait)` blocks until the process reports a line (the bench's loop blocks instead
+    of polling), and a line reported before the call is not waited for."""
+    system = _offset_system(tmp_path)
+    system.ends = {0: {0: 5}}
+
+    def report() -> None:
+        system.offsets[0] = 5
+        system._heard()
+
+    timer = threading.Timer(0.2, report)
+    timer.start()
+    started = time.monotonic()
+    assert system.durable(wait=30) == 1
+    assert time.monotonic() - started < 30
+    timer.join()
+    system.ends[1] = {0: 9}
+    system.offsets[0] = 9
+    system._heard()
+    started = time.monotonic()
+    assert system.durable(wait=30) == 2
+    assert time.monotonic() - started < 30
+    assert system.durable() == 2  # no wait: counts at once
 
 
 def test_percentile() -> None:
