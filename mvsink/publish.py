@@ -35,6 +35,15 @@ found fenced is replaced by a new one (init, check) and the partition published 
 memory holds its share of the publish. Each publish must move the producer's frontier forward
 (`ContractError` otherwise): a partition that reached it counts as published.
 
+Spark picks any idle Python worker for a task, so a partition moves between an executor's
+workers from publish to publish (in `mvsink bench`'s upstream, every few publishes), each move
+fencing the other worker's kept producer. So a new producer records itself as its transactional
+id's newest in the executor's directory (`_claim`), and a kept producer that another worker of
+the executor has superseded there is dropped before it produces (`_superseded`), instead of
+finding out from a transaction that fails (~20 ms into it, with librdkafka's fatal-error
+lines). Its replacement pays the init and the check (~0.1 s). The record only ever drops a
+producer, which is always safe; one fenced from another executor is found out as before.
+
 Between the two stages, each input batch's updates travel as one Arrow IPC payload per desired
 partition (`_split`), not row by row: Spark converts a handful of binary rows between the JVM
 and Python instead of every update twice. A row goes to the shuffle partition of its desired
@@ -58,9 +67,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -74,7 +86,7 @@ from mvsink.messages import DesiredProgress, Progress
 from mvsink.partitioning import partitions_of, split_by_partition
 from mvsink.producer import DesiredProducer, arrow_records
 from mvsink.service import quiet_retries
-from mvsink.spark import each_on_a_thread, task_slots, trim_worker_path
+from mvsink.spark import each_on_a_thread, executor_dir, task_slots, trim_worker_path
 from mvsink.updates import DIFF, TIME, normalize_updates, part_schema, updates_to_ipc
 
 if TYPE_CHECKING:
@@ -104,6 +116,8 @@ class _Kept:
 
     producer: Producer
     committed: Frontier | None
+    #: What this producer recorded as its transactional id's newest (`_claim`), or None.
+    token: str | None = None
 
 
 @dataclass(frozen=True)
@@ -302,12 +316,18 @@ def _publish_partition(spec: PublishSpec, partition: int, rows: pa.Table) -> tup
     key = (spec.bootstrap, f"{spec.producer_id}.p{partition}")
     while True:
         kept, reused = _PRODUCERS.get(key), True
+        if kept is not None and _superseded(key[1], kept.token):
+            log.debug("publish: another Python worker of this executor took desired partition "
+                      "%d's transactional id since this one's last publish", partition)  # fmt: skip
+            del _PRODUCERS[key]
+            kept = None
         if kept is None:
             producer = Producer(client_config(spec.bootstrap, **{
                 "transactional.id": key[1], "linger.ms": 5}))  # fmt: skip
             init_transactions(producer, 60)
+            token = _claim(key[1])
             committed = last_progress(spec.bootstrap, spec.desired_topic, partition)
-            kept, reused = _Kept(producer, committed), False
+            kept, reused = _Kept(producer, committed, token), False
             _PRODUCERS[key] = kept
         if kept.committed is not None and spec.upper.less_equal(kept.committed):
             return int(rows.num_rows), True
@@ -338,6 +358,39 @@ def _publish_partition(spec: PublishSpec, partition: int, rows: pa.Table) -> tup
         if spec.hook is not None:
             spec.hook("committed", partition)
         return int(rows.num_rows), False
+
+
+def _claim_path(transactional_id: str) -> Path:
+    return (
+        executor_dir() / "publish" / (re.sub(r"[^A-Za-z0-9._-]", "_", transactional_id) + ".newest")
+    )
+
+
+def _claim(transactional_id: str) -> str | None:
+    """Record a producer just initialized with `transactional_id` as its newest on this
+    executor; its token (None if the record could not be written: it is then never judged
+    superseded, and a fencing is found out at its transaction)."""
+    token = f"{os.getpid()}.{uuid.uuid4().hex}"
+    path = _claim_path(transactional_id)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(token)
+        partial.replace(path)
+    except OSError:
+        return None
+    return token
+
+
+def _superseded(transactional_id: str, token: str | None) -> bool:
+    """Whether a producer that claimed `token` is no longer its transactional id's newest on
+    this executor: another worker initialized one since, which fenced it."""
+    if token is None:
+        return False
+    try:
+        return _claim_path(transactional_id).read_text() != token
+    except OSError:
+        return False
 
 
 def is_fenced(error: BaseException) -> bool:

@@ -4,6 +4,7 @@ fencing, the PySpark helper and the CLI."""
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -261,6 +262,42 @@ def test_a_kept_producer_skips_a_partition_it_already_published(sink: Sink) -> N
     _PRODUCERS.clear()
     assert _publish_partition(spec, 0, rows) == (2, True)  # a new one, after its check
     assert sorted((u["k"], u["v"]) for u in published_updates(sink)) == [("a", 1), ("b", 2)]
+
+
+def test_a_kept_producer_another_worker_superseded_is_dropped_before_it_produces(
+    sink: Sink, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two Python workers of an executor publish a partition by turns, as Spark's choice of an
+    idle worker has them do (here this process is both, each turn with its own kept
+    producers). The other worker's new producer fenced this worker's kept one: it is dropped
+    before it produces, so no transaction fails, and every update lands once."""
+    producer = producer_for(sink)
+    config, row_schema = sink.config, parse_row_schema(sink.config.row_schema)
+    events: list[tuple[str, int]] = []
+
+    def spec(tick: int) -> PublishSpec:
+        return PublishSpec(config.kafka_bootstrap, config.topics.desired, config.topics.frontiers,
+                           config.sink_id, config.partitions, config.partitioning, row_schema,
+                           producer.producer_id, F(tick), F(tick + 1), 100,
+                           lambda event, partition: events.append((event, partition)))  # fmt: skip
+
+    def rows(tick: int) -> pa.Table:
+        return normalize_updates(table([(f"k{tick}", tick, tick, 1)]), row_schema)
+
+    _PRODUCERS.clear()
+    assert _publish_partition(spec(0), 0, rows(0)) == (1, False)  # worker A
+    worker_a = dict(_PRODUCERS)
+    _PRODUCERS.clear()
+    assert _publish_partition(spec(1), 0, rows(1)) == (1, False)  # worker B: fences A's
+    _PRODUCERS.clear()
+    _PRODUCERS.update(worker_a)  # worker A's turn again
+    events.clear()
+    with caplog.at_level(logging.DEBUG, logger="mvsink.publish"):
+        assert _publish_partition(spec(2), 0, rows(2)) == (1, False)
+    assert "another Python worker of this executor took" in caplog.text
+    assert "was fenced" not in caplog.text  # no transaction of the fenced producer
+    assert events == [("produced", 0), ("committed", 0)]
+    assert sorted(u["k"] for u in published_updates(sink)) == ["k0", "k1", "k2"]
 
 
 def test_publish_dataframe_through_killed_tasks_delivers_every_update_once(
