@@ -26,7 +26,9 @@ Systems, one after the other (never two at once on this box):
    them: each tick's updates are a DataFrame held in the executors, published from them with
    `mvsink.publish.publish_dataframe` (partitioning, encoding and producing are timed), so
    their updates/s and freshness run from the upstream's DataFrame to durable
-   (`workload.DataFrameFeeder`; figure `ratio_e2e_vs_peer_e2e`).
+   (`workload.DataFrameFeeder`; figure `ratio_e2e_vs_peer_e2e`). Before the first of them,
+   the upstream publishes every tick once to a scratch topic, untimed, so both are measured
+   on a warm upstream JVM (`DataFrameFeeder.warm_up`).
 
 The producer's own rate is printed too: how fast `DesiredProducer` turned the workload into
 records when it was encoded, per CPU second, next to partitioning 1 on a sample of the same
@@ -173,6 +175,15 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
+def provisioned(base: Config, sink_id: str, spark_master: str | None = None) -> Config:
+    """A sink of the run, with its own shard and topics (created)."""
+    sink = replace(base, sink_id=sink_id, shard_id=sink_id,
+                   topics=Topics.for_sink(sink_id, base.topics.frontiers),
+                   spark_master=spark_master or base.spark_master)  # fmt: skip
+    provision(sink)
+    return sink
+
+
 def run(config: Config, workload: Workload, out: Path, say: Say, in_flight: int = 2,
         systems: tuple[str, ...] = SYSTEMS, append_workers: int = 2, wire: str = "arrow",
         spark_master: str | None = None, spark_workers: tuple[int, ...] = (),
@@ -207,24 +218,18 @@ def run(config: Config, workload: Workload, out: Path, say: Say, in_flight: int 
             if scale is None:
                 raise BenchError("--spark-workers needs the embedded stack")
             master = scale(variant.spark_workers) if variant.spark_workers else "local[*]"
-        sink_id = f"{run_id}-{name}"
-        sink = replace(
-            base,
-            sink_id=sink_id,
-            shard_id=sink_id,
-            topics=Topics.for_sink(sink_id, config.topics.frontiers),
-            spark_master=master or base.spark_master,
-        )
-        provision(sink)
+        if variant.from_dataframes and upstream is None:
+            upstream = DataFrameFeeder(config.kafka_bootstrap, workload, say)
+            upstream.warm_up(provisioned(base, f"{run_id}-warm-up"), say)
+        sink = provisioned(base, f"{run_id}-{name}", master)
         system = kinds[variant.system](sink, logs / name)
         system.name = name
         say(
             f"{name}: starting{f' (Spark {sink.spark_master})' if variant.system == 'mvsink' else ''} ..."
         )
-        source: Feeder | DataFrameFeeder = feeder
-        if variant.from_dataframes:
-            upstream = upstream or DataFrameFeeder(config.kafka_bootstrap, workload, say)
-            source = upstream
+        source: Feeder | DataFrameFeeder = (
+            upstream if variant.from_dataframes and upstream else feeder
+        )
         system.start()
         sampler = RssSampler({label: proc.pid for label, proc in system.procs.items()})
         try:

@@ -48,6 +48,8 @@ def test_bench_compares_mvsink_peer_delta_and_raw(
                 "producer_updates_per_cpu_s", "producer_v1_updates_per_cpu_s"):  # fmt: skip
         assert isinstance(figures[key], float) and figures[key] > 0, key
     assert figures["mvsink-e2e_shard_equals_desired"] is True
+    # Both end-to-end columns are fed by a warmed-up upstream: every tick published once first.
+    assert "upstream warm-up: 4 publishes to a scratch topic" in text
     assert set(figures["peer-e2e_peak_rss_mib"]) == {"peer-e2e"}
     assert set(figures["mvsink_peak_rss_mib"]) == {"mint", "write", "append"}
     assert figures["peer_batch_latency_p50_s"] > 0
