@@ -175,11 +175,18 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
+def sink_config(config: Config, name: str, partitions: int, **changes: Any) -> Config:
+    """A benchmark's sink `name`: the workload's rows, its own shard (unless `shard_id` is
+    given) and topics, and any other `changes`."""
+    return replace(config, sink_id=name, shard_id=changes.pop("shard_id", name), row_schema=ROW_SCHEMA,
+                   partitions=partitions, topics=Topics.for_sink(name, config.topics.frontiers),
+                   **changes)  # fmt: skip
+
+
 def provisioned(base: Config, sink_id: str, spark_master: str | None = None) -> Config:
-    """A sink of the run, with its own shard and topics (created)."""
-    sink = replace(base, sink_id=sink_id, shard_id=sink_id,
-                   topics=Topics.for_sink(sink_id, base.topics.frontiers),
-                   spark_master=spark_master or base.spark_master)  # fmt: skip
+    """A sink of the run (`sink_config`), its topics created."""
+    sink = sink_config(base, sink_id, base.partitions,
+                       spark_master=spark_master or base.spark_master)  # fmt: skip
     provision(sink)
     return sink
 

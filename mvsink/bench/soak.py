@@ -46,9 +46,9 @@ from pathlib import Path
 from typing import Any
 
 from mvsink import Say
-from mvsink.bench.compare import drive, percentile, save_figures
+from mvsink.bench.compare import drive, percentile, save_figures, sink_config
 from mvsink.bench.contenders import MvsinkSystem, Run
-from mvsink.bench.steady import empty_tick, first_job, read_once, sink_config, wait_upper
+from mvsink.bench.steady import empty_tick, first_job, read_once, wait_upper
 from mvsink.bench.workload import BenchError, EncodedTick, Feeder, Workload, encode_ticks
 from mvsink.config import Config, state_dir
 from mvsink.demo import start_service, stop_services

@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from mvsink import Say
-from mvsink.bench.compare import BLOCK, save_figures
+from mvsink.bench.compare import BLOCK, save_figures, sink_config
 from mvsink.bench.contenders import MvsinkSystem, scrape
 from mvsink.bench.workload import (
-    ROW_SCHEMA,
     BenchError,
     EncodedTick,
     Feeder,
@@ -33,19 +31,13 @@ from mvsink.bench.workload import (
     encode_ticks,
 )
 from mvsink.codec import encode
-from mvsink.config import Config, Topics, state_dir
+from mvsink.config import Config, state_dir
 from mvsink.frontier import Frontier
 from mvsink.messages import Progress
 from mvsink.provision import provision
 from mvsink.s3 import s3_client
 from mvsink.shard import Shard, open_shard
 from services.write.shell import FOLD_INTERVAL
-
-
-def sink_config(config: Config, name: str, partitions: int, **changes: Any) -> Config:
-    return replace(config, sink_id=name, shard_id=changes.pop("shard_id", name), row_schema=ROW_SCHEMA,
-                   partitions=partitions, topics=Topics.for_sink(name, config.topics.frontiers),
-                   **changes)  # fmt: skip
 
 
 def wait_upper(system: MvsinkSystem, upper: int, what: str, timeout: float = 900) -> float:
