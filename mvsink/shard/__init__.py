@@ -61,6 +61,7 @@ from mvsink.shard.parts import UpdateBeyondUpper, UpdateNotBeyondLower, consolid
 from mvsink.shard.state import (
     AsOfBeforeSince,
     BatchRecord,
+    CriticalHold,
     MergeRequest,
     PartRef,
     ReaderLease,
@@ -86,6 +87,7 @@ __all__ = [
     "Appended",
     "AsOfBeforeSince",
     "BatchRecord",
+    "CriticalHold",
     "DeleteResult",
     "GcResult",
     "IndefiniteAppend",

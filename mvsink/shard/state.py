@@ -9,11 +9,17 @@ conditionally. The changes:
 * `apply_merge`: compare-and-merge, a contiguous run of live batches replaced by one batch
   holding the same updates with the times before `since` advanced and consolidated, made only
   if every input batch is still live (`None` otherwise: the merge lost a race);
-* `apply_lease` / `apply_release`: a reader's hold on `since`, with an expiry;
+* `apply_lease` / `apply_release`: a reader's hold on `since`, with an expiry, and (with the
+  same change) named *critical holds*, which never expire (`apply_release_holds` drops them);
 * `apply_retain_history`: how far `since` trails the upper.
 
 Every change also settles `since` (`settle`): expired leases are dropped and `since` advances to
-the meet of `upper - retain_history` and every live lease's hold, never backwards. With
+the meet of `upper - retain_history`, every live lease's hold and every critical hold, never
+backwards. A lease is for a reader that is running (it lapses when the reader goes away: a
+crashed reader holds nothing for long); a critical hold is for durable state that a reader may
+continue from after any pause (persist's critical `SinceHandle`, moved only explicitly): the
+write service holds each desired partition's latest checkpoint with one, so a sink stopped for
+longer than any lease still continues from its checkpoints. With
 `retain_history = None` (a shard opened without a retention policy) `since` never advances.
 
 Invariants of a chain of versions `0, 1, 2, ...` (checked by the functions):
@@ -23,17 +29,19 @@ Invariants of a chain of versions `0, 1, 2, ...` (checked by the functions):
 3. the live `batches` are ordered and disjoint (each batch's `lower` is at or after the previous
    batch's `upper`; a gap is a stretch the upper crossed without data), every batch has
    `lower < upper`, and a part key, once dropped from the live batches, never returns;
-4. `since <= upper` and `since` never regresses; no live lease holds below `since`;
+4. `since <= upper` and `since` never regresses; no live lease and no critical hold holds below
+   `since`;
 5. for every frontier `as_of` with `since <= as_of <= upper`, the contents at `as_of` (updates
    with time `< as_of`, consolidated) are the same in every later version: merges only advance
    times before `since` and consolidate;
-6. a version's size is O(live batches + leases), not O(history).
+6. a version's size is O(live batches + leases + holds), not O(history).
 """
 
 from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -188,6 +196,26 @@ class ReaderLease:
 
 
 @dataclass(frozen=True, slots=True)
+class CriticalHold:
+    """A hold on `since` that never expires: `since` does not pass `since` until the holder
+    moves it (`apply_lease(..., holds=...)`, forward only) or drops it (`apply_release_holds`).
+    Its holder is durable state rather than a process (persist's critical reader): e.g.
+    `checkpoint:<sink>:p<N>`, a write task's latest correction checkpoint."""
+
+    holder_id: str
+    since: Frontier
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form inside a state version."""
+        return {"holder_id": self.holder_id, "since": self.since.elements()}
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> CriticalHold:
+        """Inverse of `to_json`."""
+        return cls(raw["holder_id"], Frontier.from_elements(raw["since"]))
+
+
+@dataclass(frozen=True, slots=True)
 class MergeRequest:
     """A planned merge: the contiguous run of live batches `inputs`, to be replaced by one
     batch `[inputs[0].lower, inputs[-1].upper)` whose updates are the inputs' with every time
@@ -258,6 +286,8 @@ class ShardState:
     #: How far `since` trails the upper, in times; `None`: `since` never advances.
     retain_history: int | None = None
     readers: tuple[ReaderLease, ...] = ()
+    #: Critical holds, sorted by holder (no expiry: moved or dropped only explicitly).
+    holds: tuple[CriticalHold, ...] = ()
     change: str = "create"
     _part_keys: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
@@ -286,6 +316,10 @@ class ShardState:
         """The lease of `reader_id`, if it holds one."""
         return next((r for r in self.readers if r.reader_id == reader_id), None)
 
+    def hold(self, holder_id: str) -> CriticalHold | None:
+        """The critical hold of `holder_id`, if it has one."""
+        return next((h for h in self.holds if h.holder_id == holder_id), None)
+
     # -- serialisation ----------------------------------------------------------------------
 
     def to_bytes(self) -> bytes:
@@ -304,6 +338,8 @@ class ShardState:
             "appended": None if self.appended is None else self.appended.to_json(),
             "nonce": self.nonce,
         }
+        if self.holds:  # absent when empty: versions without holds keep their earlier form
+            document["holds"] = [h.to_json() for h in self.holds]
         return json.dumps(document, separators=(",", ":"), sort_keys=True).encode()
 
     @classmethod
@@ -330,6 +366,7 @@ class ShardState:
                 nonce=raw["nonce"],
                 retain_history=raw.get("retain_history"),
                 readers=tuple(ReaderLease.from_json(r) for r in raw.get("readers", [])),
+                holds=tuple(CriticalHold.from_json(h) for h in raw.get("holds", [])),
                 change=raw.get("change", "append" if raw["appended"] is not None else "create"),
             )
         except (KeyError, TypeError, ValueError) as error:
@@ -350,14 +387,17 @@ def initial_state(
 
 
 def since_target(state: ShardState, now: float) -> Frontier:
-    """Where `since` may go now: the meet of `upper - retain_history` and every live lease's
-    hold, never before the current `since`. A closed upper (`{}`) keeps `since` where it is."""
+    """Where `since` may go now: the meet of `upper - retain_history`, every live lease's hold
+    and every critical hold, never before the current `since`. A closed upper (`{}`) keeps
+    `since` where it is."""
     if state.retain_history is None or state.upper.time is None:
         return state.since
     target = Frontier.at(max(0, state.upper.time - state.retain_history))
     for lease in state.readers:
         if lease.expires_at > now:
             target = target.meet(lease.since)
+    for hold in state.holds:
+        target = target.meet(hold.since)
     return state.since.join(target)
 
 
@@ -452,9 +492,13 @@ def apply_lease(
     expires_at: float,
     nonce: str,
     now: float,
+    holds: Mapping[str, Frontier] | None = None,
 ) -> ShardState:
     """Take or renew `reader_id`'s lease until `expires_at`, holding `since` at `hold` (at the
-    current `since` if `None`; a renewal never moves a hold backwards).
+    current `since` if `None`; a renewal never moves a hold backwards), and in the same version
+    move the critical holds named in `holds` forward to their frontiers (a new one is taken at
+    `since` or later: history before `since` is gone, and its holder finds that out by reading
+    `since`; one never moves backwards).
 
     Raises:
         AsOfBeforeSince: `hold` is before `since` (that history is gone) or the lease expired
@@ -475,7 +519,49 @@ def apply_lease(
                               f"is compacted to since {settled.since}")  # fmt: skip
     readers = (*(r for r in settled.readers if r.reader_id != reader_id),
                ReaderLease(reader_id, wanted, expires_at))  # fmt: skip
-    return _successor(settled, "lease", nonce, now, readers=readers)
+    return _successor(settled, "lease", nonce, now, readers=readers,
+                      holds=_moved_holds(settled, holds or {}))  # fmt: skip
+
+
+def _moved_holds(state: ShardState, moves: Mapping[str, Frontier]) -> tuple[CriticalHold, ...]:
+    """`state.holds` with each of `moves` joined in (and at `since` or later)."""
+    held = {h.holder_id: h.since for h in state.holds}
+    for holder_id, frontier in moves.items():
+        if not holder_id:
+            raise InvalidUsage("a critical hold needs a holder id")
+        held[holder_id] = held.get(holder_id, state.since).join(frontier).join(state.since)
+    return tuple(CriticalHold(h, f) for h, f in sorted(held.items()))
+
+
+def apply_set_holds(
+    state: ShardState, holds: Mapping[str, Frontier], nonce: str, now: float
+) -> ShardState:
+    """Set the critical holds of `holds` to exactly their frontiers, backwards too (a repaired
+    checkpoint that starts before where the old one was held).
+
+    Raises:
+        AsOfBeforeSince: a frontier before `since` (that history is gone).
+    """
+    settled = settle(state, now)
+    for holder_id, frontier in holds.items():
+        if not holder_id:
+            raise InvalidUsage("a critical hold needs a holder id")
+        if not settled.since.less_equal(frontier):
+            raise AsOfBeforeSince(f"{holder_id} cannot hold {frontier}: shard {state.shard_id} "
+                                  f"is compacted to since {settled.since}")  # fmt: skip
+    held = {h.holder_id: h.since for h in settled.holds} | dict(holds)
+    return _successor(settled, "lease", nonce, now,
+                      holds=tuple(CriticalHold(h, f) for h, f in sorted(held.items())))  # fmt: skip
+
+
+def apply_release_holds(
+    state: ShardState, holder_ids: Iterable[str], nonce: str, now: float
+) -> ShardState:
+    """Drop the critical holds of `holder_ids` (a sink dropped, or its checkpoints deleted and
+    repaired elsewhere): `since` may then pass where they held it."""
+    dropped = set(holder_ids)
+    holds = tuple(h for h in state.holds if h.holder_id not in dropped)
+    return _successor(state, "release", nonce, now, holds=holds)
 
 
 def apply_release(state: ShardState, reader_id: str, nonce: str, now: float) -> ShardState:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
@@ -48,7 +48,9 @@ from mvsink.shard.state import (
     apply_lease,
     apply_merge,
     apply_release,
+    apply_release_holds,
     apply_retain_history,
+    apply_set_holds,
     initial_state,
     overlapping,
     same_schema,
@@ -316,19 +318,26 @@ class Shard:
         return outcome
 
     def lease(
-        self, reader_id: str, hold: Frontier | None = None, duration: float | None = None
+        self,
+        reader_id: str,
+        hold: Frontier | None = None,
+        duration: float | None = None,
+        holds: Mapping[str, Frontier] | None = None,
     ) -> ReaderLease:
         """Take or renew a reader lease: `since` will not pass `hold` (the current `since` if
         `None`; never moved backwards) for `duration` seconds (`Timing.reader_lease`). Renew
-        before it expires; `release` when done.
+        before it expires; `release` when done. `holds` moves critical holds forward in the
+        same version (`mvsink.shard.state.apply_lease`): they never expire.
 
         Raises:
             AsOfBeforeSince: `since` is already past `hold` (or past an expired lease's hold).
         """
         expiry = duration if duration is not None else self.timing.reader_lease
-        outcome = self._compare_and_set(
-            lambda state, nonce, now: apply_lease(state, reader_id, hold, now + expiry, nonce, now)
-        )
+
+        def change(state: ShardState, nonce: str, now: float) -> ShardState:
+            return apply_lease(state, reader_id, hold, now + expiry, nonce, now, holds)
+
+        outcome = self._compare_and_set(change)
         assert isinstance(outcome, ShardState)
         lease = outcome.lease(reader_id)
         assert lease is not None
@@ -337,6 +346,29 @@ class Shard:
     def release(self, reader_id: str) -> None:
         """Drop `reader_id`'s lease (`since` may then pass its hold)."""
         self._compare_and_set(lambda state, nonce, now: apply_release(state, reader_id, nonce, now))
+
+    def set_holds(self, holds: Mapping[str, Frontier]) -> ShardState:
+        """Set critical holds to exactly `holds` (`apply_set_holds`: backwards too, never
+        before `since`).
+
+        Raises:
+            AsOfBeforeSince: a hold before `since`.
+        """
+        wanted = dict(holds)
+        outcome = self._compare_and_set(
+            lambda state, nonce, now: apply_set_holds(state, wanted, nonce, now)
+        )
+        assert isinstance(outcome, ShardState)
+        return outcome
+
+    def release_holds(self, holder_ids: Iterable[str]) -> ShardState:
+        """Drop the critical holds of `holder_ids` (`since` may then pass where they held)."""
+        holders = tuple(holder_ids)
+        outcome = self._compare_and_set(
+            lambda state, nonce, now: apply_release_holds(state, holders, nonce, now)
+        )
+        assert isinstance(outcome, ShardState)
+        return outcome
 
     def set_retain_history(self, retain_history: int | None) -> ShardState:
         """Make `since` trail the upper by `retain_history` times (`None`: keep everything)."""

@@ -28,7 +28,9 @@ from mvsink.shard.state import (
     apply_lease,
     apply_merge,
     apply_release,
+    apply_release_holds,
     apply_retain_history,
+    apply_set_holds,
     initial_state,
     maybe_merge,
     merge_all,
@@ -111,6 +113,57 @@ def test_a_lease_holds_since_until_it_expires() -> None:
     released = apply_release(apply_lease(expired, "other", None, 300.0, "n7", 102.0), "other",
                              "n8", 103.0)  # fmt: skip
     assert released.readers == ()
+
+
+def test_a_critical_hold_holds_since_after_every_lease_expired() -> None:
+    """A checkpoint's hold (persist's critical since handle) never lapses: a driver away for
+    longer than any lease still finds `since` at its checkpoint. It moves forward only, with
+    the lease that carries it, and goes only when released."""
+    state = chain(2, retain=0)  # since = upper = 2
+    held = apply_lease(state, "driver", None, 100.0, "n1", 0.0, holds={"checkpoint:s:p0": F(2)})
+    moved = apply_lease(held, "driver", None, 100.0, "n2", 1.0, holds={"checkpoint:s:p0": F(1)})
+    assert moved.hold("checkpoint:s:p0").since == F(2)  # type: ignore[union-attr]  # not back
+    later = apply_append(moved, (), F(2), F(30), "n3", now=10_000.0)  # every lease expired
+    assert later.readers == () and later.since == F(2)
+    assert ShardState.from_bytes(later.to_bytes()).holds == later.holds
+    forward = apply_lease(later, "driver", None, 20_000.0, "n4", 10_001.0,
+                          holds={"checkpoint:s:p0": F(25), "checkpoint:s:p1": F(0)})  # fmt: skip
+    assert forward.since == F(2)  # p1's new hold starts at since, not before
+    assert forward.hold("checkpoint:s:p1").since == F(2)  # type: ignore[union-attr]
+    released = apply_release_holds(forward, ["checkpoint:s:p1"], "n5", 20_002.0)
+    assert released.since == F(25) and [h.holder_id for h in released.holds] == ["checkpoint:s:p0"]
+    gone = apply_release_holds(released, ["checkpoint:s:p0"], "n6", 20_003.0)
+    assert gone.since == F(30) and gone.holds == ()
+    assert b'"holds"' not in gone.to_bytes()  # versions without holds keep their earlier form
+
+
+def test_set_holds_moves_a_hold_back_but_never_before_since() -> None:
+    state = apply_set_holds(chain(2, 3, retain=None), {"h": F(5)}, "n", 0.0)  # since stays 0
+    back = apply_set_holds(state, {"h": F(3)}, "n2", 1.0)
+    assert back.hold("h").since == F(3) and back.since == F(0)  # type: ignore[union-attr]
+    followed = apply_retain_history(back, 0, "n3", 2.0)  # since follows the upper, up to h
+    assert followed.since == F(3)
+    with pytest.raises(AsOfBeforeSince, match="compacted to since"):
+        apply_set_holds(followed, {"h": F(2)}, "n4", 3.0)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["a", "b"]), st.integers(0, 40), st.booleans()),
+                max_size=20))  # fmt: skip
+def test_since_never_passes_a_critical_hold(moves: list[tuple[str, int, bool]]) -> None:
+    """Whatever holds move, appends and releases interleave (no leases: they expired), `since`
+    never regresses and never passes a hold."""
+    state = chain(1, retain=0)
+    now = 0.0
+    for holder, to, append in moves:
+        now += 1000.0
+        if append and state.upper.time is not None:
+            upper = state.upper.time
+            state = apply_append(state, (), F(upper), F(upper + 3), f"n{now}", now)
+        else:
+            state = apply_lease(state, "d", None, now + 1, f"l{now}", now, holds={holder: F(to)})
+        for hold in state.holds:
+            assert state.since.less_equal(hold.since)
+        assert state.since.less_equal(state.upper)
 
 
 # -- compare-and-merge --------------------------------------------------------------------------
