@@ -121,6 +121,12 @@ class Config:
     shard_request_timeout: float = _TIMING.request_timeout
     #: How far the shard's `since` trails its upper, in times (`mvsink.shard`).
     retain_history: int = 0
+    #: The desired topic's `retention.ms` set by provisioning (-1: the broker deletes nothing;
+    #: the write service deletes what every checkpoint is past, `desired_trim_interval`).
+    desired_retention_ms: int = -1
+    #: How often (s) the write service deletes desired records below its partitions' older
+    #: kept checkpoint (0: never).
+    desired_trim_interval: float = 30.0
     #: Whether the write service compacts the shard (the driver owning desired partition 0).
     compaction: bool = True
     compaction_max_batches: int = _POLICY.max_batches
@@ -251,6 +257,12 @@ FIELDS: tuple[FieldSpec, ...] = (
         "shard_request_timeout", "shard", "request_timeout", "MVSINK_SHARD_REQUEST_TIMEOUT", float
     ),
     FieldSpec("retain_history", "sink", "retain_history", "MVSINK_RETAIN_HISTORY", _int),
+    FieldSpec(
+        "desired_retention_ms", "kafka", "desired_retention_ms", "MVSINK_DESIRED_RETENTION_MS", _int
+    ),
+    FieldSpec(
+        "desired_trim_interval", "sink", "trim_interval", "MVSINK_DESIRED_TRIM_INTERVAL", float
+    ),
     FieldSpec("compaction", "shard", "compaction", "MVSINK_SHARD_COMPACTION", _bool),
     FieldSpec("compaction_max_batches", "shard", "max_batches", "MVSINK_SHARD_MAX_BATCHES", _int),
     FieldSpec(
@@ -289,6 +301,8 @@ DEFAULTS: Mapping[str, Any] = {
     "live_bound": 300.0,
     "ready_bound": 30.0,
     "retain_history": 0,
+    "desired_retention_ms": -1,
+    "desired_trim_interval": 30.0,
     "compaction": True,
     **{f"shard_{name}": getattr(_TIMING, name) for name in
        ("max_attempt_age", "max_part_age", "min_grace", "part_grace", "version_grace", "reader_lease",
@@ -334,6 +348,8 @@ MEANINGS: Mapping[str, str] = {
     "shard_reader_lease": "s, a reader lease not renewed for this long expires",
     "shard_request_timeout": "s, the read timeout of a conditional create on S3",
     "retain_history": "times of history the shard keeps: since trails the upper by this (or a lease)",
+    "desired_retention_ms": "retention.ms provisioning sets on <sink>.desired (-1: the broker deletes nothing; the write service trims it)",
+    "desired_trim_interval": "s, how often the write service deletes desired records every kept checkpoint is past (0: never)",
     "compaction": "whether the write service compacts the shard",
     "compaction_max_batches": "never keep more live batches than this",
     "compaction_max_amplification": "merge the batches since has passed once the newer of them hold this many times the oldest one's updates",
@@ -498,6 +514,8 @@ def _build(values: Mapping[str, Any]) -> Config:
         shard_reader_lease=values["shard_reader_lease"],
         shard_request_timeout=values["shard_request_timeout"],
         retain_history=values["retain_history"],
+        desired_retention_ms=values["desired_retention_ms"],
+        desired_trim_interval=values["desired_trim_interval"],
         compaction=values["compaction"],
         compaction_max_batches=values["compaction_max_batches"],
         compaction_max_amplification=values["compaction_max_amplification"],

@@ -56,6 +56,12 @@ def read_desired(bootstrap: str, topic: str, partitions: int, row_schema: pa.Sch
     decode_rows = updates_decoder(row_schema)
     tables: list[pa.Table] = []
     try:
+        for p in range(partitions):
+            low, _ = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout,
+                                                    cached=False)  # fmt: skip
+            if low > 0:
+                raise MvsinkError(f"{topic}[{p}]: records below offset {low} were deleted, so "
+                                  "the desired collection cannot be read from the topic alone")  # fmt: skip
         consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         ended: set[int] = set()
         deadline = time.monotonic() + timeout

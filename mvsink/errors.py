@@ -60,3 +60,21 @@ class ConfigError(MvsinkError, ValueError):
 
 class StackError(MvsinkError, RuntimeError):
     """An embedded-stack component could not be built, started or reached."""
+
+
+class DesiredGone(MvsinkError):
+    """A write task would have to read a desired partition from an offset the broker has
+    deleted (below the partition's log start): folding what is left would retract rows whose
+    insertions it cannot see, so it folds nothing. Carries what an operator needs."""
+
+    def __init__(self, sink_id: str, topic: str, partition: int, needed: int, log_start: int,
+                 why: str) -> None:  # fmt: skip
+        self.sink_id, self.topic, self.partition = sink_id, topic, partition
+        self.needed, self.log_start, self.why = needed, log_start, why
+        super().__init__(
+            f"sink {sink_id}: desired partition {topic}[{partition}] must be read from offset "
+            f"{needed} ({why}), but the broker deleted everything below offset {log_start}: "
+            f"nothing is staged or written for it. Restore the partition's checkpoints, or run "
+            f"`mvsink repair {sink_id}` to re-seed them from the shard's contents at its upper "
+            f"(trusting the shard), then the write service continues by itself"
+        )

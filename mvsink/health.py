@@ -9,8 +9,9 @@
  frontier and target (`report`) and beats (every `Stopping.stopped` check)
    /healthz  live:  the body's loop checked in within `live_bound` (or is backing off)
    /readyz   ready: the last probes of Kafka and S3 answered, no outage is being ridden
-                    through, and the frontier moved within `ready_bound` whenever it was
-                    behind its target
+                    through, the frontier moved within `ready_bound` whenever it was
+                    behind its target, and nothing blocks the work until an operator acts
+                    (`blocked`: e.g. desired records a write task needs were deleted)
 ```
 
 An unavailable Kafka or S3 is transient: the service never exits for it. The body is started
@@ -160,6 +161,8 @@ class Health:
         self._target: int | None = None
         self._moved = now
         self._behind_since: float | None = None
+        #: A condition that stops the service's work until an operator acts (`blocked`).
+        self._blocked: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._probe_loop, name="health", daemon=True)
         OUTAGE.labels(service).set(0)
@@ -184,6 +187,12 @@ class Health:
             elif self._behind_since is None:
                 self._behind_since = now
         self._leave_outage_if_well()
+
+    def blocked(self, reason: str | None) -> None:
+        """The service cannot do its work until an operator acts (`reason`), or can again
+        (`None`); not ready meanwhile, with the reason."""
+        with self._lock:
+            self._blocked = reason
 
     def failed(self, error: BaseException) -> None:
         """The body stopped on a transient error; logged only when an outage starts."""
@@ -272,6 +281,8 @@ class Health:
                 if stuck > self.ready_bound:
                     reasons.append(f"frontier {self._frontier} behind its target {self._target} "
                                    f"and unmoved for {stuck:.0f}s (bound {self.ready_bound:.0f}s)")  # fmt: skip
+            if self._blocked is not None:
+                reasons.append(self._blocked)
         live, why = self.liveness()
         if not live:
             reasons.append(why)
@@ -320,6 +331,13 @@ def report(frontier: int | None, target: int | None) -> None:
     """Report the running service's frontier and target (no-op outside a service)."""
     if _current is not None:
         _current.report(frontier, target)
+
+
+def blocked(reason: str | None) -> None:
+    """The running service is blocked until an operator acts, or no longer (no-op outside a
+    service)."""
+    if _current is not None:
+        _current.blocked(reason)
 
 
 def beat() -> None:

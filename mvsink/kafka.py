@@ -25,7 +25,13 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
 
 from mvsink import codec
 from mvsink.config import Config
@@ -91,6 +97,8 @@ class TopicSpec:
     config: Mapping[str, str] = field(default_factory=dict)
     #: Whether an existing topic must have exactly `partitions` (else: at least).
     exact: bool = True
+    #: Whether an existing topic is made to have `config` too (else only a new one gets it).
+    enforced: bool = False
 
 
 def sink_topics(
@@ -99,7 +107,14 @@ def sink_topics(
     """The topics of docs/design.md §3.1 for one sink replica."""
     topics = config.topics
     return [
-        TopicSpec(topics.desired, config.partitions),
+        # mvsink decides what of desired to delete (the write service, below its checkpoints),
+        # not a broker default: a record deleted before every checkpoint is past it is lost.
+        TopicSpec(
+            topics.desired,
+            config.partitions,
+            {"retention.ms": str(config.desired_retention_ms), "retention.bytes": "-1"},
+            enforced=True,
+        ),
         TopicSpec(topics.descs, 1),
         TopicSpec(topics.batches, config.append_workers),
         TopicSpec(topics.control, 1, COMPACTED),
@@ -118,6 +133,7 @@ def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], timeout: float = 3
     wanted = list(specs)
     existing = admin.list_topics(timeout=timeout).topics
     _check_existing(wanted, existing)
+    _enforce_configs(admin, [s for s in wanted if s.name in existing], timeout)
     missing = [s for s in wanted if s.name not in existing]
     if not missing:
         return []
@@ -136,6 +152,60 @@ def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], timeout: float = 3
                 raise
     _wait_visible(admin, [s.name for s in missing], timeout)
     return created
+
+
+def delete_below(bootstrap: str, topic: str, offsets: Mapping[int, int],
+                 timeout: float = 30.0) -> dict[int, int]:  # fmt: skip
+    """Delete the records of `topic` below `offsets` per partition (Kafka's `DeleteRecords`,
+    as Kafka Streams does behind its committed offsets); each partition's new log start.
+
+    Raises:
+        KafkaException: the broker refused or did not answer.
+    """
+    if not offsets:
+        return {}
+    admin = AdminClient(client_config(bootstrap))
+    futures = admin.delete_records(
+        [TopicPartition(topic, p, o) for p, o in sorted(offsets.items())],
+        request_timeout=timeout, operation_timeout=timeout,
+    )  # fmt: skip
+    return {tp.partition: int(f.result(timeout).low_watermark) for tp, f in futures.items()}
+
+
+def watermarks(
+    bootstrap: str, topic: str, partitions: Iterable[int], timeout: float = 10.0
+) -> dict[int, tuple[int, int]]:
+    """Each partition's log start and end offsets, asked of the broker now."""
+    consumer = Consumer(consumer_config(bootstrap))
+    try:
+        found: dict[int, tuple[int, int]] = {}
+        for p in partitions:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, p), timeout=timeout, cached=False
+            )
+            found[p] = (int(low), int(high))
+        return found
+    finally:
+        consumer.close()
+
+
+def _enforce_configs(admin: AdminClient, specs: list[TopicSpec], timeout: float) -> None:
+    """Set the configs an existing topic must have (`TopicSpec.enforced`) where they differ."""
+    for spec in specs:
+        if not spec.enforced or not spec.config:
+            continue
+        resource = ConfigResource(ConfigResource.Type.TOPIC, spec.name)
+        current = admin.describe_configs([resource])[resource].result(timeout)
+        differ = {k: v for k, v in spec.config.items()
+                  if k not in current or current[k].value != v}  # fmt: skip
+        if not differ:
+            continue
+        for key, value in differ.items():
+            resource.add_incremental_config(ConfigEntry(
+                key, value, incremental_operation=AlterConfigOpType.SET))  # fmt: skip
+        admin.incremental_alter_configs([resource])[resource].result(timeout)
+        log.info("topic %s: set %s (was %s)", spec.name, differ,
+                 {k: current[k].value if k in current else None for k in differ})  # fmt: skip
 
 
 def _check_existing(wanted: list[TopicSpec], existing: Mapping[str, Any]) -> None:
@@ -243,12 +313,24 @@ def last_record(
 ) -> Record | None:
     """The last committed record of `topic[partition]`, or None if it has none.
 
+    Raises:
+        DecodeError: the last record is not an mvsink record.
+        MvsinkError: the end was not read within `timeout`.
+    """
+    message = last_message(bootstrap, topic, partition, timeout)
+    return None if message is None else codec.decode_message(message)
+
+
+def last_message(
+    bootstrap: str, topic: str, partition: int = 0, timeout: float = 30.0
+) -> Message | None:
+    """The last committed message of `topic[partition]` (its offset with it), or None.
+
     A committed transaction ends `[..., last record, commit marker]` (markers take offsets
     too), so the read starts 2 offsets before the end and widens 4x at a time until it finds a
     record: a wider read only after aborted transactions, whose records read_committed skips.
 
     Raises:
-        DecodeError: the last record is not an mvsink record.
         MvsinkError: the end was not read within `timeout`.
     """
     consumer = Consumer(consumer_config(bootstrap, extra=READ_TO_END))
@@ -271,10 +353,8 @@ def last_record(
                 message = poll_message(consumer, 0.5, on_eof=done.append)
                 if message is not None:
                     last = message
-            if last is not None:
-                return codec.decode_message(last)
-            if start == low:
-                return None
+            if last is not None or start == low:
+                return last
             window *= 4
     finally:
         consumer.close()
@@ -389,6 +469,9 @@ class Reader:
         #: Where each partition was assigned last (a new consumer starts from its position).
         self.assigned = dict(offsets)
         self.stall = Stall(bootstrap)
+        #: Whether its first offsets were checked against the log start (a desired reader's
+        #: check, `services.write.fold`; done once per reader, kept readers read on from there).
+        self.checked = False
         self.consumer = self._assigned(offsets)
 
     def _assigned(self, offsets: Mapping[int, int]) -> Consumer:

@@ -31,6 +31,7 @@ import os
 import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -78,6 +79,85 @@ def checkpoint_key(sink_id: str, partition: int, version: int, suffix: str = "ar
     state's metadata in its schema metadata. Checkpoints written before were Parquet (`suffix="parquet"`) and are
     still read."""
     return f"sinks/{sink_id}/write/p{partition}/{version:020d}.{suffix}"
+
+
+def holder_id(sink_id: str, partition: int) -> str:
+    """The shard's critical hold that keeps the partition's latest checkpoint valid: `since`
+    never passes its `persist_folded` (`services.write.shell.WriteShell._hold`)."""
+    return f"checkpoint:{sink_id}:p{partition}"
+
+
+def versions(sink_id: str, partition: int, s3: S3Settings) -> list[int]:
+    """The partition's checkpoint versions in object storage, oldest first."""
+    prefix = f"sinks/{sink_id}/write/p{partition}/"
+    objects = s3_client(s3).list_objects(s3.bucket, prefix=prefix)
+    return sorted({int(o.object_name.rsplit("/", 1)[-1].split(".")[0]) for o in objects})
+
+
+def latest(sink_id: str, partition: int, s3: S3Settings) -> int:
+    """The partition's newest checkpoint version (-1: none)."""
+    return max(versions(sink_id, partition, s3), default=-1)
+
+
+def exists(sink_id: str, partition: int, version: int, s3: S3Settings) -> bool:
+    """Whether checkpoint `version` exists (Arrow or legacy Parquet)."""
+    client = s3_client(s3)
+    for suffix in ("arrow", "parquet"):
+        try:
+            client.stat_object(s3.bucket, checkpoint_key(sink_id, partition, version, suffix))
+            return True
+        except S3Error as error:
+            if error.code not in ("NoSuchKey", "NoSuchObject"):
+                raise
+    return False
+
+
+#: How much of a checkpoint `read_meta` fetches: its Arrow schema message, metadata included.
+META_PREFIX = 1 << 16
+
+
+def read_meta(sink_id: str, partition: int, version: int, s3: S3Settings) -> dict[str, Any] | None:
+    """Checkpoint `version`'s metadata (`since`, `folded_offset`, `desired_frontier`,
+    `persist_folded`, `writer_id`) from the first bytes of its stream, without the data; None
+    for no checkpoint (-1), a gone one, or a legacy Parquet one."""
+    if version < 0:
+        return None
+    client = s3_client(s3)
+    try:
+        response = client.get_object(s3.bucket, checkpoint_key(sink_id, partition, version),
+                                     offset=0, length=META_PREFIX)  # fmt: skip
+        try:
+            head = response.read()
+        finally:
+            response.close()
+            response.release_conn()
+    except S3Error as error:
+        if error.code in ("NoSuchKey", "NoSuchObject"):
+            return None
+        raise
+    try:
+        schema = pa.ipc.open_stream(head).schema
+    except pa.ArrowInvalid:  # a schema larger than the prefix: read it all
+        schema = pa.ipc.open_stream(get_bytes(client, s3.bucket, checkpoint_key(
+            sink_id, partition, version))).schema  # fmt: skip
+    meta: dict[str, Any] = json.loads(schema.metadata[b"mvsink.write"])
+    return meta
+
+
+def seed(sink_id: str, partition: int, s3: S3Settings, writer_id: str, row_schema: pa.Schema,
+         frontier: Frontier, folded_offset: int, corrections: pa.Table | None = None
+         ) -> int | None:  # fmt: skip
+    """Write the next checkpoint version of a partition whose desired records before
+    `folded_offset` at times before `frontier` equal the shard's contents before `frontier`
+    (`services.write.repair`): both inputs folded to `frontier`, `corrections` (desired
+    updates at `frontier` or later that come before `folded_offset`) still to be written. Its
+    version, or None if another writer created that version first."""
+    correction = Correction(row_schema, frontier)
+    if corrections is not None and corrections.num_rows:
+        correction.insert(corrections)
+    state = PartitionState(latest(sink_id, partition, s3), correction, folded_offset, frontier,
+                           frontier)  # fmt: skip
+    return state.version if save(sink_id, partition, s3, writer_id, state) is not None else None
 
 
 def empty(row_schema: pa.Schema, as_of: int, version: int) -> PartitionState:

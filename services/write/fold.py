@@ -9,6 +9,13 @@ its records already fetched. A kept reader is used only from where the state fol
 other offset, after a failed step or a reload, gets a new one); a read to the end (read-only)
 uses a new one; the resident closes them when it leaves, and a round closes those of the
 partitions it no longer holds. Each prefetches at most `KEPT_QUEUE_KBYTES`.
+
+A fold never reads with a hole. Records below a partition's log start are gone (deleted by
+the write service once every checkpoint is past them, by retention, or by hand), and a fold
+from an offset below it would see retractions without their insertions. So a new reader first
+asks the broker for the log start and refuses with `DesiredGone` (naming the offsets) when its
+offset is below it; and its consumer's `auto.offset.reset` is `error`, so records deleted
+while it reads (its fetch offset out of range) refuse the same way instead of being skipped.
 """
 
 from __future__ import annotations
@@ -19,10 +26,10 @@ from collections.abc import Iterable
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from mvsink.desired import decode_desired
-from mvsink.errors import DecodeError, MvsinkError
+from mvsink.errors import DecodeError, DesiredGone, MvsinkError
 from mvsink.frontier import Frontier, advance
 from mvsink.kafka import READ_TO_END, Reader, client_config, poll_message
 from mvsink.messages import Progress
@@ -42,14 +49,22 @@ KEEP_READERS = False
 READERS: dict[tuple[str, str, int], tuple[Reader, int]] = {}
 #: The most a kept reader prefetches (librdkafka's default is 64 MiB a partition).
 KEPT_QUEUE_KBYTES = 16384
+#: A desired reader never resets its offset: records it misses are an error, not a skip.
+NO_RESET = {"auto.offset.reset": "error"}
+#: How long asking the broker for a partition's log start may take.
+WATERMARK_TIMEOUT = 10.0
 
 
 def fold_desired(bootstrap: str, topic: str, dead_letter_topic: str, partition: int,
                  row_schema: pa.Schema, partitioning: int, state: PartitionState,
-                 until: Frontier | None = None, wait: float = PROGRESS_WAIT) -> int:  # fmt: skip
+                 until: Frontier | None = None, wait: float = PROGRESS_WAIT, *,
+                 sink_id: str = "", why: str = "where its corrections folded to") -> int:  # fmt: skip
     """Read the partition from `folded_offset` to its end, or until its progress reaches
     `until`; the number of records quarantined (undecodable, below the partition's progress,
     or hashed by another function than `partitioning`).
+
+    Raises `DesiredGone` (module docs; `sink_id` and `why` the offset is needed name it) and
+    folds nothing when records from `folded_offset` on are gone.
 
     With `until` (a batch's upper) the read stops after the `Progress` that reaches it: every
     update before `until` has been read (the in-band contract), and what follows is the next
@@ -64,6 +79,11 @@ def fold_desired(bootstrap: str, topic: str, dead_letter_topic: str, partition: 
         return 0
     key, keep = (bootstrap, topic, partition), until is not None and KEEP_READERS
     consumer = _reader(key, state.folded_offset, keep)
+    try:
+        _check_log_start(consumer, topic, partition, state.folded_offset, sink_id, why)
+    except BaseException:
+        consumer.close()
+        raise
     decode_rows = updates_decoder(row_schema)
     dead, tables, kept = 0, [], False
     dead_producer: Producer | None = None
@@ -71,7 +91,16 @@ def fold_desired(bootstrap: str, topic: str, dead_letter_topic: str, partition: 
     try:
         done: list[int] = []  # the end, which stops only a read without `until`
         while not done:
-            message = poll_message(consumer, 1.0, on_eof=done.append if until is None else None)
+            try:
+                message = poll_message(consumer, 1.0,
+                                       on_eof=done.append if until is None else None)  # fmt: skip
+            except KafkaException as error:
+                if error.args[0].code() != KafkaError._AUTO_OFFSET_RESET:
+                    raise
+                needed = consumer.position([TopicPartition(topic, partition)])[0].offset
+                low = _log_start(consumer, topic, partition)
+                raise DesiredGone(sink_id, topic, partition, max(needed, state.folded_offset),
+                                  low, f"{why}; deleted while it was read") from error  # fmt: skip
             if message is None:
                 if until is not None and time.monotonic() > deadline:
                     raise MvsinkError(f"{topic}[{partition}]: its progress did not reach {until} "
@@ -117,6 +146,25 @@ def fold_desired(bootstrap: str, topic: str, dead_letter_topic: str, partition: 
     return dead
 
 
+def _log_start(consumer: Reader, topic: str, partition: int) -> int:
+    """The partition's log start offset (its low watermark), asked of the broker now."""
+    low, _ = consumer.consumer.get_watermark_offsets(
+        TopicPartition(topic, partition), timeout=WATERMARK_TIMEOUT, cached=False
+    )
+    return int(low)
+
+
+def _check_log_start(consumer: Reader, topic: str, partition: int, offset: int, sink_id: str,
+                     why: str) -> None:  # fmt: skip
+    """Refuse (`DesiredGone`) to read from `offset` if the broker deleted records at it."""
+    if consumer.checked:
+        return
+    low = _log_start(consumer, topic, partition)
+    if offset < low:
+        raise DesiredGone(sink_id, topic, partition, offset, low, why)
+    consumer.checked = True
+
+
 def _reader(key: tuple[str, str, int], offset: int, keep: bool) -> Reader:
     """The kept reader of `key` if it reads on from `offset` and may be kept, else a new one
     (a read_committed `Reader`: a consumer librdkafka stalled after a broker restart would
@@ -126,9 +174,9 @@ def _reader(key: tuple[str, str, int], offset: int, keep: bool) -> Reader:
         if keep and kept[1] == offset:
             return kept[0]
         kept[0].close()
-    extra = (
-        {**READ_TO_END, "queued.max.messages.kbytes": KEPT_QUEUE_KBYTES} if keep else READ_TO_END
-    )
+    extra = {**READ_TO_END, **NO_RESET}
+    if keep:
+        extra["queued.max.messages.kbytes"] = KEPT_QUEUE_KBYTES
     return Reader(key[0], key[1], {key[2]: offset}, extra)
 
 

@@ -5,6 +5,20 @@ as a Spark job where they cannot. All decisions are `WriteState`'s.
 
 The ownership consumer never fetches data (its partitions are paused): the tasks read the
 desired records themselves, by offset, from where their checkpoint says they stopped.
+
+The desired topic's life cycle is the driver's too:
+* a partition it gains is first folded without staging (`_fold`), which finds out whether the
+  desired records its checkpoint needs are still there; a partition whose records are gone
+  (`TaskResult.gone`) stops the sink's staging, logs what to do, shows on `/readyz` and
+  `mvsink_write_desired_gone`, until its checkpoint version changes (`mvsink repair`);
+* its lease version moves each owned partition's critical hold (`checkpoint.holder_id`) to its
+  latest durable checkpoint's `persist_folded`, so `since` never passes a checkpoint the sink
+  may continue from, however long the sink is down;
+* every `desired_trim_interval` it deletes each owned partition's desired records below the
+  older of its two kept checkpoints (`mvsink.kafka.delete_below`): nothing a driver may still
+  load needs them, and the topic stays bounded. The partition's last record (its latest
+  `Progress`, which a new publishing producer reads to skip a publish already committed) is
+  always kept.
 """
 
 from __future__ import annotations
@@ -18,19 +32,28 @@ from prometheus_client import Counter, Gauge
 
 from mvsink.config import Config
 from mvsink.frontier import Frontier, meet_all
-from mvsink.health import report
-from mvsink.kafka import Reader, client_config, consumer_config, drain, produce, tail_consumer
+from mvsink.health import blocked, report
+from mvsink.kafka import (
+    Reader,
+    client_config,
+    consumer_config,
+    delete_below,
+    drain,
+    last_message,
+    produce,
+    tail_consumer,
+)
 from mvsink.messages import BatchDescription, DesiredProgress, ShardUpper, SinkControl, StagedBatch
 from mvsink.rows import parse_row_schema
-from mvsink.s3 import s3_client
 from mvsink.service import Stopping, writer_identity
 from mvsink.shard import AsOfBeforeSince, Shard, open_shard
 from mvsink.spark import live_executors, run_pinned, task_slots
+from services.write import checkpoint
 from services.write.affinity import groups, place
 from services.write.compactor import Compactor
 from services.write.resident import Crew
 from services.write.state import StageJob, WriteState
-from services.write.task import TaskResult, TaskSpec, run_tasks, warm_up
+from services.write.task import Gone, TaskResult, TaskSpec, run_tasks, warm_up
 
 log = logging.getLogger("mvsink.write")
 SHARD_POLL = 1.0
@@ -52,6 +75,16 @@ CORRECTIONS = Gauge(
 DEAD = Counter("mvsink_write_dead_letters", "Desired records quarantined", ["sink"])
 READ_BACK = Counter(
     "mvsink_write_read_back_bytes", "Bytes of shard parts read back from object storage", ["sink"]
+)
+GONE = Gauge(
+    "mvsink_write_desired_gone",
+    "1 while a desired partition's records its checkpoint needs are deleted (nothing staged)",
+    ["sink", "partition"],
+)
+TRIMMED = Gauge(
+    "mvsink_write_desired_log_start",
+    "Log start offset of a desired partition after the write service's last trim",
+    ["sink", "partition"],
 )
 WRITTEN = Counter(
     "mvsink_write_written_bytes", "Bytes written to object storage (parts, checkpoints)", ["sink"]
@@ -84,6 +117,13 @@ class WriteShell:
         self.compactor: Compactor | None = None
         #: The resident tasks the steps run in (`services.write.resident`), if enabled.
         self.crew: Crew | None = None
+        #: Owned partitions not folded since they were gained: folded before any staging.
+        self.unchecked: set[int] = set()
+        #: Owned partitions whose desired records their checkpoint needs are gone.
+        self.gone: dict[int, Gone] = {}
+        #: The desired offsets of each owned partition's two newest durable checkpoints.
+        self.kept_offsets: dict[int, list[int]] = {}
+        self.next_trim = time.monotonic() + config.desired_trim_interval
 
     # -- ownership --------------------------------------------------------------------------
 
@@ -91,6 +131,7 @@ class WriteShell:
         consumer.pause(partitions)
         for tp in partitions:
             self.versions[tp.partition] = self._latest_checkpoint(tp.partition)
+            self.unchecked.add(tp.partition)
         self.state.set_owned(frozenset(self.versions))
         self._lead_compaction()
         log.info("desired partitions assigned: %s (checkpoints %s)", sorted(self.versions),
@@ -100,6 +141,9 @@ class WriteShell:
         for tp in partitions:
             self.versions.pop(tp.partition, None)
             self.folded.pop(tp.partition, None)
+            self.unchecked.discard(tp.partition)
+            self.kept_offsets.pop(tp.partition, None)
+            self._set_gone(tp.partition, None)
         self.state.set_owned(frozenset(self.versions))
         self._lead_compaction()
         log.info("desired partitions revoked: %s", sorted(tp.partition for tp in partitions))
@@ -119,20 +163,25 @@ class WriteShell:
     def _hold(self, force: bool = False) -> None:
         """Keep this driver's lease on the shard's `since` at the least upper its partitions'
         corrections have folded (the tasks read the shard's changes from there, which merges
-        keep distinct only at or after `since`), renewed well before it expires."""
+        keep distinct only at or after `since`), renewed well before it expires; and in the
+        same version move each owned partition's critical hold to its latest durable
+        checkpoint's `persist_folded` (the lease lapses when this driver is gone for longer
+        than `reader_lease`; the holds stay, so the checkpoints stay valid)."""
         now = time.monotonic()
         if not force and now < self.next_hold:
             return
         owned = sorted(self.state.owned)
         known = [self.folded[p] for p in owned if p in self.folded]
         hold = meet_all(known) if owned and len(known) == len(owned) else None
+        holds = {checkpoint.holder_id(self.config.sink_id, p): self.folded[p]
+                 for p in owned if p in self.folded}  # fmt: skip
         try:
             try:
-                self.shard.lease(self.writer_id, hold)
-            except AsOfBeforeSince:  # the lease expired and since moved on: tasks rebuild
+                self.shard.lease(self.writer_id, hold, holds=holds)
+            except AsOfBeforeSince:  # the lease expired and since moved on
                 log.warning("reader lease of %s lapsed; holding the shard's since again",
                             self.writer_id)  # fmt: skip
-                self.shard.lease(self.writer_id)
+                self.shard.lease(self.writer_id, holds=holds)
         except Exception as error:  # S3 unavailable: the lease outlives many retries
             log.warning("renewing the reader lease failed (retrying): %r", error)
             self.next_hold = now + 1.0
@@ -140,10 +189,66 @@ class WriteShell:
         self.next_hold = now + min(HOLD_INTERVAL, self.config.shard_reader_lease / 3)
 
     def _latest_checkpoint(self, partition: int) -> int:
-        prefix = f"sinks/{self.config.sink_id}/write/p{partition}/"
-        objects = s3_client(self.config.s3).list_objects(self.config.s3.bucket, prefix=prefix)
-        versions = [int(o.object_name.rsplit("/", 1)[-1].split(".")[0]) for o in objects]
-        return max(versions, default=-1)
+        return checkpoint.latest(self.config.sink_id, partition, self.config.s3)
+
+    # -- the desired topic's life cycle ---------------------------------------------------------
+
+    def _set_gone(self, partition: int, gone: Gone | None) -> None:
+        """Record whether `partition`'s needed desired records are gone; readiness says why."""
+        was = self.gone.pop(partition, None)
+        if gone is not None:
+            self.gone[partition] = gone
+            if was is None or was.log_start != gone.log_start:
+                log.error("%s", gone.message)
+        elif was is not None:
+            log.info("partition %d: its checkpoint no longer needs deleted desired records",
+                     partition)  # fmt: skip
+        GONE.labels(self.config.sink_id, str(partition)).set(0 if gone is None else 1)
+        blocked("; ".join(f"desired partition {p}: records from offset {g.needed} are needed but "
+                          f"deleted below {g.log_start} (run `mvsink repair "
+                          f"{self.config.sink_id}`)" for p, g in sorted(self.gone.items()))
+                or None)  # fmt: skip
+
+    def _recheck_gone(self) -> None:
+        """A gone partition whose checkpoint version changed (repaired, or restored) is folded
+        again before any staging."""
+        for partition in sorted(self.gone):
+            latest = self._latest_checkpoint(partition)
+            if latest != self.versions.get(partition):
+                log.warning("partition %d: checkpoint version %s -> %d (repaired?): folding it "
+                            "again", partition, self.versions.get(partition), latest)  # fmt: skip
+                self.versions[partition] = latest
+                self.kept_offsets.pop(partition, None)
+                self._set_gone(partition, None)
+                self.unchecked.add(partition)
+
+    def _maybe_trim(self) -> None:
+        """Delete each owned partition's desired records below the older of its two newest
+        durable checkpoints (module docs); failures are logged and retried next time."""
+        interval = self.config.desired_trim_interval
+        now = time.monotonic()
+        if interval <= 0 or now < self.next_trim:
+            return
+        self.next_trim = now + interval
+        below = {p: min(kept) for p, kept in self.kept_offsets.items()
+                 if len(kept) == 2 and p in self.state.owned and p not in self.gone}  # fmt: skip
+        bootstrap, topic = self.config.kafka_bootstrap, self.config.topics.desired
+        try:
+            for partition in below:
+                # Never the partition's last record, its latest Progress: a new publishing
+                # producer reads it to tell whether its publish was already committed.
+                last = last_message(bootstrap, topic, partition)
+                if last is not None:
+                    below[partition] = min(below[partition], int(last.offset() or 0))
+            starts = delete_below(bootstrap, topic, below)
+        except Exception as error:
+            log.warning("deleting desired records below the checkpoints failed (retrying in "
+                        "%.0fs): %r", interval, error)  # fmt: skip
+            return
+        for partition, start in starts.items():
+            TRIMMED.labels(self.config.sink_id, str(partition)).set(start)
+        if starts:
+            log.debug("desired records deleted below %s", starts)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -188,6 +293,16 @@ class WriteShell:
                 working = desc is not None and state.owned and not state.read_only
                 report(state.persist_frontier.time, desc.upper.time if desc and working else None)
                 self._maybe_restage()
+                self._maybe_trim()
+                if self.unchecked & self.state.owned:
+                    self._fold(tuple(sorted(self.unchecked & self.state.owned)))
+                    last_fold = time.monotonic()
+                    continue
+                if self.gone:  # nothing is staged until they are repaired
+                    if time.monotonic() - last_fold > FOLD_INTERVAL:
+                        self._recheck_gone()
+                        last_fold = time.monotonic()
+                    continue
                 job = None if self.state.read_only else self.state.maybe_start_batch()
                 if job is not None:
                     self._stage(job)
@@ -283,6 +398,11 @@ class WriteShell:
                      sorted(executors))  # fmt: skip
         for result in results:
             self.home[result.partition] = result.executor
+            if result.partition in self.versions:
+                self._set_gone(result.partition, result.gone)
+                self.unchecked.discard(result.partition)
+            if result.gone is not None:
+                continue
             if result.stale and result.partition in self.versions:
                 # Another owner (a replica before a rebalance revokes it here), or a lost attempt
                 # of this driver's own task (its executor died after checkpointing, Spark ran
@@ -294,6 +414,8 @@ class WriteShell:
             elif result.partition in self.versions:
                 self.versions[result.partition] = result.version
                 self.folded[result.partition] = result.persist_folded
+                kept = self.kept_offsets.setdefault(result.partition, [])
+                kept[:] = [*kept, result.folded_offset][-2:]
             if result.rebuilt:
                 log.warning("partition %d rebuilt its corrections from all of desired: the "
                             "shard's since had passed its checkpoint", result.partition)  # fmt: skip
@@ -321,6 +443,10 @@ class WriteShell:
         if any(r.outdated for r in results):
             log.info("%s is outdated (the shard moved on): nothing reported", job.desc)
             return
+        if any(r.gone is not None for r in results):
+            log.error("%s: desired records of partitions %s are gone: nothing reported", job.desc,
+                      sorted(r.partition for r in results if r.gone is not None))  # fmt: skip
+            return
         covered = tuple(r.partition for r in results if not r.stale)
         parts = tuple(r.part for r in results if not r.stale and r.part is not None)
         if not covered:
@@ -346,8 +472,10 @@ class WriteShell:
                  "slowest task's steps: %s)", desc, list(covered), len(parts),
                  sum(p.updates for p in parts), time.monotonic() - started, ran, steps)  # fmt: skip
 
-    def _fold(self) -> None:
-        results = self._run(self._specs(tuple(sorted(self.state.owned)), None))
+    def _fold(self, partitions: tuple[int, ...] | None = None) -> None:
+        """Fold `partitions` (every owned one by default) without staging."""
+        partitions = tuple(sorted(self.state.owned)) if partitions is None else partitions
+        results = self._run(self._specs(partitions, None))
         log.info("folded partitions %s: corrections %s", [r.partition for r in results],
                  {r.partition: r.corrections for r in results})  # fmt: skip
 

@@ -25,6 +25,12 @@ Steps of `run_task`:
    corrections until the read-back cancels them;
 5. checkpoint the state as the next version (conditional create: a second owner loses;
    `services.write.checkpoint`).
+
+A step that would have to read desired records the broker has deleted (a cold start or a
+rebuild on a topic that no longer starts at offset 0, a checkpoint older than what is left)
+stages nothing and checkpoints nothing: it reports the hole (`TaskResult.gone`) and the driver
+holds the sink there until the checkpoints are repaired (`mvsink repair`). A step whose
+expected version is no longer the newest checkpoint is stale before it starts such a read.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from mvsink.errors import DesiredGone
 from mvsink.frontier import Frontier
 from mvsink.service import quiet_retries
 from mvsink.settings import S3Settings
@@ -75,6 +82,16 @@ class TaskSpec:
 
 
 @dataclass(frozen=True)
+class Gone:
+    """Desired records a step needed were deleted (`mvsink.errors.DesiredGone`, as data: it
+    travels back to the driver pickled)."""
+
+    needed: int
+    log_start: int
+    message: str
+
+
+@dataclass(frozen=True)
 class TaskResult:
     """What a task reports back to the driver."""
 
@@ -101,6 +118,8 @@ class TaskResult:
     rebuilt: bool = False
     #: The executor the task ran in (`mvsink.spark.executor_id`): the partition's new home.
     executor: str = "driver"
+    #: Desired records it needed were gone: nothing was staged or checkpointed.
+    gone: Gone | None = None
 
 
 #: How often a fold starts over when merges replace the parts it is reading.
@@ -132,14 +151,31 @@ def _step(spec: TaskSpec, shard_state: ShardState | None) -> TaskResult:
     rebuilt = Frontier.minimum().less_than(state.persist_folded) and state.persist_folded.less_than(
         shard_state.since
     )
+    if rebuilt and checkpoint.exists(spec.sink_id, spec.partition, spec.version + 1, spec.s3):
+        # A driver that has not seen the newest checkpoint (which the critical hold protects):
+        # its result would be stale anyway, and a rebuild would read all of desired.
+        return _void(spec, state, lap, bytes_read)
     if rebuilt:
         log.warning("partition %d: shard since %s passed checkpoint %d (folded %s): rebuilding",
                     spec.partition, shard_state.since, state.version, state.persist_folded)  # fmt: skip
+        why = (f"the shard's since {shard_state.since} passed checkpoint {state.version}'s "
+               f"persist_folded {state.persist_folded}: a rebuild from all of desired")  # fmt: skip
         state = checkpoint.empty(spec.row_schema, spec.as_of, state.version)
+    elif state.version < 0:
+        why = "the partition has no checkpoint: a cold start reads all of desired"
+    else:
+        why = f"checkpoint {state.version} folded it up to there"
     lap("load")
-    dead = fold_desired(spec.bootstrap, spec.desired_topic, spec.dead_letter_topic,
-                        spec.partition, spec.row_schema, spec.partitioning, state,
-                        spec.upper)  # fmt: skip
+    try:
+        dead = fold_desired(spec.bootstrap, spec.desired_topic, spec.dead_letter_topic,
+                            spec.partition, spec.row_schema, spec.partitioning, state,
+                            spec.upper, sink_id=spec.sink_id, why=why)  # fmt: skip
+    except DesiredGone as error:
+        checkpoint.CACHE.pop((spec.sink_id, spec.partition), None)  # folded nothing, but unsure
+        if checkpoint.exists(spec.sink_id, spec.partition, spec.version + 1, spec.s3):
+            return _void(spec, state, lap, bytes_read)
+        gone = Gone(error.needed, error.log_start, str(error))
+        return _void(spec, state, lap, bytes_read, gone)
     lap("desired")
     for _ in range(_READ_ATTEMPTS):
         try:
@@ -172,6 +208,17 @@ def _step(spec: TaskSpec, shard_state: ShardState | None) -> TaskResult:
                       dead, bytes_read, (part.bytes if part else 0) + (checkpointed or 0),
                       outdated, checkpointed is None, lap.seconds, rebuilt,
                       executor_id())  # fmt: skip
+
+
+def _void(spec: TaskSpec, state: checkpoint.PartitionState, lap: _Laps, bytes_read: int,
+          gone: Gone | None = None) -> TaskResult:  # fmt: skip
+    """A step that staged and checkpointed nothing: stale (a newer checkpoint exists), or
+    `gone` (the desired records it needed were deleted)."""
+    lap("desired")
+    return TaskResult(spec.partition, spec.version, None, state.folded_offset,
+                      state.desired_frontier, state.persist_folded, len(state.correction), 0,
+                      bytes_read, 0, False, gone is None, lap.seconds, False, executor_id(),
+                      gone)  # fmt: skip
 
 
 def warm_up(_: object) -> tuple[str, str]:
