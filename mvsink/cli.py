@@ -8,6 +8,8 @@
     mvsink bench soak [--ticks N]     many ticks: state, parts, bucket, latencies stay flat
     mvsink desired send|advance       publish desired updates and progress (upstream side)
     mvsink promote SINK               switch a read-only sink replica to writing
+    mvsink sink show SINK             each desired partition: log start, checkpoint, hold
+    mvsink repair SINK [--yes]        re-seed checkpoints whose desired records were deleted
     mvsink inspect TOPIC [-f]         decode and print any of mvsink's topics
     mvsink provision                  create the configured sink's topics, bucket, shard
     mvsink demo                       stack up, then the whole pipeline on a demo view
@@ -253,6 +255,7 @@ def cmd_shard_show(args: argparse.Namespace) -> int:
                   f"{len(retained)}; this one {len(state.to_bytes()):,} bytes, {state.change})"),
         ("upper", str(state.upper)),
         ("since", f"{state.since}  (retain {retain}; leases: {leases})"),
+        ("holds", ", ".join(f"{h.holder_id} at {h.since}" for h in state.holds) or "-"),
         ("schema", schema),
         ("batches", f"{len(state.batches)} live  (updates each, oldest first: {sizes})"),
         ("parts", f"{len(state.parts())} live  (by writer: {by_writer})"),
@@ -349,6 +352,67 @@ def cmd_promote(args: argparse.Namespace) -> int:
     if producer.flush(30):
         raise MvsinkError(f"could not deliver the promotion to {topic}")
     say(f"sink {args.sink} promoted: SinkControl(read_only=false) on {topic}")
+    return 0
+
+
+def _sink_config(args: argparse.Namespace) -> Config:
+    """The configuration with sink `args.sink` (its topics, its desired partition count as the
+    topic has it) and shard `args.shard` (the configured one by default)."""
+    from confluent_kafka.admin import AdminClient
+
+    from mvsink.kafka import client_config
+
+    config = load_config(args.config)
+    topics = Topics.for_sink(args.sink, config.topics.frontiers)
+    metadata = AdminClient(client_config(config.kafka_bootstrap)).list_topics(timeout=30)
+    if topics.desired not in metadata.topics:
+        raise MvsinkError(f"sink {args.sink}: its desired topic {topics.desired} does not exist")
+    partitions = len(metadata.topics[topics.desired].partitions)
+    return replace(config, sink_id=args.sink, topics=topics, partitions=partitions,
+                   shard_id=args.shard or config.shard_id)  # fmt: skip
+
+
+def cmd_sink_show(args: argparse.Namespace) -> int:
+    from mvsink.shard import open_shard
+    from services.write.repair import report
+
+    config = _sink_config(args)
+    shard = open_shard(config.shard_id, None, config.s3, config.shard_timing())
+    state = shard.state()
+    print(f"sink {config.sink_id}  shard {config.shard_id}: upper {state.upper}, since "
+          f"{state.since}; desired {config.topics.desired}, {config.partitions} partitions")  # fmt: skip
+    print(f"{'p':>3} {'log start':>10} {'end':>10} {'checkpoint':>10} {'folded':>10} "
+          f"{'persist':>10} {'hold':>10}  state")  # fmt: skip
+    bad = 0
+    for r in report(config, shard, state):
+        bad += r.needs_repair is not None
+        print(f"{r.partition:>3} {r.log_start:>10} {r.end:>10} {r.version:>10} "
+              f"{'-' if r.folded_offset is None else r.folded_offset:>10} "
+              f"{r.persist_folded or '-'!s:>10} {r.hold or '-'!s:>10}  "
+              f"{r.needs_repair or 'ok'}")  # fmt: skip
+    if bad:
+        print(f"{bad} partition(s) need `mvsink repair {config.sink_id}`")
+    return 0
+
+
+def cmd_repair(args: argparse.Namespace) -> int:
+    from mvsink.service import writer_identity
+    from services.write.repair import repair
+
+    config = _sink_config(args)
+
+    def confirm() -> bool:
+        if args.yes:
+            return True
+        if not sys.stdin.isatty():
+            say("not confirmed: run it again with --yes once you have read the above")
+            return False
+        return input("re-seed these checkpoints from the shard? [y/N] ").strip().lower() == "y"
+
+    seeds = repair(config, args.partition or None, writer_identity(config, "repair"), say,
+                   confirm)  # fmt: skip
+    say(f"sink {config.sink_id}: repaired partitions {[s.partition for s in seeds]}; the write "
+        "service continues from the new checkpoints by itself")  # fmt: skip
     return 0
 
 
@@ -660,6 +724,23 @@ def build_parser() -> argparse.ArgumentParser:
     promote = commands.add_parser("promote", help="switch a read-only sink to writing")
     promote.add_argument("sink", help="sink id")
     promote.set_defaults(func=cmd_promote)
+    sink = commands.add_parser("sink", help="a sink replica's desired partitions")
+    sink_commands = sink.add_subparsers(dest="sink_command", required=True, metavar="ACTION")
+    sink_show = sink_commands.add_parser(
+        "show", help="each desired partition: log start, end, checkpoint, hold, repair needed"
+    )
+    sink_show.add_argument("sink", help="sink id")
+    sink_show.add_argument("--shard", default="", help="shard id (default: the configured one)")
+    sink_show.set_defaults(func=cmd_sink_show)
+    repair = commands.add_parser(
+        "repair", help="re-seed checkpoints whose desired records were deleted, from the shard"
+    )
+    repair.add_argument("sink", help="sink id")
+    repair.add_argument("--shard", default="", help="shard id (default: the configured one)")
+    repair.add_argument("--partition", type=int, action="append",
+                        help="re-seed this partition (repeatable; default: those that need it)")  # fmt: skip
+    repair.add_argument("--yes", action="store_true", help="do not ask before acting")
+    repair.set_defaults(func=cmd_repair)
     inspect = commands.add_parser("inspect", help="decode and print any mvsink topic")
     inspect.add_argument("topic")
     inspect.add_argument("--follow", "-f", action="store_true", help="keep printing new records")

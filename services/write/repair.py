@@ -1,0 +1,237 @@
+"""The desired topic's life cycle as an operator sees it: where each desired partition starts,
+how far its checkpoint folded it, and what the shard holds for it (`mvsink sink show`); and the
+explicit, audited recovery of a partition whose checkpoint needs desired records the broker
+deleted (`mvsink repair`).
+
+A write task never folds across deleted records (`services.write.fold`): without them it would
+retract rows whose insertions it cannot see. Such a partition stays where it is until its
+checkpoint is restored, or re-seeded by `repair`, which trusts the shard:
+
+```
+ desired[p]:  ... deleted ... | log start ... Progress(f) | o ...... end
+ shard:       contents before f (trusted to equal desired before f)   since <= f <= upper
+ seeded checkpoint: folded_offset = o, desired and persist folded to f,
+                    corrections = updates before o at times >= f (published ahead of f)
+```
+
+`f` is the last progress frontier of the partition's remaining records with `since <= f <=
+upper`: the shard's changes at `f` and later are exact (merges keep times at or after `since`
+distinct), so the task folds them from there and corrects whatever differs. What it cannot know:
+updates at times `>= f` published *before the log start* (a producer that publishes each time
+before advancing past it, as `DesiredProducer` and `publish_dataframe` do, has none), and
+whether the shard really equalled desired before `f` (a foreign write before `f` is kept).
+The partition's critical hold is set to `f` in the same step (since must not pass it before the
+write service continues), and the repair is logged and recorded under
+`sinks/<sink>/repairs/<unix_ms>.json` in the bucket.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mvsink.config import Config
+from mvsink.desired import decode_desired
+from mvsink.errors import DecodeError, MvsinkError
+from mvsink.frontier import Frontier
+from mvsink.kafka import READ_TO_END, Reader, poll_message, watermarks
+from mvsink.messages import Progress
+from mvsink.rows import parse_row_schema, updates_decoder
+from mvsink.s3 import put_bytes, s3_client
+from mvsink.shard import Shard, ShardState, open_shard
+from mvsink.updates import TIME, part_schema
+from services.write import checkpoint
+
+log = logging.getLogger("mvsink.write.repair")
+
+
+@dataclass(frozen=True)
+class PartitionReport:
+    """One desired partition of a sink, as `mvsink sink show` prints it."""
+
+    partition: int
+    log_start: int
+    end: int
+    #: The newest checkpoint version (-1: none) and what it folded.
+    version: int
+    folded_offset: int | None
+    persist_folded: Frontier | None
+    #: The partition's critical hold in the shard, if any.
+    hold: Frontier | None
+    #: Why the partition cannot continue (its checkpoint needs deleted records), or None.
+    needs_repair: str | None
+
+
+def report(config: Config, shard: Shard, state: ShardState | None = None) -> list[PartitionReport]:
+    """Each desired partition of `config`'s sink: log start, end, checkpoint, hold, and whether
+    it needs a repair (module docs)."""
+    state = state or shard.state()
+    marks = watermarks(config.kafka_bootstrap, config.topics.desired, range(config.partitions))
+    found = []
+    for p in range(config.partitions):
+        low, high = marks[p]
+        version = checkpoint.latest(config.sink_id, p, config.s3)
+        meta = checkpoint.read_meta(config.sink_id, p, version, config.s3)
+        folded = meta["folded_offset"] if meta else (0 if version < 0 else None)
+        persist = Frontier.from_elements(meta["persist_folded"]) if meta else None
+        hold = state.hold(checkpoint.holder_id(config.sink_id, p))
+        needs = None
+        rebuild = persist is not None and Frontier.minimum().less_than(persist) and \
+            persist.less_than(state.since)  # fmt: skip
+        if rebuild and low > 0:
+            needs = (f"the shard's since {state.since} passed checkpoint {version}'s "
+                     f"persist_folded {persist}: a rebuild needs offset 0, deleted below {low}")  # fmt: skip
+        elif folded is not None and folded < low:
+            what = "no checkpoint: a cold start" if version < 0 else f"checkpoint {version}"
+            needs = f"{what} needs offset {folded}, deleted below {low}"
+        found.append(PartitionReport(p, low, high, version, folded, persist,
+                                     hold.since if hold else None, needs))  # fmt: skip
+    return found
+
+
+@dataclass(frozen=True)
+class Seed:
+    """What `repair` writes for one partition (module docs)."""
+
+    partition: int
+    #: The progress frontier trusted: the shard's contents before it are taken as desired's.
+    frontier: Frontier
+    #: The offset just after that frontier's `Progress`: the task reads on from there.
+    folded_offset: int
+    log_start: int
+    #: Updates before `folded_offset` at times `>= frontier`, kept as corrections.
+    ahead: pa.Table
+    #: The checkpoint version it replaces (-1: none).
+    replaces: int
+
+
+def plan(config: Config, shard: Shard, partition: int, state: ShardState,
+         timeout: float = 120.0) -> Seed:  # fmt: skip
+    """The seed of `partition` from its remaining desired records (module docs).
+
+    Raises:
+        MvsinkError: no progress record of the partition lies in `[since, upper]`.
+    """
+    row_schema = parse_row_schema(config.row_schema) if config.row_schema else shard.schema
+    topic = config.topics.desired
+    low, high = watermarks(config.kafka_bootstrap, topic, [partition])[partition]
+    upper, since = state.upper, state.since
+    best: tuple[Frontier, int] | None = None  # the last Progress in [since, upper], and after it
+    tables: list[tuple[int, pa.Table]] = []
+    reader = Reader(config.kafka_bootstrap, topic, {partition: low},
+                    {**READ_TO_END, "auto.offset.reset": "error"})  # fmt: skip
+    decode_rows = updates_decoder(row_schema)
+    deadline = time.monotonic() + timeout
+    try:
+        done: list[int] = []
+        while not done and high > low:
+            if time.monotonic() > deadline:
+                raise MvsinkError(f"reading {topic}[{partition}] took over {timeout:.0f}s")
+            message = poll_message(reader, 0.5, on_eof=done.append)
+            if message is None:
+                continue
+            try:
+                decoded = decode_desired(message, row_schema, decode_rows, None)
+            except DecodeError:
+                continue  # the write tasks quarantine it too
+            offset = int(message.offset() or 0)
+            if isinstance(decoded, Progress):
+                frontier = decoded.frontier
+                if since.less_equal(frontier) and frontier.less_equal(upper):
+                    best = (frontier, offset + 1)
+            elif decoded.num_rows:
+                tables.append((offset, decoded))
+    finally:
+        reader.close()
+    if best is None:
+        raise MvsinkError(
+            f"sink {config.sink_id}: {topic}[{partition}] (offsets {low}..{high}) has no progress "
+            f"record at or after the shard's since {since} and at or before its upper {upper}: "
+            "there is no point where its remaining records meet the shard's exact history"
+        )
+    frontier, folded_offset = best
+    assert frontier.time is not None
+    ahead = [t.filter(pc.greater_equal(t.column(TIME), frontier.time))
+             for o, t in tables if o < folded_offset]  # fmt: skip
+    ahead_table = pa.concat_tables(ahead) if ahead else None
+    replaces = checkpoint.latest(config.sink_id, partition, config.s3)
+    if ahead_table is None:
+        ahead_table = part_schema(row_schema).empty_table()
+    return Seed(partition, frontier, folded_offset, low, ahead_table, replaces)
+
+
+def describe(config: Config, state: ShardState, seed: Seed) -> str:
+    """What a repair of one partition trusts and what it cannot know, before it acts."""
+    return (
+        f"partition {seed.partition}: replaces checkpoint {seed.replaces}; trusts the shard "
+        f"{state.shard_id} (upper {state.upper}, since {state.since}) to equal desired before "
+        f"{seed.frontier}; continues desired from offset {seed.folded_offset} (log start "
+        f"{seed.log_start}), folds the shard's changes from {seed.frontier}; keeps "
+        f"{seed.ahead.num_rows} update(s) read before that offset at times >= {seed.frontier}. "
+        f"Cannot know: updates at times >= {seed.frontier} published before offset "
+        f"{seed.log_start}, nor whether the shard before {seed.frontier} was right"
+    )
+
+
+def repair(config: Config, partitions: list[int] | None, writer_id: str,
+           say: Callable[[str], None], confirm: Callable[[], bool]) -> list[Seed]:  # fmt: skip
+    """Re-seed the checkpoints of `partitions` (those that need it if None) from the shard
+    (module docs), after printing what it trusts and asking `confirm`; the seeds written.
+
+    Raises:
+        MvsinkError: nothing to repair, a partition without a meeting point, a lost race.
+    """
+    shard = open_shard(config.shard_id, None, config.s3, config.shard_timing())
+    state = shard.state()
+    reports = report(config, shard, state)
+    chosen = partitions if partitions is not None else [r.partition for r in reports
+                                                         if r.needs_repair]  # fmt: skip
+    for r in reports:
+        say(f"partition {r.partition}: log start {r.log_start}, end {r.end}, checkpoint "
+            f"{r.version} folded offset {r.folded_offset}: "
+            f"{r.needs_repair or 'continues from its checkpoint'}")  # fmt: skip
+    if not chosen:
+        raise MvsinkError(f"sink {config.sink_id}: no partition needs a repair (name them with "
+                          "--partition to re-seed them anyway)")  # fmt: skip
+    seeds = [plan(config, shard, p, state) for p in chosen]
+    for seed in seeds:
+        say(describe(config, state, seed))
+    if not confirm():
+        raise MvsinkError("repair not confirmed: nothing was changed")
+    # Hold the shard's since at each seed's frontier first: it must not pass it before the
+    # write service folds on from there (the hold is set back to it if needed).
+    shard.set_holds({checkpoint.holder_id(config.sink_id, s.partition): s.frontier
+                     for s in seeds})  # fmt: skip
+    row_schema = parse_row_schema(config.row_schema) if config.row_schema else shard.schema
+    done = []
+    for seed in seeds:
+        version = checkpoint.seed(config.sink_id, seed.partition, config.s3, writer_id,
+                                  row_schema, seed.frontier, seed.folded_offset,
+                                  seed.ahead if seed.ahead.num_rows else None)  # fmt: skip
+        if version is None:
+            raise MvsinkError(f"partition {seed.partition}: another writer checkpointed it "
+                              "meanwhile; run the repair again")  # fmt: skip
+        log.warning("sink %s partition %d repaired: checkpoint %d seeded from shard %s at %s, "
+                    "desired from offset %d", config.sink_id, seed.partition, version,
+                    config.shard_id, seed.frontier, seed.folded_offset)  # fmt: skip
+        say(f"partition {seed.partition}: checkpoint version {version} written")
+        done.append(seed)
+    audit = {
+        "sink_id": config.sink_id, "shard_id": config.shard_id, "writer_id": writer_id,
+        "at_ms": int(time.time() * 1000), "shard_upper": state.upper.elements(),
+        "shard_since": state.since.elements(), "shard_seqno": state.seqno,
+        "partitions": [{**{k: v for k, v in asdict(s).items() if k not in ("ahead", "frontier")},
+                        "frontier": s.frontier.elements(), "ahead": s.ahead.num_rows}
+                       for s in done],
+    }  # fmt: skip
+    key = f"sinks/{config.sink_id}/repairs/{audit['at_ms']}.json"
+    put_bytes(s3_client(config.s3), config.s3.bucket, key, json.dumps(audit).encode(),
+              "application/json")  # fmt: skip
+    say(f"repair recorded at s3://{config.s3.bucket}/{key}")
+    return done
