@@ -209,6 +209,9 @@ def _deployment(say: Say) -> Deployment:
         "MVSINK_APPEND_WORKERS": "2",
         "MVSINK_ROW_SCHEMA": ROW_SCHEMA,
         "MVSINK_S3_BUCKET": "mvsink",
+        # The check reads all of desired from offset 0 to know the view independently of the
+        # sink (`read_desired`), so the write service keeps the topic whole here.
+        "MVSINK_DESIRED_TRIM_INTERVAL": "0",
     }
     host = {
         **{k: v for k, v in env.items() if k.startswith("MVSINK_") and not _compose_only(k)},

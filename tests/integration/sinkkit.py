@@ -10,6 +10,8 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -22,7 +24,14 @@ from confluent_kafka import Producer
 from mvsink.codec import decode_message
 from mvsink.config import Config, S3Settings, Topics
 from mvsink.frontier import Frontier
-from mvsink.kafka import Reader, client_config, poll_message, produce, tail_consumer
+from mvsink.kafka import (
+    Reader,
+    client_config,
+    poll_message,
+    produce,
+    tail_consumer,
+    watermarks,
+)
 from mvsink.messages import BatchDescription, DesiredProgress, StagedBatch
 from mvsink.producer import DesiredProducer
 from mvsink.provision import provision
@@ -44,6 +53,29 @@ def wait_until(
             step()
         else:
             time.sleep(0.1)
+
+
+def probe(port: int, path: str) -> tuple[int, str]:
+    """The status and body of `GET http://127.0.0.1:port/path` (0 if nothing answers)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return int(response.status), response.read().decode()
+    except urllib.error.HTTPError as error:
+        return int(error.code), error.read().decode()
+    except OSError as error:
+        return 0, repr(error)
+
+
+def wait_status(port: int, status: int, timeout: float, what: str) -> str:
+    """Wait until `/readyz` answers `status`; its body. Fails with the last answer."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got, body = probe(port, "/readyz")
+        if got == status:
+            return body.strip()
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: /readyz still {got} after {timeout}s: {body.strip()}")
+        time.sleep(0.5)
 
 
 @dataclass
@@ -156,6 +188,25 @@ def start(procs: list[Service], sink: Sink, name: str, label: str = "", **env: s
     service = Service(name, sink.env(**env), sink.logs / f"{name}{label}.log").start()
     procs.append(service)
     return service
+
+
+def checkpoint_offsets(sink: Sink) -> dict[int, int]:
+    """Each desired partition's `folded_offset` in its newest checkpoint."""
+    from services.write import checkpoint
+
+    c, found = sink.config, {}
+    for p in range(c.partitions):
+        meta = checkpoint.read_meta(c.sink_id, p, checkpoint.latest(c.sink_id, p, c.s3), c.s3)
+        assert meta is not None, f"partition {p} has no checkpoint"
+        found[p] = meta["folded_offset"]
+    return found
+
+
+def log_starts(sink: Sink) -> dict[int, int]:
+    """Each desired partition's log start offset."""
+    c = sink.config
+    marks = watermarks(c.kafka_bootstrap, c.topics.desired, range(c.partitions))
+    return {p: low for p, (low, _) in marks.items()}
 
 
 def cli_env(bootstrap: str, s3: S3Settings, state_dir: Path) -> dict[str, str]:

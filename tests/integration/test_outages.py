@@ -12,8 +12,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -21,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sinkkit import Service, Sink, Upstream, converged, start, wait_until
+from sinkkit import Service, Sink, Upstream, converged, probe, start, wait_status, wait_until
 
 from mvsink.codec import decode_message
 from mvsink.config import S3Settings, Secret, cache_dir, load_config
@@ -55,29 +53,6 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
         yield own
     finally:
         own.down()
-
-
-def probe(port: int, path: str) -> tuple[int, str]:
-    """The status and body of `GET http://127.0.0.1:port/path` (0 if nothing answers)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
-            return int(response.status), response.read().decode()
-    except urllib.error.HTTPError as error:
-        return int(error.code), error.read().decode()
-    except OSError as error:
-        return 0, repr(error)
-
-
-def wait_status(port: int, status: int, timeout: float, what: str) -> str:
-    """Wait until `/readyz` answers `status`; its body. Fails with the last answer."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got, body = probe(port, "/readyz")
-        if got == status:
-            return body.strip()
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: /readyz still {got} after {timeout}s: {body.strip()}")
-        time.sleep(0.5)
 
 
 def kill_component(stack: Stack, name: str) -> str:

@@ -1,0 +1,215 @@
+"""The desired topic's whole life on the real stack: records deleted below the checkpoints are
+never needed again, records a checkpoint needs are never folded across, a write service away
+for longer than its reader lease continues from its checkpoints, and a sink whose checkpoints
+are gone is recovered only by an explicit `mvsink repair`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from sinkkit import (
+    Service,
+    Sink,
+    Upstream,
+    checkpoint_offsets,
+    cli_env,
+    contents,
+    converged,
+    log_starts,
+    probe,
+    start,
+    wait_status,
+    wait_until,
+)
+
+from mvsink.config import S3Settings
+from mvsink.frontier import Frontier
+from mvsink.kafka import delete_below, last_record, watermarks
+from mvsink.messages import Progress
+from mvsink.producer import DesiredProducer
+from mvsink.rows import parse_row_schema
+from mvsink.stack.procs import free_ports
+
+pytestmark = pytest.mark.integration
+F = Frontier.at
+#: The write service deletes what its checkpoints are past every second here.
+TRIM = {"MVSINK_DESIRED_TRIM_INTERVAL": "1"}
+
+
+def tick_and_check(sink: Sink, upstream: Upstream, ticks: int, what: str) -> None:
+    """Publish `ticks` ticks, each followed by the shard equal to desired at its upper."""
+    for _ in range(ticks):
+        upstream.tick()
+        wait_until(lambda: converged(sink, upstream), 120, f"{what}: tick {upstream.frontier}")
+
+
+def rebuilt(service: Service) -> bool:
+    return "rebuilding" in service.text() or "rebuilt its corrections" in service.text()
+
+
+def mvsink(sink: Sink, *args: str) -> subprocess.CompletedProcess[str]:
+    """An `mvsink` command against the session's stack, for `sink`'s shard and frontiers."""
+    c = sink.config
+    env = {**cli_env(c.kafka_bootstrap, c.s3, sink.logs / "cli"),
+           "MVSINK_SHARD_ID": c.shard_id, "MVSINK_FRONTIERS_TOPIC": c.topics.frontiers}  # fmt: skip
+    return subprocess.run([sys.executable, "-m", "mvsink.cli", *args], env=env, text=True,
+                          capture_output=True, timeout=180, stdin=subprocess.DEVNULL)  # fmt: skip
+
+
+def test_records_below_the_checkpoints_are_deleted_and_never_needed(
+    sink: Sink, procs: list[Service]
+) -> None:
+    """The write service trims desired below its checkpoints; then records up to each
+    checkpoint's very offset are deleted by hand while it is stopped, and the restart continues
+    from the checkpoints: no rebuild, the shard equal to desired at every upper."""
+    write = start(procs, sink, "write", **TRIM)
+    for name in ("mint", "append"):
+        start(procs, sink, name)
+    upstream = Upstream(sink)
+    tick_and_check(sink, upstream, 4, "before the restart")
+    wait_until(lambda: all(low > 0 for low in log_starts(sink).values()), 60,
+               "the write service to delete desired records below its checkpoints")  # fmt: skip
+    trimmed = log_starts(sink)
+    c = sink.config
+    # The upstream side restores its frontier all the same: a publishing producer from each
+    # partition's last record (the write service always keeps it), a restarted one from
+    # `frontiers` (below, after everything before the checkpoints is gone).
+    for p in range(c.partitions):
+        assert last_record(c.kafka_bootstrap, c.topics.desired, p) == Progress(F(upstream.frontier))
+    assert write.stop() == 0
+    offsets = checkpoint_offsets(sink)
+    assert all(trimmed[p] <= offsets[p] for p in offsets), (trimmed, offsets)
+    delete_below(sink.config.kafka_bootstrap, sink.config.topics.desired, offsets)
+    assert log_starts(sink) == offsets
+    print(f"log starts trimmed by the service {trimmed}, deleted by hand up to {offsets}")
+    restarted = DesiredProducer(c, parse_row_schema(c.row_schema), upstream.producer.producer_id)
+    assert restarted.start() == F(upstream.frontier)
+    upstream.producer = restarted
+
+    again = start(procs, sink, "write", "-again", **TRIM)
+    tick_and_check(sink, upstream, 3, "after the restart")
+    assert "desired partitions assigned" in again.text()
+    assert not rebuilt(again) and "deleted everything below" not in again.text()
+    assert all(d == 1 for d in contents(sink, upstream.frontier).values())
+
+
+def test_a_sink_whose_checkpoints_need_deleted_records_stages_nothing_until_repaired(
+    sink: Sink, procs: list[Service]
+) -> None:
+    """Checkpoints deleted by hand and desired no longer starting at offset 0: the restarted
+    write service stages nothing, says which partition and offsets, and is not ready; after
+    `mvsink repair` it continues and the shard equals desired at every later upper."""
+    (port,) = free_ports(1)
+    c = sink.config
+    write = start(procs, sink, "write", MVSINK_METRICS_PORT=str(port))
+    for name in ("mint", "append"):
+        start(procs, sink, name)
+    upstream = Upstream(sink)
+    tick_and_check(sink, upstream, 1, "the first tick")
+    after_first = {p: high for p, (_, high) in watermarks(
+        c.kafka_bootstrap, c.topics.desired, range(c.partitions)).items()}  # fmt: skip
+    tick_and_check(sink, upstream, 2, "before the restart")
+    assert write.stop() == 0
+    client = sink.shard.client
+    for obj in client.list_objects(c.s3.bucket, prefix=f"sinks/{c.sink_id}/write/",
+                                   recursive=True):  # fmt: skip
+        client.remove_object(c.s3.bucket, obj.object_name)
+    delete_below(c.kafka_bootstrap, c.topics.desired, after_first)
+    upper, seqno = sink.shard.upper(), sink.shard.state().seqno
+
+    def parts() -> set[str]:
+        listed = client.list_objects(c.s3.bucket, f"{sink.shard.prefix}/parts/", recursive=True)
+        return {o.object_name for o in listed}
+
+    parts_before = parts()
+
+    blocked = start(procs, sink, "write", "-blocked", MVSINK_METRICS_PORT=str(port))
+    upstream.tick()  # mint mints a description for it; nothing may be staged for it
+    why = wait_status(port, 503, 90, "the write service refusing to fold across deleted records")
+    print(f"/readyz 503: {why}")
+    assert "mvsink repair" in why and f"deleted below {after_first[0]}" in why
+    wait_until(lambda: "desired partition" in blocked.text() and "must be read from offset 0"
+               in blocked.text(), 60, "the error in the log")  # fmt: skip
+    assert f"{c.topics.desired}[0] must be read from offset 0" in blocked.text()
+    assert f"deleted everything below offset {after_first[0]}" in blocked.text()
+    time.sleep(10)
+    assert sink.shard.upper() == upper, "the sink appended without its desired records"
+    latest = sink.shard.state().seqno
+    versions = [v for v in map(sink.shard.version, range(seqno + 1, latest + 1)) if v]
+    assert "append" not in {v.change for v in versions}  # leases and the compactor's merges
+    merged = {p.key for v in versions if v.change == "merge" for b in v.batches
+              if b.seqno == v.seqno for p in b.parts}  # fmt: skip
+    assert parts() - parts_before <= merged, "a correction part was staged"
+    assert blocked.proc is not None and blocked.proc.poll() is None
+
+    shown = mvsink(sink, "sink", "show", c.sink_id)
+    assert shown.returncode == 0, shown.stderr
+    print(shown.stdout)
+    assert "need `mvsink repair" in shown.stdout
+    refused = mvsink(sink, "repair", c.sink_id)  # no --yes, no terminal: nothing happens
+    assert refused.returncode == 2 and "not confirmed" in refused.stderr, refused.stderr
+    repaired = mvsink(sink, "repair", c.sink_id, "--yes")
+    print(repaired.stderr)
+    assert repaired.returncode == 0, repaired.stderr
+    assert "Cannot know" in repaired.stderr and "repair recorded at" in repaired.stderr
+
+    wait_until(lambda: converged(sink, upstream), 120, "convergence after the repair")
+    tick_and_check(sink, upstream, 2, "after the repair")
+    assert all(d == 1 for d in contents(sink, upstream.frontier).values())
+    wait_status(port, 200, 60, "the write service ready again")
+    assert "repaired?" in blocked.text()
+    gauge = f'mvsink_write_desired_gone{{partition="0",sink="{c.sink_id}"}}'
+    metrics = probe(port, "/metrics")[1]
+    assert f"{gauge} 0.0" in metrics, [m for m in metrics.splitlines() if "gone" in m]
+
+
+def test_a_write_service_away_longer_than_its_lease_continues_from_its_checkpoints(
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, procs: list[Service]
+) -> None:
+    """A racing replica keeps appending and the shard is compacted while one replica's write
+    service is down for longer than `reader_lease`: its checkpoints' critical holds keep
+    `since` at them, so it continues without a rebuild (its desired topic trimmed below them,
+    a rebuild would need deleted records) and the shard equals both replicas' desired."""
+    lease = {"MVSINK_SHARD_READER_LEASE": "4"}
+    first = Sink.create(kafka_bootstrap, s3_settings, tmp_path / "a")
+    second = Sink.create(kafka_bootstrap, s3_settings, tmp_path / "b",
+                         shard_id=first.config.shard_id, frontiers=first.config.topics.frontiers)  # fmt: skip
+    writes = {}
+    for replica in (first, second):
+        for name in ("mint", "write", "append"):
+            label = f"-{replica.config.sink_id}"
+            service = start(procs, replica, name, label, **lease, **TRIM)
+            if name == "write":
+                writes[replica.config.sink_id] = service
+    upstreams = [Upstream(first), Upstream(second)]
+
+    def tick_both(ticks: int, sinks: tuple[Sink, ...]) -> None:
+        for _ in range(ticks):
+            for upstream in upstreams:
+                upstream.tick()
+            for replica in sinks:
+                wait_until(lambda r=replica: converged(r, upstreams[0]), 180, "convergence")  # type: ignore[misc]
+
+    tick_both(3, (first, second))
+    wait_until(lambda: all(low > 0 for low in log_starts(first).values()), 60, "a trim")
+    writes[first.config.sink_id].kill()  # its lease is left to lapse
+    tick_both(3, (second,))
+    time.sleep(6)  # past the lease
+    compacted = mvsink(first, "shard", "compact", "--all")
+    assert compacted.returncode == 0, compacted.stderr
+    state = first.shard.state()
+    again = start(procs, first, "write", "-again", **lease, **TRIM)
+    wait_until(lambda: "folded partitions" in again.text(), 120, "the restart's first fold")
+    tick_both(2, (first, second))
+    assert not rebuilt(again), "the restarted write service rebuilt its corrections"
+    assert "deleted everything below" not in again.text()
+    assert "desired partitions assigned" in again.text()
+    assert all(d == 1 for d in contents(first, upstreams[0].frontier).values())
+    holds = {h.holder_id: h.since for h in state.holds}
+    print(f"before the restart: since {state.since}, upper {state.upper}, holds {holds}")
+    assert f"checkpoint:{first.config.sink_id}:p0" in holds
+    assert all(state.since.less_equal(f) for f in holds.values())
