@@ -9,6 +9,7 @@
     mvsink desired send|advance       publish desired updates and progress (upstream side)
     mvsink promote SINK               switch a read-only sink replica to writing
     mvsink sink show SINK             each desired partition: log start, checkpoint, hold
+    mvsink sink release SINK --yes    drop a dropped sink's holds on the shard's since
     mvsink repair SINK [--yes]        re-seed checkpoints whose desired records were deleted
     mvsink inspect TOPIC [-f]         decode and print any of mvsink's topics
     mvsink provision                  create the configured sink's topics, bucket, shard
@@ -395,6 +396,26 @@ def cmd_sink_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_sink_release(args: argparse.Namespace) -> int:
+    from mvsink.shard import open_shard
+
+    config = load_config(args.config)
+    shard = open_shard(args.shard or config.shard_id, None, config.s3, config.shard_timing())
+    prefix = f"checkpoint:{args.sink}:"
+    held = [h for h in shard.state().holds if h.holder_id.startswith(prefix)]
+    if not held:
+        say(f"shard {shard.shard_id} holds nothing for sink {args.sink}")
+        return 0
+    for hold in held:
+        say(f"{hold.holder_id} holds since at {hold.since}")
+    if not args.yes:
+        raise MvsinkError("releasing them lets since pass the sink's checkpoints (a dropped "
+                          "sink's are no longer needed): run it again with --yes")  # fmt: skip
+    state = shard.release_holds(h.holder_id for h in held)
+    say(f"released {len(held)} holds of sink {args.sink}; since is now {state.since}")
+    return 0
+
+
 def cmd_repair(args: argparse.Namespace) -> int:
     from mvsink.service import writer_identity
     from services.write.repair import repair
@@ -732,6 +753,13 @@ def build_parser() -> argparse.ArgumentParser:
     sink_show.add_argument("sink", help="sink id")
     sink_show.add_argument("--shard", default="", help="shard id (default: the configured one)")
     sink_show.set_defaults(func=cmd_sink_show)
+    sink_release = sink_commands.add_parser(
+        "release", help="drop a dropped sink's holds on the shard's since (its checkpoints')"
+    )
+    sink_release.add_argument("sink", help="sink id")
+    sink_release.add_argument("--shard", default="", help="shard id (default: the configured one)")
+    sink_release.add_argument("--yes", action="store_true", help="release, not only list")
+    sink_release.set_defaults(func=cmd_sink_release)
     repair = commands.add_parser(
         "repair", help="re-seed checkpoints whose desired records were deleted, from the shard"
     )

@@ -39,8 +39,10 @@ from mvsink.messages import (
     Part,
     Progress,
     Record,
+    RepairedPartition,
     ShardUpper,
     SinkControl,
+    SinkRepair,
     StagedBatch,
     Update,
     Updates,
@@ -60,6 +62,7 @@ KINDS: Mapping[int, str] = {
     4: "BatchDescription",
     5: "StagedBatch",
     6: "SinkControl",
+    7: "SinkRepair",
 }
 _KIND_IDS = {name: kind for kind, name in KINDS.items()}
 
@@ -188,6 +191,28 @@ def to_datum(record: Record) -> tuple[str, Any]:
             return "StagedBatch", datum
         case SinkControl(read_only=read_only):
             return "SinkControl", {"read_only": read_only}
+        case SinkRepair():
+            datum = {
+                "sink_id": record.sink_id,
+                "shard_id": record.shard_id,
+                "repaired_by": record.repaired_by,
+                "at_ms": record.at_ms,
+                "shard_upper": record.shard_upper.elements(),
+                "shard_since": record.shard_since.elements(),
+                "partitions": [
+                    {
+                        "partition": p.partition,
+                        "frontier": p.frontier.elements(),
+                        "folded_offset": p.folded_offset,
+                        "log_start": p.log_start,
+                        "version": p.version,
+                        "replaced": p.replaced,
+                        "ahead": p.ahead,
+                    }
+                    for p in record.partitions
+                ],
+            }
+            return "SinkRepair", datum
     raise TypeError(f"not an mvsink record: {record!r}")
 
 
@@ -226,6 +251,19 @@ def from_datum(kind: str, datum: Any) -> Record:
             )
         case "SinkControl":
             return SinkControl(read_only=datum["read_only"])
+        case "SinkRepair":
+            return SinkRepair(
+                sink_id=datum["sink_id"],
+                shard_id=datum["shard_id"],
+                repaired_by=datum["repaired_by"],
+                at_ms=datum["at_ms"],
+                shard_upper=_frontier(datum["shard_upper"]),
+                shard_since=_frontier(datum["shard_since"]),
+                partitions=tuple(
+                    RepairedPartition(**{**p, "frontier": _frontier(p["frontier"])})
+                    for p in datum["partitions"]
+                ),
+            )
     raise DecodeError(f"unknown record kind {kind!r}")
 
 

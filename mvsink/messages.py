@@ -231,6 +231,47 @@ class SinkControl:
         _require(isinstance(self.read_only, bool), self, "read_only must be a bool")
 
 
+@dataclass(frozen=True, slots=True)
+class RepairedPartition:
+    """Where one desired partition continues after a repair (`SinkRepair`)."""
+
+    partition: int
+    #: Trusted: the shard's contents before it are taken as desired's.
+    frontier: Frontier
+    folded_offset: int
+    log_start: int
+    version: int
+    #: The checkpoint version replaced (-1: none).
+    replaced: int
+    #: Updates kept as corrections (read before `folded_offset`, at times `>= frontier`).
+    ahead: int
+
+    def __post_init__(self) -> None:
+        _require(self.partition >= 0, self, "partition must be >= 0")
+        _require(self.frontier.time is not None, self, "the trusted frontier must not be closed")
+        _require(min(self.folded_offset, self.log_start, self.version, self.ahead) >= 0, self,
+                 "offsets, versions and counts must be >= 0")  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class SinkRepair:
+    """An operator's re-seeding of a sink's checkpoints from its shard (`mvsink repair`), on
+    `<sink>.control` under key `repair:<sink>`: an audit record no service acts on."""
+
+    sink_id: str
+    shard_id: str
+    repaired_by: str
+    at_ms: int
+    shard_upper: Frontier
+    shard_since: Frontier
+    partitions: tuple[RepairedPartition, ...]
+
+    @property
+    def key(self) -> str:
+        """Its key on `<sink>.control` (not the sink id: a repair is no control record)."""
+        return f"repair:{self.sink_id}"
+
+
 #: Every record type that travels on our topics.
 Record = (
     Updates
@@ -241,6 +282,7 @@ Record = (
     | BatchDescription
     | StagedBatch
     | SinkControl
+    | SinkRepair
 )
 
 

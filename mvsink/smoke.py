@@ -24,8 +24,10 @@ from mvsink.messages import (
     Part,
     Progress,
     Record,
+    RepairedPartition,
     ShardUpper,
     SinkControl,
+    SinkRepair,
     StagedBatch,
     Update,
     Updates,
@@ -57,6 +59,8 @@ def contract_samples(config: Config, run: str) -> list[Sample]:
     )
     producer_id = f"producer.{config.sink_id}.{run}"
     updates = Updates((Update.ok(b"\x02a", 3, 1), Update.error("boom", 4, 1)))
+    repair = SinkRepair(config.sink_id, config.shard_id, f"smoke-{run}", 0, upper, lower,
+                        (RepairedPartition(0, lower, 0, 0, 0, -1, 0),))  # fmt: skip
     return [
         Sample(topics.desired, 0, "row-a", updates, producer_id),
         Sample(topics.desired, 0, "row-a", Progress(upper), producer_id),
@@ -68,6 +72,7 @@ def contract_samples(config: Config, run: str) -> list[Sample]:
         Sample(topics.batches, desc.append_worker, str(desc.append_worker),
                StagedBatch(desc.id, lower, upper, (0,), (part,), f"smoke-{run}")),
         Sample(topics.control, 0, config.sink_id, SinkControl(read_only=False)),
+        Sample(topics.control, 0, repair.key, repair),
     ]  # fmt: skip
 
 

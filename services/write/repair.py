@@ -20,30 +20,29 @@ distinct), so the task folds them from there and corrects whatever differs. What
 updates at times `>= f` published *before the log start* (a producer that publishes each time
 before advancing past it, as `DesiredProducer` and `publish_dataframe` do, has none), and
 whether the shard really equalled desired before `f` (a foreign write before `f` is kept).
-The partition's critical hold is set to `f` in the same step (since must not pass it before the
-write service continues), and the repair is logged and recorded under
-`sinks/<sink>/repairs/<unix_ms>.json` in the bucket.
+The partition's critical hold is set to `f` first (since must not pass it before the write
+service continues), and the repair is logged and recorded as a `SinkRepair` on
+`<sink>.control` (key `repair:<sink>`; `mvsink inspect <sink>.control` shows it).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from confluent_kafka import Producer
 
 from mvsink.config import Config
 from mvsink.desired import decode_desired
 from mvsink.errors import DecodeError, MvsinkError
 from mvsink.frontier import Frontier
-from mvsink.kafka import READ_TO_END, Reader, poll_message, watermarks
-from mvsink.messages import Progress
+from mvsink.kafka import READ_TO_END, Reader, client_config, poll_message, produce, watermarks
+from mvsink.messages import Progress, RepairedPartition, SinkRepair
 from mvsink.rows import parse_row_schema, updates_decoder
-from mvsink.s3 import put_bytes, s3_client
 from mvsink.shard import Shard, ShardState, open_shard
 from mvsink.updates import TIME, part_schema
 from services.write import checkpoint
@@ -209,7 +208,7 @@ def repair(config: Config, partitions: list[int] | None, writer_id: str,
     shard.set_holds({checkpoint.holder_id(config.sink_id, s.partition): s.frontier
                      for s in seeds})  # fmt: skip
     row_schema = parse_row_schema(config.row_schema) if config.row_schema else shard.schema
-    done = []
+    done: list[tuple[Seed, int]] = []
     for seed in seeds:
         version = checkpoint.seed(config.sink_id, seed.partition, config.s3, writer_id,
                                   row_schema, seed.frontier, seed.folded_offset,
@@ -221,17 +220,17 @@ def repair(config: Config, partitions: list[int] | None, writer_id: str,
                     "desired from offset %d", config.sink_id, seed.partition, version,
                     config.shard_id, seed.frontier, seed.folded_offset)  # fmt: skip
         say(f"partition {seed.partition}: checkpoint version {version} written")
-        done.append(seed)
-    audit = {
-        "sink_id": config.sink_id, "shard_id": config.shard_id, "writer_id": writer_id,
-        "at_ms": int(time.time() * 1000), "shard_upper": state.upper.elements(),
-        "shard_since": state.since.elements(), "shard_seqno": state.seqno,
-        "partitions": [{**{k: v for k, v in asdict(s).items() if k not in ("ahead", "frontier")},
-                        "frontier": s.frontier.elements(), "ahead": s.ahead.num_rows}
-                       for s in done],
-    }  # fmt: skip
-    key = f"sinks/{config.sink_id}/repairs/{audit['at_ms']}.json"
-    put_bytes(s3_client(config.s3), config.s3.bucket, key, json.dumps(audit).encode(),
-              "application/json")  # fmt: skip
-    say(f"repair recorded at s3://{config.s3.bucket}/{key}")
-    return done
+        done.append((seed, version))
+    record = SinkRepair(
+        config.sink_id, config.shard_id, writer_id, int(time.time() * 1000), state.upper,
+        state.since,
+        tuple(RepairedPartition(s.partition, s.frontier, s.folded_offset, s.log_start, v,
+                                s.replaces, s.ahead.num_rows) for s, v in done),
+    )  # fmt: skip
+    producer = Producer(client_config(config.kafka_bootstrap))
+    produce(producer, config.topics.control, record.key, record)
+    if producer.flush(30):
+        raise MvsinkError(f"the checkpoints were re-seeded, but the SinkRepair record did not "
+                          f"reach {config.topics.control}")  # fmt: skip
+    say(f"repair recorded on {config.topics.control} under {record.key}")
+    return [s for s, _ in done]

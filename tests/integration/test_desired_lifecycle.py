@@ -28,8 +28,8 @@ from sinkkit import (
 
 from mvsink.config import S3Settings
 from mvsink.frontier import Frontier
-from mvsink.kafka import delete_below, last_record, watermarks
-from mvsink.messages import Progress
+from mvsink.kafka import delete_below, last_record, read_compacted, watermarks
+from mvsink.messages import Progress, SinkRepair
 from mvsink.producer import DesiredProducer
 from mvsink.rows import parse_row_schema
 from mvsink.stack.procs import free_ports
@@ -155,7 +155,12 @@ def test_a_sink_whose_checkpoints_need_deleted_records_stages_nothing_until_repa
     repaired = mvsink(sink, "repair", c.sink_id, "--yes")
     print(repaired.stderr)
     assert repaired.returncode == 0, repaired.stderr
-    assert "Cannot know" in repaired.stderr and "repair recorded at" in repaired.stderr
+    assert "Cannot know" in repaired.stderr and "repair recorded on" in repaired.stderr
+    record = read_compacted(c.kafka_bootstrap, c.topics.control)[f"repair:{c.sink_id}"]
+    assert isinstance(record, SinkRepair) and record.shard_upper == upper
+    assert [(p.partition, p.frontier, p.replaced) for p in record.partitions] == [
+        (p, upper, -1) for p in range(c.partitions)
+    ]
 
     wait_until(lambda: converged(sink, upstream), 120, "convergence after the repair")
     tick_and_check(sink, upstream, 2, "after the repair")
@@ -213,3 +218,12 @@ def test_a_write_service_away_longer_than_its_lease_continues_from_its_checkpoin
     print(f"before the restart: since {state.since}, upper {state.upper}, holds {holds}")
     assert f"checkpoint:{first.config.sink_id}:p0" in holds
     assert all(state.since.less_equal(f) for f in holds.values())
+
+    for service in procs:  # the first sink is dropped: its services stop, its holds go
+        if f"-{first.config.sink_id}" in service.log.name or service is again:
+            service.stop()
+    listed = mvsink(first, "sink", "release", first.config.sink_id)
+    assert listed.returncode == 2 and f"checkpoint:{first.config.sink_id}:p0" in listed.stderr
+    released = mvsink(first, "sink", "release", first.config.sink_id, "--yes")
+    assert released.returncode == 0, released.stderr
+    assert not any(first.config.sink_id in h.holder_id for h in first.shard.state().holds)
