@@ -31,15 +31,29 @@ whose HTTP outcome is unknown is retried with the *same bytes*: a 412 on identic
 it was ours (`mvsink.s3.conditional_put`), so no change happens twice and none is lost
 silently; if it stays unknown, `IndefiniteAppend` tells the caller to re-read.
 
-`since`, leases and merges
---------------------------
+`since`, leases, critical holds and merges
+------------------------------------------
 `since` trails the upper by the shard's `retain_history` (times; `None` keeps everything) and
-never passes a live reader lease's hold (`Shard.lease`, renewed before `Timing.reader_lease`
-runs out). Reads at `as_of < since` fail with `AsOfBeforeSince`. A merge
-(`Shard.compare_and_merge`) replaces a contiguous run of live batches by one batch whose updates
-at times before `since` are advanced and consolidated, one part per desired partition; it is
-made only if every input is still live, so it races safely with appends, other compactors and
-replicas. Which merges run, where and who triggers them: `mvsink.shard.compact`.
+never passes a live reader lease's hold nor a critical hold. Reads at `as_of < since` fail with
+`AsOfBeforeSince`. The two kinds of hold answer two questions:
+
+* a *reader lease* (`Shard.lease`, renewed before `Timing.reader_lease` runs out) is for a
+  process that is reading: it lapses when the process goes away, so a crashed reader holds
+  nothing for long. A reader paused for longer than its lease finds `since` moved on
+  (`AsOfBeforeSince` at its next read or renewal) and must start over from what `since` left;
+* a *critical hold* (`ShardState.holds`, persist's critical `SinceHandle`) is for durable state
+  a reader continues from after any pause, e.g. the write service's correction checkpoint of a
+  desired partition (`checkpoint:<sink>:p<N>`). It has no expiry: it moves only when its
+  holder moves it (forward, in the same version as a lease, `Shard.lease(..., holds=...)`),
+  is set exactly (`Shard.set_holds`: backwards too, never before `since`) or is dropped
+  (`Shard.release_holds`). Nothing about it depends on a clock: a holder paused for a week
+  finds `since` where it left it. Its cost is that a holder that is gone for good holds `since`
+  back until someone releases it (`mvsink sink release`).
+
+A merge (`Shard.compare_and_merge`) replaces a contiguous run of live batches by one batch whose
+updates at times before `since` are advanced and consolidated, one part per desired partition;
+it is made only if every input is still live, so it races safely with appends, other compactors
+and replicas. Which merges run, where and who triggers them: `mvsink.shard.compact`.
 
 What a reader may assume: versions are gap-free from the oldest retained one; `upper` and
 `since` never regress; the contents at any frontier `since <= as_of <= upper` never change

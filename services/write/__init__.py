@@ -20,9 +20,15 @@ Frontiers
 
 Invariants
 ----------
-0. The driver's reader lease holds the shard's `since` at or before the least upper its
-   partitions' corrections have folded, so merges keep every change they still have to read
-   distinct (a task whose checkpoint `since` passed anyway rebuilds from all of desired).
+0. The shard's `since` never passes the upper a partition's newest durable checkpoint has
+   folded (`persist_folded`), so merges keep every change a task still has to read distinct:
+   the driver's reader lease holds it at the least such upper of its partitions while the
+   driver runs, and each partition's critical hold (`checkpoint:<sink>:p<N>`) holds it at its
+   checkpoint whether or not any driver runs. The lease lapses after `reader_lease` (a driver
+   paused or down longer leaves only the holds); the holds never lapse, they move forward when
+   a newer checkpoint is durable, so a driver that comes back after any pause continues from
+   its checkpoints. (A task whose checkpoint `since` passed anyway, one from before holds,
+   rebuilds from all of desired.)
 1. A batch is staged only when the shard's upper equals the description's lower (the
    read-back is folded up to it) and every owned partition's desired progress is `>= upper`.
 2. A partition is staged at most once per lower by a driver; a partition gained in a
@@ -31,6 +37,18 @@ Invariants
    (self-correction): a lost append is simply written again later.
 4. A partition's correction state moves forward by conditional checkpoints: two owners of one
    partition cannot both continue from the same version.
+5. Desired is never folded with a hole: records a step needs below the partition's log start
+   make it stage and checkpoint nothing (`services.write.fold`), and the driver stages nothing
+   for the sink until the checkpoint is restored or repaired (`services.write.repair`).
+
+The desired topic's life
+------------------------
+Records below the older of a partition's two newest checkpoints are never read again: the
+driver deletes them every `[sink] trim_interval` (never the partition's last record), so the
+topic stays bounded; provisioning sets its `retention.ms` to -1 so no broker default deletes
+what a checkpoint still needs. `mvsink sink show` prints each partition's log start,
+checkpoint and hold; `mvsink repair` re-seeds checkpoints whose records are gone, trusting the
+shard.
 
 Read-only mode
 --------------
