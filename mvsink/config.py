@@ -124,6 +124,9 @@ class Config:
     #: The desired topic's `retention.ms` set by provisioning (-1: the broker deletes nothing;
     #: the write service deletes what every checkpoint is past, `desired_trim_interval`).
     desired_retention_ms: int = -1
+    #: The desired topic's `segment.ms` set by provisioning: deleted records leave the broker's
+    #: disk only with their whole segment, so segments roll at least this often.
+    desired_segment_ms: int = 3_600_000
     #: How often (s) the write service deletes desired records below its partitions' older
     #: kept checkpoint (0: never).
     desired_trim_interval: float = 30.0
@@ -261,6 +264,9 @@ FIELDS: tuple[FieldSpec, ...] = (
         "desired_retention_ms", "kafka", "desired_retention_ms", "MVSINK_DESIRED_RETENTION_MS", _int
     ),
     FieldSpec(
+        "desired_segment_ms", "kafka", "desired_segment_ms", "MVSINK_DESIRED_SEGMENT_MS", _int
+    ),
+    FieldSpec(
         "desired_trim_interval", "sink", "trim_interval", "MVSINK_DESIRED_TRIM_INTERVAL", float
     ),
     FieldSpec("compaction", "shard", "compaction", "MVSINK_SHARD_COMPACTION", _bool),
@@ -302,6 +308,7 @@ DEFAULTS: Mapping[str, Any] = {
     "ready_bound": 30.0,
     "retain_history": 0,
     "desired_retention_ms": -1,
+    "desired_segment_ms": 3_600_000,
     "desired_trim_interval": 30.0,
     "compaction": True,
     **{f"shard_{name}": getattr(_TIMING, name) for name in
@@ -349,6 +356,7 @@ MEANINGS: Mapping[str, str] = {
     "shard_request_timeout": "s, the read timeout of a conditional create on S3",
     "retain_history": "times of history the shard keeps: since trails the upper by this (or a lease)",
     "desired_retention_ms": "retention.ms provisioning sets on <sink>.desired (-1: the broker deletes nothing; the write service trims it)",
+    "desired_segment_ms": "segment.ms provisioning sets on <sink>.desired: trimmed records leave the disk with their segment",
     "desired_trim_interval": "s, how often the write service deletes desired records every kept checkpoint is past (0: never)",
     "compaction": "whether the write service compacts the shard",
     "compaction_max_batches": "never keep more live batches than this",
@@ -515,6 +523,7 @@ def _build(values: Mapping[str, Any]) -> Config:
         shard_request_timeout=values["shard_request_timeout"],
         retain_history=values["retain_history"],
         desired_retention_ms=values["desired_retention_ms"],
+        desired_segment_ms=values["desired_segment_ms"],
         desired_trim_interval=values["desired_trim_interval"],
         compaction=values["compaction"],
         compaction_max_batches=values["compaction_max_batches"],

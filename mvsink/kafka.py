@@ -112,7 +112,11 @@ def sink_topics(
         TopicSpec(
             topics.desired,
             config.partitions,
-            {"retention.ms": str(config.desired_retention_ms), "retention.bytes": "-1"},
+            {
+                "retention.ms": str(config.desired_retention_ms),
+                "retention.bytes": "-1",
+                "segment.ms": str(config.desired_segment_ms),
+            },
             enforced=True,
         ),
         TopicSpec(topics.descs, 1),

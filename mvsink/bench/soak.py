@@ -19,16 +19,22 @@ ratio and targets (met or missed, never asserted):
 * compare-and-append p50/p99 of the window's appends (the append service logs each latency);
 * snapshot time (`Shard.snapshot` at the upper, at each sample), median over the window;
 * freshness p50/p99 of the window's ticks: published -> the shard's upper past them;
-* cold restart, right after each window: the write service alone stopped, its checkpoints
-  deleted, restarted, one tick published; its first staging job's seconds (its log) against one
-  read of every live part (`steady.read_once`, the median of 3 reads). The tick published is an
-  empty one at the end; early on it is the workload's next tick (whose time is fixed: an empty
-  tick would take it), so the early job also stages one tick of updates.
+* the desired topic, at the window's last tick: its bytes on the broker (the partitions'
+  segments, Kafka's DescribeLogDirs) and the records it retains (end - log start). The write
+  service deletes what its checkpoints are past every 2 s here, and segments roll every 5 s;
+* two restarts right after each window, each against one read of every live part
+  (`steady.read_once`, the median of 3 reads), each followed by one tick published and timed
+  by its first staging job (its log): a *cold restart* (the write service alone stopped and
+  started again, its checkpoints kept) and a *repair restart* (stopped, its checkpoints deleted,
+  `mvsink repair` re-seeding them from the shard -- desired no longer starts at offset 0 -- then
+  started). The ticks published are empty ones at the end; early on they are the workload's
+  next ticks (whose times are fixed: an empty tick would take them), so the early jobs also
+  stage one tick of updates.
 
 Targets: each figure within x1.5 of its early value (flat); live parts <= 64 P; bucket bytes
 <= 3x the consolidated view (no retained history term: `retain_history` is 0), the view being
 the live parts' bytes after a forced full merge at the end; cold restart <= 2x one read. The
-shard must equal the view at the end (`MvsinkSystem.finish`, before and after the last restart)
+shard must equal the view at the end (`MvsinkSystem.finish`, before and after the last restarts)
 and every figure of the table must have been measured. `soak.json` holds the figures and the
 timeline of samples, `soak.png` charts the timeline.
 """
@@ -50,17 +56,20 @@ from mvsink.bench.compare import drive, percentile, save_figures, sink_config
 from mvsink.bench.contenders import MvsinkSystem, Run
 from mvsink.bench.steady import empty_tick, first_job, read_once, wait_upper
 from mvsink.bench.workload import BenchError, EncodedTick, Feeder, Workload, encode_ticks
-from mvsink.config import Config, state_dir
+from mvsink.config import Config, cache_dir, state_dir
 from mvsink.demo import start_service, stop_services
+from mvsink.kafka import watermarks
 from mvsink.provision import provision
 from mvsink.s3 import s3_client
 from mvsink.shard import Shard, open_shard
 from mvsink.shard.compact import compact_once
+from mvsink.stack.kafka import ensure_libs, topic_bytes
 
 #: The sink's shard timing: garbage goes within seconds, so bucket bytes show what is kept.
 SOAK_SHARD = {"shard_max_attempt_age": 5.0, "shard_request_timeout": 5.0, "shard_max_part_age": 20.0,
               "shard_min_grace": 30.0, "shard_part_grace": 1.0, "shard_version_grace": 12.0,
-              "retain_history": 0}  # fmt: skip
+              "retain_history": 0, "desired_trim_interval": 2.0,
+              "desired_segment_ms": 5000}  # fmt: skip
 #: Targets: flat (end within this factor of early), live parts per desired partition, bucket
 #: bytes per byte of the consolidated view, cold restart per read of the shard.
 FLAT, PARTS_PER_PARTITION, VIEW_FACTOR, RESTART_FACTOR = 1.5, 64, 3.0, 2.0
@@ -82,9 +91,13 @@ FIGURES = (
     ("snapshot_s", "snapshot at the upper", "s"),
     ("freshness_p50_s", "freshness p50", "s"),
     ("freshness_p99_s", "freshness p99", "s"),
+    ("desired_bytes", "desired on the broker", "B"),
+    ("desired_records", "desired records kept", ""),
     ("cold_restart_s", "cold restart: first job", "s"),
+    ("repair_restart_s", "repair restart: first job", "s"),
     ("read_once_s", "one read of the shard", "s"),
     ("cold_restart_vs_read_once", "cold restart / one read", "x"),
+    ("repair_restart_vs_read_once", "repair restart / one read", "x"),
 )
 
 
@@ -233,8 +246,8 @@ def run_soak(
     if window < 1:
         raise BenchError(f"soak needs --window >= 1, got {window}")
     early = max(window + 1, min(early, workload.ticks // 2))
-    if workload.ticks < early + window + 2:
-        raise BenchError(f"soak with --window {window} needs --ticks >= {2 * window + 3}")
+    if workload.ticks < early + window + 3:
+        raise BenchError(f"soak with --window {window} needs --ticks >= {2 * window + 4}")
     run_id = f"soak-{uuid.uuid4().hex[:6]}"
     sink = sink_config(config, run_id, workload.partitions, **SOAK_SHARD)
     provision(sink)
@@ -256,14 +269,17 @@ def run_soak(
     try:
         first = _drive(system, feeder, ticks[: early + 1], say, "early part")
         sampler.fill(windows["early"], WINDOW_SAMPLES)
-        sampler.pause()
-        restart_early = _cold_restart(system, feeder, shard, ticks[early + 1], say)
+        sampler.pause()  # the pipeline idles now: samples would show its compacted state
+        desired_early = _desired_size(sink, say)
+        restart_early = _restarts(system, feeder, shard, ticks[early + 1 : early + 3], say)
         sampler.resume()
-        rest = _drive(system, feeder, ticks[early + 2 :], say, "long part")
+        rest = _drive(system, feeder, ticks[early + 3 :], say, "long part")
         sampler.fill(windows["end"], WINDOW_SAMPLES)
-        sampler.pause()
+        sampler.pause()  # the pipeline idles now: samples would show its compacted state
+        desired_end = _desired_size(sink, say)
         system.finish(checked, final)  # while the services serve their metrics
-        restart_end = _cold_restart(system, feeder, shard, empty_tick(workload.ticks + 1), say)
+        ends = [empty_tick(workload.ticks + 1), empty_tick(workload.ticks + 2)]
+        restart_end = _restarts(system, feeder, shard, ends, say)
         system.finish(rechecked, final)
     finally:
         sampler.stop()
@@ -271,7 +287,8 @@ def run_soak(
     view = _consolidated_view(sink, shard)
     figures = _figures(sampler.samples, windows, logs / "append.log",
                        {"early": first.freshness[-window:], "end": rest.freshness[-window:]},
-                       {"early": restart_early, "end": restart_end})  # fmt: skip
+                       {"early": {**restart_early, **desired_early},
+                        "end": {**restart_end, **desired_end}})  # fmt: skip
     figures.update(view_bytes=view["bytes"], view_updates=view["updates"], view=view,
                    correct=checked.correct is True and rechecked.correct is True,
                    correct_before_restart=checked.correct, correct_after_restart=rechecked.correct,
@@ -299,31 +316,64 @@ def _drive(
     return run
 
 
-def _cold_restart(
-    system: MvsinkSystem, feeder: Feeder, shard: Shard, tick: EncodedTick, say: Say
-) -> dict[str, float]:
-    """Stop the write service alone, read the shard once, delete the write checkpoints, start
-    the write service again and publish `tick`: its first staging job's seconds (nan if none
-    was logged) against the read."""
-    config, log = system.config, system.logs / "write.log"
+def _desired_size(config: Config, say: Say) -> dict[str, float]:
+    """The desired topic's bytes on the broker and the records it keeps, summed over its
+    partitions."""
+    libs = ensure_libs(cache_dir(), say)
+    topic = config.topics.desired
+    sizes = topic_bytes(libs, config.kafka_bootstrap, topic)
+    marks = watermarks(config.kafka_bootstrap, topic, range(config.partitions))
+    records = sum(high - low for low, high in marks.values())
+    say(f"  {topic}: {sum(sizes.values()) / 2**20:.2f} MiB on the broker, {records:,} records kept "
+        f"(log starts {[low for low, _ in marks.values()]})")  # fmt: skip
+    return {"desired_bytes": float(sum(sizes.values())), "desired_records": float(records)}
+
+
+def _restarts(system: MvsinkSystem, feeder: Feeder, shard: Shard, ticks: list[EncodedTick],
+              say: Say) -> dict[str, float]:  # fmt: skip
+    """One read of the shard, then a cold restart of the write service publishing `ticks[0]`
+    and a repair restart publishing `ticks[1]` (module docs): their first staging jobs' seconds
+    (nan if none was logged) and ratios to the read."""
     stop_services([system.procs["write"]])
     # No writer, no compactor: the shard holds still. The median of a few reads, as one read of
     # a small shard takes tens of milliseconds and varies by half of that.
     reads = [read_once(shard) for _ in range(READS)]
     baseline = {**reads[0], "seconds": statistics.median(r["seconds"] for r in reads)}
-    client = s3_client(config.s3)
-    for item in client.list_objects(config.s3.bucket, prefix=_checkpoints(config), recursive=True):
-        client.remove_object(config.s3.bucket, item.object_name)
+    figures = {"read_once_s": baseline["seconds"]}
+    for case, tick in zip(("cold_restart", "repair_restart"), ticks, strict=True):
+        if case == "repair_restart":
+            stop_services([system.procs["write"]])
+            _repair(system.config, say)
+        seconds = _restart(system, feeder, tick)
+        ratio = seconds / baseline["seconds"]
+        say(f"  {case.replace('_', ' ')} at tick {tick.time}: first job {seconds:.2f}s, one read "
+            f"of the shard {baseline['seconds']:.3f}s ({baseline['parts']:.0f} parts, "
+            f"{baseline['bytes'] / 2**10:,.0f} KiB): x{ratio:.1f}")  # fmt: skip
+        figures |= {f"{case}_s": seconds, f"{case}_vs_read_once": ratio}
+    return figures
+
+
+def _restart(system: MvsinkSystem, feeder: Feeder, tick: EncodedTick) -> float:
+    """Start the (stopped) write service and publish `tick`: its first staging job's seconds."""
+    config, log = system.config, system.logs / "write.log"
     offset = log.stat().st_size
     system.procs["write"] = start_service(config, "write", system.logs)
     system.ends[tick.time] = feeder.feed(config, tick)
-    wait_upper(system, tick.time + 1, "a cold restart of the write service")
-    seconds, _ = first_job(log, offset)
-    ratio = seconds / baseline["seconds"]
-    say(f"  cold restart at tick {tick.time}: first job {seconds:.2f}s, one read of the shard "
-        f"{baseline['seconds']:.3f}s ({baseline['parts']:.0f} parts, {baseline['bytes'] / 2**10:,.0f} KiB): "
-        f"x{ratio:.1f}")  # fmt: skip
-    return {"job_s": seconds, "read_once_s": baseline["seconds"], "ratio": ratio}
+    wait_upper(system, tick.time + 1, "a restart of the write service")
+    return first_job(log, offset)[0]
+
+
+def _repair(config: Config, say: Say) -> None:
+    """Delete the write service's checkpoints and re-seed every partition's from the shard, as
+    `mvsink repair <sink> --yes` does (desired no longer starts at offset 0)."""
+    from services.write.repair import repair
+
+    client = s3_client(config.s3)
+    for item in client.list_objects(config.s3.bucket, prefix=_checkpoints(config), recursive=True):
+        client.remove_object(config.s3.bucket, item.object_name)
+    started = time.monotonic()
+    repair(config, list(range(config.partitions)), "soak-repair", lambda _: None, lambda: True)
+    say(f"  checkpoints deleted and repaired from the shard in {time.monotonic() - started:.2f}s")
 
 
 def _consolidated_view(sink: Config, shard: Shard, attempts: int = 5) -> dict[str, int | None]:
@@ -371,9 +421,18 @@ def _figures(samples: list[Sample], windows: dict[str, tuple[int, int]], append_
             "snapshot_s": _median([s.snapshot_s for s in chosen if s.snapshot_s is not None]),
             "freshness_p50_s": _finite(percentile(freshness[name], 50)),
             "freshness_p99_s": _finite(percentile(freshness[name], 99)),
-            "cold_restart_s": _finite(restarts[name]["job_s"]),
-            "read_once_s": _finite(restarts[name]["read_once_s"]),
-            "cold_restart_vs_read_once": _finite(restarts[name]["ratio"]),
+            **{
+                key: _finite(restarts[name][key])
+                for key in (
+                    "desired_bytes",
+                    "desired_records",
+                    "cold_restart_s",
+                    "repair_restart_s",
+                    "read_once_s",
+                    "cold_restart_vs_read_once",
+                    "repair_restart_vs_read_once",
+                )
+            },
         }
     return out
 
@@ -457,7 +516,7 @@ def _report(figures: dict[str, Any], say: Say) -> None:
         f"targets met: {met} of {len(targets)}; every figure measured: {figures['measured']}"
         + (f" (missing {', '.join(figures['not_measured'])})" if figures["not_measured"] else "")
     )
-    say(f"shard equals desired: {figures['correct']} (before and after the last cold restart)")
+    say(f"shard equals desired: {figures['correct']} (before and after the last restarts)")
 
 
 def _chart(figures: dict[str, Any], path: Path) -> None:

@@ -68,7 +68,8 @@ def run_restart(
 ) -> dict[str, Any]:
     """The restart benchmark (module docs); figures also in `out/restart.json`."""
     run_id = f"restart-{uuid.uuid4().hex[:6]}"
-    sink = sink_config(config, run_id, partitions)
+    # The cold case rebuilds from all of desired, which needs the topic whole: no trimming.
+    sink = sink_config(config, run_id, partitions, desired_trim_interval=0.0)
     provision(sink)
     ticks, _ = encode_ticks(sink, Workload(updates, 0.0, 0, partitions), say)
     feeder = Feeder(config.kafka_bootstrap)

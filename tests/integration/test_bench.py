@@ -96,8 +96,9 @@ def test_bench_soak_keeps_the_shard_small(
         assert figures[window]["samples"] > 0 and figures[window]["appends"] > 0, window
         for key in ("state_bytes", "live_batches", "live_parts", "part_bytes", "metadata_bytes",
                     "bucket_bytes", "cas_p50_ms", "cas_p99_ms", "snapshot_s", "freshness_p50_s",
-                    "freshness_p99_s", "cold_restart_s", "read_once_s",
-                    "cold_restart_vs_read_once"):  # fmt: skip
+                    "freshness_p99_s", "desired_bytes", "desired_records", "cold_restart_s",
+                    "repair_restart_s", "read_once_s", "cold_restart_vs_read_once",
+                    "repair_restart_vs_read_once"):  # fmt: skip
             assert isinstance(figures[window][key], float) and figures[window][key] > 0, (
                 window,
                 key,
@@ -115,6 +116,7 @@ def test_bench_soak_keeps_the_shard_small(
     assert figures["view_updates"] == 500  # one row per key after the final full merge
     assert (out / "soak.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "end/early" in text and "shard equals desired: True" in text
+    assert "checkpoints deleted and repaired from the shard" in text
 
 
 def test_bench_faults_survives_every_fault(

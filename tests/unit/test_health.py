@@ -167,3 +167,18 @@ def test_liveness_fails_when_the_loop_is_silent(clock: Clock) -> None:
     live, why = h.liveness()
     assert not live and "not checked in for 31s" in why
     assert not h.readiness()[0]
+
+
+def test_a_blocked_service_is_unready_with_the_reason_until_unblocked(clock: Clock) -> None:
+    """A condition only an operator can clear (desired records a write task needs were
+    deleted) keeps the service unready, saying why, however well the rest goes."""
+    h = Health("write", live_bound=60, ready_bound=10)
+    h.report(5, 5)
+    h.blocked("desired partition 0: records from offset 0 are needed but deleted below 13")
+    clock.now += 1
+    h.beat()
+    ready, why = h.readiness()
+    assert not ready and "deleted below 13" in why
+    assert h.liveness()[0]  # blocked is not dead: a restart would not help
+    h.blocked(None)
+    assert h.readiness()[0]
