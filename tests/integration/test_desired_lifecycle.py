@@ -5,6 +5,7 @@ are gone is recovered only by an explicit `mvsink repair`."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -176,7 +177,7 @@ def test_a_write_service_away_longer_than_its_lease_continues_from_its_checkpoin
     kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, procs: list[Service]
 ) -> None:
     """A racing replica keeps appending and the shard is compacted while one replica's write
-    service is down for longer than `reader_lease`: its checkpoints' critical holds keep
+    service is paused, then down, for longer than `reader_lease`: its checkpoints' critical holds keep
     `since` at them, so it continues without a rebuild (its desired topic trimmed below them,
     a rebuild would need deleted records) and the shard equals both replicas' desired."""
     lease = {"MVSINK_SHARD_READER_LEASE": "4"}
@@ -201,7 +202,19 @@ def test_a_write_service_away_longer_than_its_lease_continues_from_its_checkpoin
 
     tick_both(3, (first, second))
     wait_until(lambda: all(low > 0 for low in log_starts(first).values()), 60, "a trim")
-    writes[first.config.sink_id].kill()  # its lease is left to lapse
+    # Paused (SIGSTOP) for longer than its lease, then resumed: it finds since where its holds
+    # kept it and goes on from its state, no rebuild.
+    paused = writes[first.config.sink_id]
+    assert paused.proc is not None
+    paused.proc.send_signal(signal.SIGSTOP)
+    tick_both(2, (second,))
+    time.sleep(6)  # past the lease
+    assert mvsink(first, "shard", "compact", "--all").returncode == 0
+    paused.proc.send_signal(signal.SIGCONT)
+    tick_both(2, (first, second))
+    assert not rebuilt(paused), "the paused write service rebuilt its corrections"
+    assert "deleted everything below" not in paused.text()
+    paused.kill()  # now gone for good: its lease is left to lapse
     tick_both(3, (second,))
     time.sleep(6)  # past the lease
     compacted = mvsink(first, "shard", "compact", "--all")
