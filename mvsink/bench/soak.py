@@ -21,7 +21,7 @@ ratio and targets (met or missed, never asserted):
 * freshness p50/p99 of the window's ticks: published -> the shard's upper past them;
 * the desired topic, at the window's last tick: its bytes on the broker (the partitions'
   segments, Kafka's DescribeLogDirs) and the records it retains (end - log start). The write
-  service deletes what its checkpoints are past every 2 s here, and segments roll every 5 s;
+  service deletes what its checkpoints are past every 2 s here, and segments roll every second;
 * two restarts right after each window, each against one read of every live part
   (`steady.read_once`, the median of 3 reads), each followed by one tick published and timed
   by its first staging job (its log): a *cold restart* (the write service alone stopped and
@@ -69,7 +69,7 @@ from mvsink.stack.kafka import ensure_libs, topic_bytes
 SOAK_SHARD = {"shard_max_attempt_age": 5.0, "shard_request_timeout": 5.0, "shard_max_part_age": 20.0,
               "shard_min_grace": 30.0, "shard_part_grace": 1.0, "shard_version_grace": 12.0,
               "retain_history": 0, "desired_trim_interval": 2.0,
-              "desired_segment_ms": 5000}  # fmt: skip
+              "desired_segment_ms": 1000}  # fmt: skip
 #: Targets: flat (end within this factor of early), live parts per desired partition, bucket
 #: bytes per byte of the consolidated view, cold restart per read of the shard.
 FLAT, PARTS_PER_PARTITION, VIEW_FACTOR, RESTART_FACTOR = 1.5, 64, 3.0, 2.0

@@ -104,8 +104,8 @@ class KafkaNode:
             # Compacted topics (frontiers, control) get cleaned promptly.
             "log.cleaner.backoff.ms": "1000",
             # Segments wholly below a partition's log start (desired records the write service
-            # deleted) leave the disk within 10 s of rolling rather than 5 min.
-            "log.retention.check.interval.ms": "10000",
+            # deleted) leave the disk within a second of rolling rather than 5 min.
+            "log.retention.check.interval.ms": "1000",
         }
         props = self.home / "server.properties"
         props.write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
