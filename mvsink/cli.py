@@ -746,18 +746,17 @@ def build_parser() -> argparse.ArgumentParser:
     promote.add_argument("sink", help="sink id")
     promote.set_defaults(func=cmd_promote)
     sink = commands.add_parser("sink", help="a sink replica's desired partitions")
+    sink.add_argument("--shard", default="", help="shard id (default: the configured one)")
     sink_commands = sink.add_subparsers(dest="sink_command", required=True, metavar="ACTION")
     sink_show = sink_commands.add_parser(
         "show", help="each desired partition: log start, end, checkpoint, hold, repair needed"
     )
     sink_show.add_argument("sink", help="sink id")
-    sink_show.add_argument("--shard", default="", help="shard id (default: the configured one)")
     sink_show.set_defaults(func=cmd_sink_show)
     sink_release = sink_commands.add_parser(
         "release", help="drop a dropped sink's holds on the shard's since (its checkpoints')"
     )
     sink_release.add_argument("sink", help="sink id")
-    sink_release.add_argument("--shard", default="", help="shard id (default: the configured one)")
     sink_release.add_argument("--yes", action="store_true", help="release, not only list")
     sink_release.set_defaults(func=cmd_sink_release)
     repair = commands.add_parser(
