@@ -28,9 +28,22 @@ def decode_desired(message: Message, row_schema: pa.Schema,
     decoded by `decode_rows = updates_decoder(row_schema)`).
 
     Raises:
-        DecodeError: a record that does not decode, or updates partitioned by another function
-            than `partitioning` (unchecked if None): they are in the wrong partition for it.
+        DecodeError: a record that does not decode, whatever decoding it raises (a record that
+            fails the same way at every attempt must be quarantined, not retried forever), or
+            updates partitioned by another function than `partitioning` (unchecked if None):
+            they are in the wrong partition for it.
     """
+    try:
+        return _decode_desired(message, row_schema, decode_rows, partitioning)
+    except DecodeError:
+        raise
+    except Exception as error:  # any failure to decode is the record's
+        raise DecodeError(f"desired record does not decode: {error!r}") from error
+
+
+def _decode_desired(message: Message, row_schema: pa.Schema,
+                    decode_rows: Callable[[Updates], pa.Table],
+                    partitioning: int | None) -> Progress | pa.Table:  # fmt: skip
     record = decode_message(message, (UpdatesArrow, Updates, Progress))
     if isinstance(record, Progress):
         return record

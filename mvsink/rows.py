@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from mvsink.errors import ContractError
 from mvsink.partitioning import error_key
-from mvsink.updates import DIFF, ERR, TIME, part_schema
+from mvsink.updates import DIFF, ERR, TIME, check_updates, part_schema
 
 if TYPE_CHECKING:
     from mvsink.messages import Updates
@@ -131,7 +131,9 @@ def updates_decoder(schema: pa.Schema) -> Callable[[Updates], pa.Table]:
         table = table.append_column(TIME, pa.array([u.time for u in record.updates], pa.int64()))
         table = table.append_column(DIFF, pa.array([u.diff for u in record.updates], pa.int64()))
         table = table.append_column(ERR, pa.array([u.err for u in record.updates], pa.string()))
-        return table.cast(target)
+        table = table.cast(target)
+        check_updates(table, schema, "Updates record")
+        return table
 
     return decode
 

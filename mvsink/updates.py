@@ -81,30 +81,45 @@ def updates_from_ipc(ipc: bytes, row_schema: pa.Schema) -> pa.Table:
     """The updates of an `UpdatesArrow` payload as a table of the part schema of `row_schema`.
 
     Raises:
-        DecodeError: not an Arrow IPC stream, columns that do not fit the row schema, a null or
-            out-of-range `_time`, a zero or null `_diff`, or a row update (null `_err`) with a
-            null in a non-nullable row column.
+        DecodeError: not an Arrow IPC stream (whatever reading it raises, a decompression bomb's
+            `MemoryError` too), a column twice or a column the rows do not have (refused, not
+            trimmed: rows differing only there would merge), columns that do not fit the row
+            schema, or updates `check_updates` refuses.
     """
     try:
         table = pa.ipc.open_stream(ipc).read_all()
-    except (pa.ArrowInvalid, OSError) as error:
-        raise DecodeError(f"UpdatesArrow payload is not an Arrow IPC stream: {error}") from error
+    except Exception as error:  # ArrowInvalid, OSError, MemoryError, ...: all bad input
+        raise DecodeError(f"UpdatesArrow payload is not an Arrow IPC stream: {error!r}") from error
+    names = table.column_names
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise DecodeError(f"UpdatesArrow payload has columns more than once: {twice}")
+    unknown = sorted(set(names) - set(part_schema(row_schema).names))
+    if unknown:
+        raise DecodeError(f"UpdatesArrow payload has columns the sink's rows do not: {unknown}")
     try:
         table = normalize_updates(table, row_schema)
-    except InvalidUsage as error:
+    except (InvalidUsage, pa.ArrowException) as error:
         raise DecodeError(f"UpdatesArrow payload does not fit the sink's rows: {error}") from error
+    check_updates(table, row_schema, "UpdatesArrow payload")
+    return table
+
+
+def check_updates(table: pa.Table, row_schema: pa.Schema, what: str) -> None:
+    """Refuse (`DecodeError`, naming `what`) updates of the part schema with a `_time` outside
+    `[0, 2^63)`, a zero `_diff`, or a row update (null `_err`) with a null in a non-nullable row
+    column: every desired wire form is checked the same."""
     if table.num_rows == 0:
-        return table
+        return
     times, diffs = table.column(TIME), table.column(DIFF)
     if pc.min(times).as_py() < 0 or pc.max(times).as_py() > MAX_TIME:
-        raise DecodeError("UpdatesArrow payload has a _time outside [0, 2^63)")
+        raise DecodeError(f"{what} has a _time outside [0, 2^63)")
     if not pc.all(pc.not_equal(diffs, 0)).as_py():
-        raise DecodeError("UpdatesArrow payload has a zero _diff")
+        raise DecodeError(f"{what} has a zero _diff")
     ok = pc.is_null(table.column(ERR))
     for field in row_schema:
         if not field.nullable and pc.any(pc.and_(ok, pc.is_null(table.column(field.name)))).as_py():
-            raise DecodeError(f"UpdatesArrow payload has a row update with null {field.name!r}")
-    return table
+            raise DecodeError(f"{what} has a row update with null {field.name!r}")
 
 
 def describe_ipc(ipc: bytes) -> str:

@@ -48,6 +48,16 @@ def test_error_updates_may_leave_row_columns_null() -> None:
         (updates_to_ipc(_table(_time=[-1, 2])), "outside"),
         (updates_to_ipc(_table(_time=[None, 2])), "null _time"),
         (updates_to_ipc(_table(key=["a", None])), "null 'key'"),
+        (updates_to_ipc(_table(extra=["x", "y"])), r"columns the sink's rows do not: \['extra'\]"),
+        (
+            updates_to_ipc(
+                pa.Table.from_arrays(
+                    [pa.array(["a"]), pa.array(["b"]), pa.array([1]), pa.array([1])],
+                    names=["key", "key", "_time", "_diff"],
+                )
+            ),
+            r"more than once: \['key'\]",
+        ),
     ],
     ids=[
         "garbage",
@@ -57,6 +67,8 @@ def test_error_updates_may_leave_row_columns_null() -> None:
         "negative-time",
         "null-time",
         "null-key",
+        "extra-column",
+        "duplicate-column",
     ],
 )
 def test_payloads_that_do_not_fit_are_decode_errors(payload: bytes, reason: str) -> None:
@@ -71,3 +83,38 @@ def test_inspect_summary_never_raises() -> None:
 def test_empty_payload_is_rejected() -> None:
     with pytest.raises(ContractError):
         UpdatesArrow(b"")
+
+
+def test_whatever_reading_a_payload_raises_is_a_decode_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A decompression bomb (`MemoryError`) or any other failure of the reader is the record's
+    fault: a `DecodeError` (quarantined), never an error that fails the step at the same
+    offset forever."""
+
+    def bomb(_: object) -> object:
+        raise MemoryError("a decompression bomb")
+
+    monkeypatch.setattr(pa.ipc, "open_stream", bomb)
+    with pytest.raises(DecodeError, match="decompression bomb"):
+        updates_from_ipc(b"anything", SCHEMA)
+
+
+def test_every_failure_to_decode_a_desired_record_is_a_decode_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from mvsink import desired
+    from mvsink.rows import updates_decoder
+
+    record = UpdatesArrow(updates_to_ipc(normalize_updates(_table(), SCHEMA)))
+
+    class Message:
+        def value(self) -> bytes:
+            return codec.encode(record)
+
+    def broken(*_: object) -> object:
+        raise KeyError("key")
+
+    monkeypatch.setattr(desired, "updates_from_ipc", broken)
+    with pytest.raises(DecodeError, match="does not decode: KeyError"):
+        desired.decode_desired(Message(), SCHEMA, updates_decoder(SCHEMA), None)  # type: ignore[arg-type]
