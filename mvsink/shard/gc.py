@@ -26,15 +26,21 @@ process's, the writers', S3's timestamps) are assumed to agree within the slack 
 from __future__ import annotations
 
 import itertools
+import json
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 from minio.deleteobjects import DeleteObject
+from minio.error import S3Error
 
 from mvsink.errors import InvalidUsage, MvsinkError
+from mvsink.frontier import Frontier
+from mvsink.s3 import get_bytes
 from mvsink.shard.state import PartRef
 
 if TYPE_CHECKING:
@@ -50,6 +56,9 @@ class DeleteResult:
     referenced: tuple[str, ...]
     #: Staged for a lower the shard has not passed: it could still be appended.
     pending: tuple[str, ...]
+    #: Its footer says other bounds than claimed (a wrong or forged `StagedBatch`): not
+    #: trusted, not deleted.
+    mismatched: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -174,8 +183,10 @@ def delete_staged(shard: Shard, parts: Iterable[PartRef]) -> DeleteResult:
     """Delete staged parts that can never be part of the shard; refuse the others.
 
     A part is deleted only if no retained state version references it *and* the upper has
-    passed its `lower` (no compare-and-append for its bounds can succeed any more). Refused
-    parts are reported, never deleted.
+    passed its `lower` (no compare-and-append for its bounds can succeed any more), the bounds
+    being the ones its own footer records: a claim (a `StagedBatch` naming a part) is checked
+    against them first, and a part whose footer disagrees is refused. Refused parts are
+    reported, never deleted; a part already gone counts as deleted.
     """
     parts = tuple(parts)
     for part in parts:
@@ -183,16 +194,36 @@ def delete_staged(shard: Shard, parts: Iterable[PartRef]) -> DeleteResult:
             raise InvalidUsage(f"{part.key} is not a part of shard {shard.shard_id}")
     upper = shard.upper()
     referenced = referenced_keys(shard)
-    deleted, kept, pending = [], [], []
+    deleted, kept, pending, mismatched = [], [], [], []
     for part in parts:
         if part.key in referenced:
             kept.append(part.key)
         elif not part.lower.less_than(upper):
             pending.append(part.key)
+        elif _footer_bounds(shard, part.key) not in (None, (part.lower, part.upper)):
+            mismatched.append(part.key)
         else:
             deleted.append(part.key)
     _remove(shard, deleted)
-    return DeleteResult(tuple(deleted), tuple(kept), tuple(pending))
+    return DeleteResult(tuple(deleted), tuple(kept), tuple(pending), tuple(mismatched))
+
+
+def _footer_bounds(shard: Shard, key: str) -> tuple[Frontier, Frontier] | None:
+    """The `[lower, upper)` a part's Parquet footer records (`Shard.stage`); None if the part
+    is gone. A file without them (not a part `stage` wrote) gives `({}, {})`, which matches no
+    claim: bounds are never empty."""
+    try:
+        data = get_bytes(shard.client, shard.bucket, key)
+    except S3Error as error:
+        if error.code == "NoSuchKey":
+            return None
+        raise
+    try:
+        meta = pq.read_metadata(pa.BufferReader(data)).metadata or {}
+        return (Frontier.from_elements(json.loads(meta[b"mvsink.lower"])),
+                Frontier.from_elements(json.loads(meta[b"mvsink.upper"])))  # fmt: skip
+    except (KeyError, ValueError, pa.ArrowException):
+        return (Frontier.empty(), Frontier.empty())
 
 
 def sweep(shard: Shard, grace: float) -> SweepResult:

@@ -6,7 +6,8 @@ are the states'; this shell executes their commands:
 * `Append`: compare-and-append through the shard library with the seed's retry (a shard
   behind `lower` is first advanced to `lower` by an empty append; any other mismatch is an
   expected outcome), then publish `ShardUpper` to `frontiers`;
-* `DeleteStaged`: `Shard.delete_staged`, which refuses referenced or still-appendable parts.
+* `DeleteStaged`: `Shard.delete_staged`, which refuses referenced or still-appendable parts,
+  and parts whose own footers say other bounds than claimed.
 
 Offsets of `batches` are committed only up to the first batch still needed (stashed for the
 current lower), so a restart redelivers what was not yet settled; redelivery is harmless
@@ -201,6 +202,10 @@ class AppendShell:
                     log.info("%s: deleted %d staged parts (referenced %d, still appendable %d)",
                              command.reason, len(result.deleted), len(result.referenced),
                              len(result.pending))  # fmt: skip
+                    if result.mismatched:
+                        log.warning("%s: kept parts whose footers say other bounds than their "
+                                    "batch claimed: %s", command.reason,
+                                    list(result.mismatched))  # fmt: skip
         if worker in self.states:
             LOWER.labels(self.config.sink_id, str(worker)).set(
                 float("inf") if self.states[worker].lower.time is None

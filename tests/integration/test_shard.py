@@ -7,6 +7,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 
 import pyarrow as pa
 import pytest
@@ -240,6 +241,25 @@ def test_delete_staged_deletes_parts_the_upper_has_passed(new_shard: OpenShard) 
     assert shard.compare_and_append([loser], F(0), F(1)) == UpperMismatch(F(1), 1)
     result = shard.delete_staged([loser, winner])
     assert result.deleted == (loser.key,) and result.referenced == (winner.key,)
+
+
+def test_delete_staged_trusts_a_parts_footer_not_the_bounds_claimed(new_shard: OpenShard) -> None:
+    """A `StagedBatch` claiming bounds the upper has passed for a part staged for a later batch
+    (a wrong or forged claim) gets nothing deleted: the footer's bounds decide."""
+    shard = new_shard()
+    shard.advance_upper(F(3))
+    future = shard.stage(updates(("a", 1, 5, 1)), F(5), F(6), "w1")
+    claimed = replace(future, lower=F(0), upper=F(1))
+    result = shard.delete_staged([claimed])
+    assert result.deleted == () and result.mismatched == (future.key,)
+    shard.advance_upper(F(5))
+    appended = shard.compare_and_append([future], F(5), F(6))
+    assert appended.__class__.__name__ == "Appended"
+    assert shard.snapshot(6).num_rows == 1  # the part was kept and is readable
+    gone = shard.stage(updates(("b", 1, 6, 1)), F(6), F(7), "w1")
+    shard.client.remove_object(shard.bucket, gone.key)
+    shard.advance_upper(F(8))
+    assert shard.delete_staged([gone]).deleted == (gone.key,)  # already gone: nothing to keep
 
 
 def test_sweep_prunes_versions_superseded_longer_than_the_version_grace(
