@@ -15,7 +15,7 @@ from confluent_kafka import Consumer, Message, TopicPartition
 
 from mvsink.codec import decode_message
 from mvsink.errors import DecodeError, MvsinkError
-from mvsink.kafka import READ_TO_END, consumer_config, poll_message
+from mvsink.kafka import NO_RESET, READ_TO_END, consumer_config, poll_message
 from mvsink.messages import Progress, Updates, UpdatesArrow
 from mvsink.rows import updates_decoder
 from mvsink.updates import TIME, advance_times, consolidate, part_schema, updates_from_ipc
@@ -64,8 +64,10 @@ def read_desired(bootstrap: str, topic: str, partitions: int, row_schema: pa.Sch
     """The desired collection at `as_of`: every committed update with a time before `as_of`,
     read to the end of each partition, with times advanced to `as_of` and consolidated. A caller must know that
     desired's progress passed `as_of` (e.g. a shard's upper: nothing is minted before it).
-    Raises `MvsinkError` if the partitions are not all read to their end within `timeout`."""
-    consumer = Consumer(consumer_config(bootstrap, extra=READ_TO_END))
+    Raises `MvsinkError` if the partitions are not all read to their end within `timeout`, or
+    if records of a partition were deleted (its log start is past 0: the collection is no
+    longer on the topic alone)."""
+    consumer = Consumer(consumer_config(bootstrap, extra={**READ_TO_END, **NO_RESET}))
     decode_rows = updates_decoder(row_schema)
     tables: list[pa.Table] = []
     try:

@@ -43,6 +43,9 @@ COMPACTED = {"cleanup.policy": "compact"}
 #: `fetch.wait.max.ms` (500 ms by default) for data that is not coming. Measured: a write task's
 #: staging job went from 1.95 s to 0.38 s with it.
 READ_TO_END = {"enable.partition.eof": True, "fetch.wait.max.ms": 10}
+#: For a reader of desired that must not miss a record: an offset out of range (records deleted
+#: below it) is an error, never a reset to whatever is left.
+NO_RESET = {"auto.offset.reset": "error"}
 log = logging.getLogger("mvsink.kafka")
 
 
@@ -473,9 +476,6 @@ class Reader:
         #: Where each partition was assigned last (a new consumer starts from its position).
         self.assigned = dict(offsets)
         self.stall = Stall(bootstrap)
-        #: Whether its first offsets were checked against the log start (a desired reader's
-        #: check, `services.write.fold`; done once per reader, kept readers read on from there).
-        self.checked = False
         self.consumer = self._assigned(offsets)
 
     def _assigned(self, offsets: Mapping[int, int]) -> Consumer:

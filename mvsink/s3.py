@@ -156,9 +156,13 @@ def put_bytes(client: Minio, bucket: str, key: str, data: bytes, content_type: s
     return str(result.etag)
 
 
-def get_bytes(client: Minio, bucket: str, key: str) -> bytes:
-    """The whole object."""
-    response = client.get_object(bucket, key)
+def get_bytes(client: Minio, bucket: str, key: str, length: int = 0, last: int = 0) -> bytes:
+    """The whole object; its first `length` bytes, or its last `last` bytes (all of it if it
+    is shorter)."""
+    headers: dict[str, str | list[str] | tuple[str]] | None = (
+        {"Range": f"bytes=-{last}"} if last else None
+    )
+    response = client.get_object(bucket, key, length=length, request_headers=headers)
     try:
         return bytes(response.read())
     finally:

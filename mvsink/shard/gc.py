@@ -34,13 +34,13 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 from minio.deleteobjects import DeleteObject
 from minio.error import S3Error
 
 from mvsink.errors import InvalidUsage, MvsinkError
 from mvsink.frontier import Frontier
 from mvsink.s3 import get_bytes
+from mvsink.shard.parts import footer_metadata
 from mvsink.shard.state import PartRef
 
 if TYPE_CHECKING:
@@ -208,22 +208,33 @@ def delete_staged(shard: Shard, parts: Iterable[PartRef]) -> DeleteResult:
     return DeleteResult(tuple(deleted), tuple(kept), tuple(pending), tuple(mismatched))
 
 
+#: How much of a part's end `_footer_bounds` reads first: its footer, in all but huge schemas.
+FOOTER_TAIL = 1 << 16
+#: The bounds of a file that records none: they match no claim (bounds are never empty).
+NO_BOUNDS = (Frontier.empty(), Frontier.empty())
+
+
 def _footer_bounds(shard: Shard, key: str) -> tuple[Frontier, Frontier] | None:
-    """The `[lower, upper)` a part's Parquet footer records (`Shard.stage`); None if the part
-    is gone. A file without them (not a part `stage` wrote) gives `({}, {})`, which matches no
-    claim: bounds are never empty."""
+    """The `[lower, upper)` a part's Parquet footer records (`Shard.stage`), read from the
+    part's last bytes; None if the part is gone; `NO_BOUNDS` for a file without them (not a
+    part `stage` wrote)."""
     try:
-        data = get_bytes(shard.client, shard.bucket, key)
+        meta = footer_metadata(get_bytes(shard.client, shard.bucket, key, last=FOOTER_TAIL))
+        if meta is None:  # a footer longer than the tail read
+            meta = footer_metadata(get_bytes(shard.client, shard.bucket, key))
     except S3Error as error:
         if error.code == "NoSuchKey":
             return None
         raise
+    except pa.ArrowException:
+        return NO_BOUNDS
+    if meta is None or b"mvsink.lower" not in meta or b"mvsink.upper" not in meta:
+        return NO_BOUNDS
     try:
-        meta = pq.read_metadata(pa.BufferReader(data)).metadata or {}
         return (Frontier.from_elements(json.loads(meta[b"mvsink.lower"])),
                 Frontier.from_elements(json.loads(meta[b"mvsink.upper"])))  # fmt: skip
-    except (KeyError, ValueError, pa.ArrowException):
-        return (Frontier.empty(), Frontier.empty())
+    except ValueError:  # not bounds `stage` wrote
+        return NO_BOUNDS
 
 
 def sweep(shard: Shard, grace: float) -> SweepResult:

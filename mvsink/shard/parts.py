@@ -108,3 +108,17 @@ def merge_updates(table: pa.Table, row_schema: pa.Schema, advance_before: Fronti
     if before is None:
         before = pc.max(table.column(TIME)).as_py() + 1
     return consolidate(advance_times(table, before, before - 1), row_schema)
+
+
+def footer_metadata(tail: bytes) -> dict[bytes, bytes] | None:
+    """The key-value metadata of a Parquet file's footer from the file's last bytes `tail`
+    (`Shard.stage` writes a part's bounds there), or None if `tail` does not hold all of the
+    footer (read more). Raises `pa.ArrowException` for bytes that are no Parquet footer."""
+    if len(tail) < 8 or tail[-4:] != b"PAR1":
+        raise pa.ArrowInvalid("not the end of a Parquet file")
+    length = int.from_bytes(tail[-8:-4], "little")
+    if length + 8 > len(tail):
+        return None
+    # The reader wants a file: the leading magic and the footer are all it reads of it.
+    metadata = pq.read_metadata(pa.BufferReader(b"PAR1" + tail[-(length + 8) :])).metadata
+    return dict(metadata or {})

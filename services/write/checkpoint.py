@@ -87,16 +87,18 @@ def holder_id(sink_id: str, partition: int) -> str:
     return f"checkpoint:{sink_id}:p{partition}"
 
 
-def versions(sink_id: str, partition: int, s3: S3Settings) -> list[int]:
-    """The partition's checkpoint versions in object storage, oldest first."""
+def latest(sink_id: str, partition: int, s3: S3Settings) -> int:
+    """The partition's newest checkpoint version in object storage (-1: none)."""
     prefix = f"sinks/{sink_id}/write/p{partition}/"
     objects = s3_client(s3).list_objects(s3.bucket, prefix=prefix)
-    return sorted({int(o.object_name.rsplit("/", 1)[-1].split(".")[0]) for o in objects})
+    return max((int(o.object_name.rsplit("/", 1)[-1].split(".")[0]) for o in objects), default=-1)
 
 
-def latest(sink_id: str, partition: int, s3: S3Settings) -> int:
-    """The partition's newest checkpoint version (-1: none)."""
-    return max(versions(sink_id, partition, s3), default=-1)
+def since_passed(persist_folded: Frontier, since: Frontier) -> bool:
+    """Whether the shard's `since` passed what a state folded of it: merges may have collapsed
+    changes it still has to read, so it must be rebuilt from all of desired. (A state that
+    folded nothing of the shard reads every update anyway, collapsed or not.)"""
+    return Frontier.minimum().less_than(persist_folded) and persist_folded.less_than(since)
 
 
 def exists(sink_id: str, partition: int, version: int, s3: S3Settings) -> bool:
@@ -122,15 +124,9 @@ def read_meta(sink_id: str, partition: int, version: int, s3: S3Settings) -> dic
     for no checkpoint (-1), a gone one, or a legacy Parquet one."""
     if version < 0:
         return None
-    client = s3_client(s3)
+    client, key = s3_client(s3), checkpoint_key(sink_id, partition, version)
     try:
-        response = client.get_object(s3.bucket, checkpoint_key(sink_id, partition, version),
-                                     offset=0, length=META_PREFIX)  # fmt: skip
-        try:
-            head = response.read()
-        finally:
-            response.close()
-            response.release_conn()
+        head = get_bytes(client, s3.bucket, key, length=META_PREFIX)
     except S3Error as error:
         if error.code in ("NoSuchKey", "NoSuchObject"):
             return None
@@ -138,8 +134,7 @@ def read_meta(sink_id: str, partition: int, version: int, s3: S3Settings) -> dic
     try:
         schema = pa.ipc.open_stream(head).schema
     except pa.ArrowInvalid:  # a schema larger than the prefix: read it all
-        schema = pa.ipc.open_stream(get_bytes(client, s3.bucket, checkpoint_key(
-            sink_id, partition, version))).schema  # fmt: skip
+        schema = pa.ipc.open_stream(get_bytes(client, s3.bucket, key)).schema
     meta: dict[str, Any] = json.loads(schema.metadata[b"mvsink.write"])
     return meta
 

@@ -31,7 +31,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from mvsink.desired import decode_desired
 from mvsink.errors import DecodeError, DesiredGone, MvsinkError
 from mvsink.frontier import Frontier, advance
-from mvsink.kafka import READ_TO_END, Reader, client_config, poll_message
+from mvsink.kafka import NO_RESET, READ_TO_END, Reader, client_config, poll_message
 from mvsink.messages import Progress
 from mvsink.rows import updates_decoder
 from mvsink.shard import SelectedPart, Shard, ShardState
@@ -49,8 +49,6 @@ KEEP_READERS = False
 READERS: dict[tuple[str, str, int], tuple[Reader, int]] = {}
 #: The most a kept reader prefetches (librdkafka's default is 64 MiB a partition).
 KEPT_QUEUE_KBYTES = 16384
-#: A desired reader never resets its offset: records it misses are an error, not a skip.
-NO_RESET = {"auto.offset.reset": "error"}
 #: How long asking the broker for a partition's log start may take.
 WATERMARK_TIMEOUT = 10.0
 
@@ -78,12 +76,7 @@ def fold_desired(bootstrap: str, topic: str, dead_letter_topic: str, partition: 
     if until is not None and until.less_equal(state.desired_frontier):
         return 0
     key, keep = (bootstrap, topic, partition), until is not None and KEEP_READERS
-    consumer = _reader(key, state.folded_offset, keep)
-    try:
-        _check_log_start(consumer, topic, partition, state.folded_offset, sink_id, why)
-    except BaseException:
-        consumer.close()
-        raise
+    consumer = _reader(key, state.folded_offset, keep, sink_id, why)
     decode_rows = updates_decoder(row_schema)
     dead, tables, kept = 0, [], False
     dead_producer: Producer | None = None
@@ -154,21 +147,14 @@ def _log_start(consumer: Reader, topic: str, partition: int) -> int:
     return int(low)
 
 
-def _check_log_start(consumer: Reader, topic: str, partition: int, offset: int, sink_id: str,
-                     why: str) -> None:  # fmt: skip
-    """Refuse (`DesiredGone`) to read from `offset` if the broker deleted records at it."""
-    if consumer.checked:
-        return
-    low = _log_start(consumer, topic, partition)
-    if offset < low:
-        raise DesiredGone(sink_id, topic, partition, offset, low, why)
-    consumer.checked = True
-
-
-def _reader(key: tuple[str, str, int], offset: int, keep: bool) -> Reader:
+def _reader(key: tuple[str, str, int], offset: int, keep: bool, sink_id: str, why: str) -> Reader:
     """The kept reader of `key` if it reads on from `offset` and may be kept, else a new one
     (a read_committed `Reader`: a consumer librdkafka stalled after a broker restart would
-    never reach the progress, and hold the batch, and a resident's round, forever)."""
+    never reach the progress, and hold the batch, and a resident's round, forever).
+
+    A new reader is first checked against the partition's log start: `DesiredGone` (naming
+    `sink_id` and `why` the offset is needed) if records from `offset` on were deleted. A kept
+    one reads on from where it was checked; a deletion meanwhile is its `NO_RESET` error."""
     kept = READERS.pop(key, None)
     if kept is not None:
         if keep and kept[1] == offset:
@@ -177,7 +163,12 @@ def _reader(key: tuple[str, str, int], offset: int, keep: bool) -> Reader:
     extra = {**READ_TO_END, **NO_RESET}
     if keep:
         extra["queued.max.messages.kbytes"] = KEPT_QUEUE_KBYTES
-    return Reader(key[0], key[1], {key[2]: offset}, extra)
+    reader = Reader(key[0], key[1], {key[2]: offset}, extra)
+    low = _log_start(reader, key[1], key[2])
+    if offset < low:
+        reader.close()
+        raise DesiredGone(sink_id, key[1], key[2], offset, low, why)
+    return reader
 
 
 def close_readers(keep: Iterable[tuple[str, str, int]] = ()) -> None:

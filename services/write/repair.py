@@ -40,7 +40,15 @@ from mvsink.config import Config
 from mvsink.desired import decode_desired
 from mvsink.errors import DecodeError, MvsinkError
 from mvsink.frontier import Frontier
-from mvsink.kafka import READ_TO_END, Reader, client_config, poll_message, produce, watermarks
+from mvsink.kafka import (
+    NO_RESET,
+    READ_TO_END,
+    Reader,
+    client_config,
+    poll_message,
+    produce,
+    watermarks,
+)
 from mvsink.messages import Progress, RepairedPartition, SinkRepair
 from mvsink.rows import parse_row_schema, updates_decoder
 from mvsink.shard import Shard, ShardState, open_shard
@@ -81,9 +89,7 @@ def report(config: Config, shard: Shard, state: ShardState | None = None) -> lis
         persist = Frontier.from_elements(meta["persist_folded"]) if meta else None
         hold = state.hold(checkpoint.holder_id(config.sink_id, p))
         needs = None
-        rebuild = persist is not None and Frontier.minimum().less_than(persist) and \
-            persist.less_than(state.since)  # fmt: skip
-        if rebuild and low > 0:
+        if persist is not None and checkpoint.since_passed(persist, state.since) and low > 0:
             needs = (f"the shard's since {state.since} passed checkpoint {version}'s "
                      f"persist_folded {persist}: a rebuild needs offset 0, deleted below {low}")  # fmt: skip
         elif folded is not None and folded < low:
@@ -123,8 +129,7 @@ def plan(config: Config, shard: Shard, partition: int, state: ShardState,
     upper, since = state.upper, state.since
     best: tuple[Frontier, int] | None = None  # the last Progress in [since, upper], and after it
     tables: list[tuple[int, pa.Table]] = []
-    reader = Reader(config.kafka_bootstrap, topic, {partition: low},
-                    {**READ_TO_END, "auto.offset.reset": "error"})  # fmt: skip
+    reader = Reader(config.kafka_bootstrap, topic, {partition: low}, {**READ_TO_END, **NO_RESET})
     decode_rows = updates_decoder(row_schema)
     deadline = time.monotonic() + timeout
     try:

@@ -147,10 +147,7 @@ def _step(spec: TaskSpec, shard_state: ShardState | None) -> TaskResult:
     )
     shard = _shard(spec)
     shard_state = shard_state or shard.state()
-    # Folded nothing of the shard yet ({0}): it reads every update anyway, collapsed or not.
-    rebuilt = Frontier.minimum().less_than(state.persist_folded) and state.persist_folded.less_than(
-        shard_state.since
-    )
+    rebuilt = checkpoint.since_passed(state.persist_folded, shard_state.since)
     if rebuilt and checkpoint.exists(spec.sink_id, spec.partition, spec.version + 1, spec.s3):
         # A driver that has not seen the newest checkpoint (which the critical hold protects):
         # its result would be stale anyway, and a rebuild would read all of desired.

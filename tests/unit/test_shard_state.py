@@ -188,3 +188,17 @@ def test_consolidate_at_matches_a_counter_model(
         key: d for key, d in model.items() if d
     }
     assert all(r["_time"] == as_of - 1 for r in got)
+
+
+def test_a_parts_footer_metadata_reads_from_its_last_bytes() -> None:
+    """`delete_staged` reads a part's bounds from its tail, not the whole part."""
+    from mvsink.shard.parts import footer_metadata
+
+    table = normalize_updates(pa.table({"k": ["a"] * 5000, "v": list(range(5000)),
+                                        "_time": [3] * 5000, "_diff": [1] * 5000}), ROWS)  # fmt: skip
+    data = encode_part(table, {"mvsink.lower": "[3]", "mvsink.upper": "[4]"})
+    meta = footer_metadata(data[-4096:])
+    assert meta is not None and meta[b"mvsink.lower"] == b"[3]" and meta[b"mvsink.upper"] == b"[4]"
+    assert footer_metadata(data[-20:]) is None  # the footer is longer: read more
+    with pytest.raises(pa.ArrowException):
+        footer_metadata(b"not a parquet file at all")
