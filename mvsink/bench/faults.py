@@ -239,8 +239,7 @@ def _matrix(config: Config, shard: Shard, home: Path, faults: list[str], outage:
     say(f"services stopped; waiting {config.shard_min_grace:.0f}s (min_grace) for the sweep ...")
     time.sleep(config.shard_min_grace + 1)
     swept = shard.sweep(config.shard_min_grace)
-    listed = {o.object_name for o in shard.client.list_objects(
-        shard.bucket, prefix=f"{shard.prefix}/parts/", recursive=True)}  # fmt: skip
+    listed = {o.key for o in shard.blob.list(f"{shard.prefix}/parts/", recursive=True)}
     unreferenced = len(listed - set(shard.referenced_keys()))
     figures = {
         "run": config.sink_id, "outage_s": outage, "keys": keys, "change": change,

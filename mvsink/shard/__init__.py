@@ -78,6 +78,7 @@ from mvsink.shard.state import (
     CriticalHold,
     MergeRequest,
     PartRef,
+    PartTooOld,
     ReaderLease,
     SchemaMismatch,
     SelectedPart,
@@ -91,7 +92,6 @@ from mvsink.shard.store import (
     MergeRefused,
     MergeResult,
     PartGone,
-    PartTooOld,
     Shard,
     UpperMismatch,
 )

@@ -41,7 +41,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from mvsink.errors import InvalidUsage
-from mvsink.s3 import prefix_bytes
 from mvsink.settings import CompactionPolicy, S3Settings, Timing
 from mvsink.shard.parts import merge_updates
 from mvsink.shard.state import MergeRequest, PartRef, maybe_merge, merge_all, select_parts
@@ -207,7 +206,8 @@ def compact_once(
 
 def shard_table_bytes(shard: Shard) -> tuple[int, int]:
     """(objects, bytes) under the shard's prefix in the bucket: live, retained and garbage."""
-    return prefix_bytes(shard.client, shard.bucket, f"{shard.prefix}/")
+    listed = shard.blob.list(f"{shard.prefix}/", recursive=True)
+    return len(listed), sum(o.size for o in listed)
 
 
 __all__ = [

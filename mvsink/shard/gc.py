@@ -27,21 +27,16 @@ from __future__ import annotations
 
 import itertools
 import json
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-from minio.deleteobjects import DeleteObject
-from minio.error import S3Error
 
-from mvsink.errors import InvalidUsage, MvsinkError
+from mvsink.errors import InvalidUsage
 from mvsink.frontier import Frontier
-from mvsink.s3 import get_bytes
 from mvsink.shard.parts import footer_metadata
-from mvsink.shard.state import PartRef
+from mvsink.shard.state import PartRef, staged_at
 
 if TYPE_CHECKING:
     from mvsink.shard.store import Shard
@@ -82,31 +77,18 @@ class SweepResult:
     states_pruned: tuple[int, ...]
 
 
-def staged_at(key: str) -> float:
-    """Staging time (unix seconds) encoded in a part key `.../<unix_ms>-<uuid>.parquet`."""
-    name = key.rsplit("/", 1)[-1]
-    try:
-        return int(name.split("-", 1)[0]) / 1000.0
-    except ValueError as error:
-        raise InvalidUsage(f"{key} is not a key of a part staged by mvsink") from error
-
-
-def _age_reference(key: str, last_modified: datetime | None) -> float:
+def _age_reference(key: str, modified: float) -> float:
     """When a part was staged: from its key, or its object timestamp for a foreign key."""
     try:
         return staged_at(key)
     except InvalidUsage:
-        return last_modified.timestamp() if last_modified is not None else time.time()
+        return modified
 
 
 def _versions(shard: Shard) -> dict[int, float]:
     """Retained version seqnos and their creation times (one LIST)."""
-    objects = shard.client.list_objects(shard.bucket, prefix=f"{shard.prefix}/state/")
-    return {
-        int(o.object_name.rsplit("/", 1)[-1]): o.last_modified.timestamp()
-        if o.last_modified is not None else time.time()
-        for o in objects
-    }  # fmt: skip
+    return {int(o.key.rsplit("/", 1)[-1]): o.modified
+            for o in shard.blob.list(f"{shard.prefix}/state/")}  # fmt: skip
 
 
 def _keys(shard: Shard, seqno: int) -> frozenset[str] | None:
@@ -130,33 +112,41 @@ def referenced_keys(shard: Shard) -> frozenset[str]:
     return frozenset(keys)
 
 
-def _remove(shard: Shard, keys: Iterable[str]) -> None:
-    """Delete `keys` in batches of up to 1,000 (S3 DeleteObjects)."""
-    keys = list(keys)
-    for start in range(0, len(keys), 1000):
-        batch = [DeleteObject(k) for k in keys[start : start + 1000]]
-        errors = list(shard.client.remove_objects(shard.bucket, batch))
-        if errors:
-            raise MvsinkError(f"deleting from {shard.bucket}: {errors[:3]}")
+def _chain(shard: Shard, created: dict[int, float]) -> list[int]:
+    """The retained versions of the chain: the newest gap-free run of `created`. Keys below a
+    gap are pruned seqnos written again by writers that paused (`Shard._create_version`):
+    each is deleted once the gap is confirmed (the key above it is missing now, though a newer
+    version existed when listed, so it was pruned, and everything below it before)."""
+    seqnos = sorted(created)
+    start = len(seqnos) - 1
+    while start > 0 and seqnos[start - 1] == seqnos[start] - 1:
+        start -= 1
+    if start > 0 and shard.blob.stat(shard.state_key(seqnos[start] - 1)) is None:
+        for seqno in seqnos[:start]:
+            shard.blob.remove([shard.state_key(seqno)])
+            shard.forget(seqno)
+        return seqnos[start:]
+    return seqnos if start == 0 else []
 
 
 def collect_garbage(shard: Shard) -> GcResult:
     """Rules 1 and 2 of the module docs. Cheap to call often: versions already seen are not
     read again.
 
-    Steps: 1. LIST the retained versions with their creation times; 2. for each pair `(n, n+1)`
-    with `n+1` older than `part_grace`, delete the parts `n` references and `n+1` does not;
-    3. prune, oldest first, each version `n` whose successor is older than `version_grace` and
-    whose pair step 2 has collected (so no part is left referenced by no retained version).
+    Steps: 1. LIST the retained versions with their creation times (deleting pruned seqnos
+    written again, `_chain`); 2. for each pair `(n, n+1)` with `n+1` older than `part_grace`,
+    delete the parts `n` references and `n+1` does not; 3. prune, oldest first, each version
+    `n` whose successor is older than `version_grace` and whose pair step 2 has collected (so
+    no part is left referenced by no retained version).
     """
-    now = time.time()
+    now = shard.clock.time()
     created = _versions(shard)
-    seqnos = sorted(created)
+    seqnos = _chain(shard, created)
     timing = shard.timing
     replaced: set[str] = set()
     through = shard.collected_through
     for older, newer in itertools.pairwise(seqnos):
-        if newer != older + 1 or now - created[newer] <= timing.part_grace:
+        if now - created[newer] <= timing.part_grace:
             break
         if newer <= shard.collected_through:
             continue
@@ -165,15 +155,15 @@ def collect_garbage(shard: Shard) -> GcResult:
             break  # pruned meanwhile by another collector
         replaced |= before - after
         through = newer
-    _remove(shard, sorted(replaced))
+    shard.blob.remove(sorted(replaced))
     shard.collected_through = through
     pruned = []
     for older, newer in itertools.pairwise(seqnos):
-        if newer != older + 1 or now - created[newer] <= timing.version_grace:
+        if now - created[newer] <= timing.version_grace:
             break
         if newer > through:
             break  # rule 1 has not deleted what `older` alone references: pruning it would leak
-        shard.client.remove_object(shard.bucket, shard.state_key(older))
+        shard.blob.remove([shard.state_key(older)])  # one by one, oldest first (`state`)
         shard.forget(older)
         pruned.append(older)
     return GcResult(tuple(sorted(replaced)), tuple(pruned), len(seqnos) - len(pruned))
@@ -204,7 +194,7 @@ def delete_staged(shard: Shard, parts: Iterable[PartRef]) -> DeleteResult:
             mismatched.append(part.key)
         else:
             deleted.append(part.key)
-    _remove(shard, deleted)
+    shard.blob.remove(deleted)
     return DeleteResult(tuple(deleted), tuple(kept), tuple(pending), tuple(mismatched))
 
 
@@ -219,13 +209,15 @@ def _footer_bounds(shard: Shard, key: str) -> tuple[Frontier, Frontier] | None:
     part's last bytes; None if the part is gone; `NO_BOUNDS` for a file without them (not a
     part `stage` wrote)."""
     try:
-        meta = footer_metadata(get_bytes(shard.client, shard.bucket, key, last=FOOTER_TAIL))
-        if meta is None:  # a footer longer than the tail read
-            meta = footer_metadata(get_bytes(shard.client, shard.bucket, key))
-    except S3Error as error:
-        if error.code == "NoSuchKey":
+        tail = shard.blob.get(key, last=FOOTER_TAIL)
+        if tail is None:
             return None
-        raise
+        meta = footer_metadata(tail[0])
+        if meta is None:  # a footer longer than the tail read
+            whole = shard.blob.get(key)
+            if whole is None:
+                return None
+            meta = footer_metadata(whole[0])
     except pa.ArrowException:
         return NO_BOUNDS
     if meta is None or b"mvsink.lower" not in meta or b"mvsink.upper" not in meta:
@@ -241,24 +233,43 @@ def sweep(shard: Shard, grace: float) -> SweepResult:
     """`collect_garbage`, then rule 3: delete parts no retained version references, staged
     longer than `grace` ago.
 
+    Time-free safety: before deleting, the sweeper moves the state's `sweep_horizon` (one
+    compare-and-set) to the staging time of the newest part it will delete, and reads what is
+    referenced only after that version exists. Every later append or merge refuses parts
+    staged before the horizon (`apply_append`, `apply_merge`), so a part found unreferenced
+    then can never become referenced, however long the sweeper, or an appender that checked
+    the part's age a while ago, pauses. `grace` (by this process's clock) only decides which
+    parts are worth the horizon: a writer whose clock or pause makes its parts look older
+    than that gets `PartTooOld` and stages again.
+
     Raises:
         InvalidUsage: `grace < Timing.min_grace`.
     """
     if grace < shard.timing.min_grace:
         raise InvalidUsage(f"grace {grace}s is below the minimum {shard.timing.min_grace}s")
     collected = collect_garbage(shard)
-    now = datetime.now(UTC).timestamp()
     referenced = referenced_keys(shard)
-    leaked, young = [], 0
-    objects = shard.client.list_objects(
-        shard.bucket, prefix=f"{shard.prefix}/parts/", recursive=True
-    )
-    for obj in objects:
-        if obj.object_name in referenced:
-            continue
-        if now - _age_reference(obj.object_name, obj.last_modified) <= grace:
-            young += 1
-            continue
-        leaked.append(obj.object_name)
-    _remove(shard, leaked)
+    now = shard.clock.time()
+    candidates = [(o.key, _age_reference(o.key, o.modified))
+                  for o in shard.blob.list(f"{shard.prefix}/parts/", recursive=True)
+                  if o.key not in referenced]  # fmt: skip
+    old = [(key, staged) for key, staged in candidates if now - staged > grace]
+    young = len(candidates) - len(old)
+    ours = [staged for key, staged in old if _staged_by_mvsink(key)]
+    if ours:
+        horizon = max(ours) + 0.001
+        if shard.state().sweep_horizon < horizon:
+            shard.set_sweep_horizon(horizon)
+        referenced = referenced_keys(shard)  # read after the horizon's version exists
+    leaked = sorted(key for key, _ in old if key not in referenced)
+    shard.blob.remove(leaked)
     return SweepResult(tuple(leaked), young, len(referenced), collected.states_pruned)
+
+
+def _staged_by_mvsink(key: str) -> bool:
+    """Whether `key` is a part key `Shard.stage` made (others can never be appended)."""
+    try:
+        staged_at(key)
+    except InvalidUsage:
+        return False
+    return True

@@ -58,6 +58,25 @@ FORMAT = 2
 READS = (1, 2)
 
 
+class PartTooOld(InvalidUsage):
+    """A part staged before the shard's `sweep_horizon` (or longer ago than
+    `Timing.max_part_age`, the writer's own early check): the sweeper may delete it, so it
+    can never be appended."""
+
+
+def staged_at(key: str) -> float:
+    """Staging time (unix seconds) encoded in a part key `.../<unix_ms>-<uuid>.parquet`.
+
+    Raises:
+        InvalidUsage: not a key `Shard.stage` made.
+    """
+    name = key.rsplit("/", 1)[-1]
+    try:
+        return int(name.split("-", 1)[0]) / 1000.0
+    except ValueError as error:
+        raise InvalidUsage(f"{key} is not a key of a part staged by mvsink") from error
+
+
 class SchemaMismatch(MvsinkError):
     """The shard exists with another row schema than the caller's."""
 
@@ -288,6 +307,8 @@ class ShardState:
     readers: tuple[ReaderLease, ...] = ()
     #: Critical holds, sorted by holder (no expiry: moved or dropped only explicitly).
     holds: tuple[CriticalHold, ...] = ()
+    #: Parts staged before this unix time can no longer be added (`apply_sweep_horizon`).
+    sweep_horizon: float = 0.0
     change: str = "create"
     _part_keys: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
@@ -340,6 +361,8 @@ class ShardState:
         }
         if self.holds:  # absent when empty: versions without holds keep their earlier form
             document["holds"] = [h.to_json() for h in self.holds]
+        if self.sweep_horizon:  # absent when never set, as `holds`
+            document["sweep_horizon"] = self.sweep_horizon
         return json.dumps(document, separators=(",", ":"), sort_keys=True).encode()
 
     @classmethod
@@ -367,6 +390,7 @@ class ShardState:
                 retain_history=raw.get("retain_history"),
                 readers=tuple(ReaderLease.from_json(r) for r in raw.get("readers", [])),
                 holds=tuple(CriticalHold.from_json(h) for h in raw.get("holds", [])),
+                sweep_horizon=float(raw.get("sweep_horizon", 0.0)),
                 change=raw.get("change", "append" if raw["appended"] is not None else "create"),
             )
         except (KeyError, TypeError, ValueError) as error:
@@ -445,6 +469,7 @@ def apply_append(
     keys = [p.key for p in parts]
     if len(set(keys)) != len(keys) or state.part_keys & set(keys):
         raise InvalidUsage(f"a part is appended twice: {sorted(keys)}")
+    _check_horizon(state, parts)
     batch = BatchRecord(expected_upper, new_upper, state.seqno + 1, parts)
     batches = (*state.batches, batch) if parts else state.batches
     following = _successor(state, "append", nonce, now, upper=new_upper, batches=batches)
@@ -471,10 +496,30 @@ def apply_merge(
     keys = [p.key for p in parts]
     if len(set(keys)) != len(keys) or state.part_keys & set(keys):
         raise InvalidUsage(f"a merge output reuses a part key: {sorted(keys)}")
+    _check_horizon(state, parts)
     merged = BatchRecord(request.lower, request.upper, state.seqno + 1, parts)
     end = position + len(request.inputs)
     batches = (*state.batches[:position], *((merged,) if parts else ()), *state.batches[end:])
     return _successor(state, "merge", nonce, now, batches=batches)
+
+
+def _check_horizon(state: ShardState, parts: tuple[PartRef, ...]) -> None:
+    """Refuse parts the sweeper may have deleted (`apply_sweep_horizon`); once there is a
+    horizon, also keys `Shard.stage` did not make (their age is unknown)."""
+    if not state.sweep_horizon:
+        return
+    for part in parts:
+        if staged_at(part.key) < state.sweep_horizon:
+            raise PartTooOld(f"part {part.key} was staged before the shard's sweep horizon "
+                             f"{state.sweep_horizon:.3f}: the sweeper may delete it")  # fmt: skip
+
+
+def apply_sweep_horizon(state: ShardState, horizon: float, nonce: str, now: float) -> ShardState:
+    """The version after which no part staged before `horizon` (unix seconds, by its key) is
+    added by any append or merge: the sweeper sets it before deleting unreferenced parts
+    staged before it, so none it deletes can become referenced later, whatever pauses (never
+    moved backwards)."""
+    return _successor(state, "sweep", nonce, now, sweep_horizon=max(state.sweep_horizon, horizon))
 
 
 def _find_run(batches: tuple[BatchRecord, ...], inputs: tuple[BatchRecord, ...]) -> int | None:

@@ -7,7 +7,6 @@ module is the I/O shell: it reads state versions, calls the pure functions of
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
@@ -18,28 +17,22 @@ from typing import TypeVar
 import pyarrow as pa
 import pyarrow.compute as pc
 from minio import Minio
-from minio.error import S3Error
 
 from mvsink.errors import InvalidUsage, MvsinkError
 from mvsink.frontier import Frontier
 from mvsink.partitioning import CURRENT, partitions_of
-from mvsink.s3 import (
-    IndefiniteWrite,
-    PreconditionFailed,
-    Written,
-    conditional_put,
-    get_bytes,
-    put_bytes,
-)
+from mvsink.s3 import IndefiniteWrite, PreconditionFailed, Written
 from mvsink.settings import S3Settings, Timing
 from mvsink.shard import gc
 from mvsink.shard import parts as partio
-from mvsink.shard.gc import DeleteResult, GcResult, SweepResult, staged_at
+from mvsink.shard.blob import SYSTEM, Blob, Clock, MinioBlob, unquoted
+from mvsink.shard.gc import DeleteResult, GcResult, SweepResult
 from mvsink.shard.state import (
     AsOfBeforeSince,
     BatchRecord,
     MergeRequest,
     PartRef,
+    PartTooOld,
     ReaderLease,
     SchemaMismatch,
     SelectedPart,
@@ -51,10 +44,12 @@ from mvsink.shard.state import (
     apply_release_holds,
     apply_retain_history,
     apply_set_holds,
+    apply_sweep_horizon,
     initial_state,
     overlapping,
     same_schema,
     select_parts,
+    staged_at,
 )
 from mvsink.updates import normalize_updates, part_schema
 
@@ -62,9 +57,6 @@ PARQUET = "application/vnd.apache.parquet"
 _STATE_CACHE = 16
 _INDEFINITE_RETRIES = 5
 _Outcome = TypeVar("_Outcome")
-#: A version seen as the latest longer ago than this is checked to still exist before probing
-#: forward from it (a version is pruned only `version_grace` after its successor appeared).
-_CONFIRM_AGE = 1.0
 #: How often a read starts over from the latest version when a merge replaced its parts.
 _READ_ATTEMPTS = 5
 
@@ -111,10 +103,6 @@ class IndefiniteAppend(MvsinkError):
     """A compare-and-append whose outcome is unknown; re-read the state to learn it."""
 
 
-class PartTooOld(InvalidUsage):
-    """A part staged longer ago than `Timing.max_part_age`: the sweeper may delete it."""
-
-
 class PartGone(MvsinkError):
     """A part of the version a reader was reading is gone: a merge replaced it and the
     garbage collector deleted it. Read the latest version again."""
@@ -125,17 +113,30 @@ class Shard:
     a time (use one handle per writer, as independent processes would)."""
 
     def __init__(
-        self, client: Minio, bucket: str, shard_id: str, schema: pa.Schema, timing: Timing
+        self,
+        client: Minio | None,
+        bucket: str,
+        shard_id: str,
+        schema: pa.Schema,
+        timing: Timing,
+        *,
+        blob: Blob | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
+        if blob is None:
+            if client is None:
+                raise InvalidUsage("a shard needs a MinIO client or a blob")
+            blob = MinioBlob(client, bucket)
         self.client = client
         self.bucket = bucket
+        self.blob = blob
+        self.clock = clock
         self.shard_id = shard_id
         self.schema = schema
         self.timing = timing
         self.prefix = f"shards/{shard_id}"
-        self._states: OrderedDict[int, ShardState] = OrderedDict()
+        self._states: OrderedDict[int, tuple[ShardState, str]] = OrderedDict()
         self._latest: int | None = None
-        self._confirmed_at = 0.0
         #: Part keys of each version seen (versions are immutable), for the deleters.
         self.keys_of: dict[int, frozenset[str]] = {}
         #: Where the shard lives, for work shipped to other processes (set by `open_shard`).
@@ -150,32 +151,33 @@ class Shard:
         return f"{self.prefix}/state/{seqno:020d}"
 
     def _part_key(self, writer_id: str) -> str:
-        return (
-            f"{self.prefix}/parts/{writer_id}/{int(time.time() * 1000)}-{uuid.uuid4().hex}.parquet"
-        )
+        staged = int(self.clock.time() * 1000)
+        return f"{self.prefix}/parts/{writer_id}/{staged}-{uuid.uuid4().hex}.parquet"
 
     # -- state versions ---------------------------------------------------------------------
 
-    def version(self, seqno: int) -> ShardState | None:
-        """State version `seqno`, or None if it does not exist (yet, or any more)."""
+    def version(self, seqno: int, etag: str | None = None) -> ShardState | None:
+        """State version `seqno`, or None if it does not exist (yet, or any more). With `etag`
+        (from a LIST): None also if the object there now has other bytes (the version was
+        pruned and its key written again, `_create_version`)."""
         cached = self._states.get(seqno)
-        if cached is not None:
-            return cached
-        try:
-            data = get_bytes(self.client, self.bucket, self.state_key(seqno))
-        except S3Error as error:
-            if error.code == "NoSuchKey":
-                return None
-            raise
-        state = ShardState.from_bytes(data)
+        if cached is not None and (etag is None or cached[1] == etag):
+            return cached[0]
+        found = self.blob.get(self.state_key(seqno))
+        if found is None or (etag is not None and found[1] != etag):
+            return None
+        state = ShardState.from_bytes(found[0])
         if state.seqno != seqno or state.shard_id != self.shard_id:
             raise MvsinkError(
                 f"{self.state_key(seqno)} holds seqno {state.seqno} of shard {state.shard_id}"
             )
-        self._states[seqno] = state
+        self._remember(state, found[1])
+        return state
+
+    def _remember(self, state: ShardState, etag: str) -> None:
+        self._states[state.seqno] = (state, etag)
         while len(self._states) > _STATE_CACHE:
             self._states.popitem(last=False)
-        return state
 
     def forget(self, seqno: int) -> None:
         """Drop what is cached of version `seqno` (it was pruned)."""
@@ -184,44 +186,34 @@ class Shard:
 
     def retained_seqnos(self) -> list[int]:
         """Seqnos of the state versions currently stored, ascending (one LIST)."""
-        objects = self.client.list_objects(self.bucket, prefix=f"{self.prefix}/state/")
-        return sorted(int(o.object_name.rsplit("/", 1)[-1]) for o in objects)
+        return [_seqno(o.key) for o in self.blob.list(f"{self.prefix}/state/")]
 
     def state(self) -> ShardState:
-        """The latest state version: from the last one seen, probe forward until one is missing.
+        """The latest state version: one LIST of the versions after the last one seen.
 
-        Linearizable read: any version created before this call is seen (S3 reads after writes
-        are strongly consistent), as versions are created strictly in seqno order. A version
-        seen as the latest more than `_CONFIRM_AGE` ago may have been pruned since, together
-        with its successors (by a collector with any `version_grace`): then a missing successor
-        proves nothing, so its existence is checked first and, if it is gone, the latest is
-        found by LIST.
+        Linearizable read, whatever pauses: the newest key a LIST returns was the latest
+        version while the LIST ran (versions are created strictly in seqno order, and the
+        latest is never pruned), and its bytes are used only if they still have the etag the
+        LIST saw (a pruned key written again holds other bytes, `_create_version`). An empty
+        LIST after the last version seen proves that version is still the latest: a version
+        is pruned only once it has a successor, which the LIST would have returned.
         """
-        state = None if self._latest is None else self.version(self._latest)
-        stale = state is not None and time.monotonic() - self._confirmed_at > _CONFIRM_AGE
-        if state is not None and stale and not self._exists(state.seqno):
-            self.forget(state.seqno)
-            state = None
-        if state is None:  # first call, or our last-seen version was pruned
-            seqnos = self.retained_seqnos()
-            if not seqnos:
-                raise MvsinkError(f"shard {self.shard_id} does not exist in {self.bucket}")
-            state = self.version(seqnos[-1])
-            if state is None:
-                raise MvsinkError(f"shard {self.shard_id}: version {seqnos[-1]} vanished")
-        while (following := self.version(state.seqno + 1)) is not None:
-            state = following
-        self._latest, self._confirmed_at = state.seqno, time.monotonic()
-        return state
-
-    def _exists(self, seqno: int) -> bool:
-        try:
-            self.client.stat_object(self.bucket, self.state_key(seqno))
-        except S3Error as error:
-            if error.code in ("NoSuchKey", "NoSuchObject"):
-                return False
-            raise
-        return True
+        while True:
+            after = "" if self._latest is None else self.state_key(self._latest)
+            listed = self.blob.list(f"{self.prefix}/state/", start_after=after)
+            if not listed:
+                if self._latest is None:
+                    raise MvsinkError(f"shard {self.shard_id} does not exist in {self.bucket}")
+                state = self.version(self._latest)
+                if state is not None:
+                    return state
+                self._latest = None  # pruned and evicted from the cache: find the latest again
+                continue
+            newest = listed[-1]
+            state = self.version(_seqno(newest.key), newest.etag)
+            if state is not None:
+                self._latest = state.seqno
+                return state
 
     def upper(self) -> Frontier:
         """The shard's current upper: all times before it are final."""
@@ -259,7 +251,7 @@ class Shard:
             "mvsink.partitioning": str(partitioning), "mvsink.writer_id": writer_id,
         })  # fmt: skip
         key = self._part_key(writer_id)
-        put_bytes(self.client, self.bucket, key, data, PARQUET)
+        self.blob.put(key, data, PARQUET)
         return PartRef(key, lower, upper, writer_id, table.num_rows, len(data),
                        partition, partitions_total, partitioning)  # fmt: skip
 
@@ -370,6 +362,15 @@ class Shard:
         assert isinstance(outcome, ShardState)
         return outcome
 
+    def set_sweep_horizon(self, horizon: float) -> ShardState:
+        """Refuse, from the new version on, every part staged before `horizon` (unix seconds;
+        `apply_sweep_horizon`, the sweeper's fence)."""
+        outcome = self._compare_and_set(
+            lambda state, nonce, now: apply_sweep_horizon(state, horizon, nonce, now)
+        )
+        assert isinstance(outcome, ShardState)
+        return outcome
+
     def set_retain_history(self, retain_history: int | None) -> ShardState:
         """Make `since` trail the upper by `retain_history` times (`None`: keep everything)."""
         outcome = self._compare_and_set(
@@ -383,15 +384,21 @@ class Shard:
     ) -> ShardState | _Outcome:
         """The one write path: read the latest version, compute its successor (pure; an
         expected outcome such as a mismatch is returned as it is), create it conditionally,
-        start over on a lost race. The successor's bytes carry a fresh nonce per attempt."""
+        start over on a lost race or an unproven create (`_create_version`). The successor's
+        bytes carry a fresh nonce per attempt."""
         while True:
-            read_at = time.monotonic()
+            read_at = self.clock.monotonic()
             state = self.state()
-            successor = change(state, uuid.uuid4().hex, time.time())
+            base_etag = self._etag(state.seqno)
+            successor = change(state, uuid.uuid4().hex, self.clock.time())
             if not isinstance(successor, ShardState):
                 return successor
-            if self._create_version(successor, read_at):
+            if self._create_version(successor, read_at, base_etag):
                 return successor
+
+    def _etag(self, seqno: int) -> str | None:
+        cached = self._states.get(seqno)
+        return None if cached is None else cached[1]
 
     def advance_upper(self, to: Frontier) -> Frontier:
         """Make the upper at least `to` with empty appends (persist's `append` of nothing):
@@ -405,7 +412,9 @@ class Shard:
                 return result.new_upper
 
     def _check_part_ages(self, parts: tuple[PartRef, ...]) -> None:
-        now = time.time()
+        """The writer's early refusal of parts the sweeper may soon delete (the fence itself is
+        the state's `sweep_horizon`, checked in every pass: `apply_append`, `apply_merge`)."""
+        now = self.clock.time()
         for part in parts:
             if not part.key.startswith(f"{self.prefix}/parts/"):
                 raise InvalidUsage(f"part {part.key} is not a part of shard {self.shard_id}")
@@ -415,26 +424,37 @@ class Shard:
                     f"part {part.key} was staged {age:.0f}s ago (> {self.timing.max_part_age}s)"
                 )
 
-    def _create_version(self, state: ShardState, read_at: float) -> bool:
-        """Create `state` as the next version; whether it is now there. `False`: another writer
-        created that seqno first, or our read is too old to act on (start over)."""
+    def _create_version(self, state: ShardState, read_at: float, base_etag: str | None) -> bool:
+        """Create `state` as the next version; whether it is now there *and* provably the
+        successor of the version it was computed from. `False` (start over): another writer
+        created that seqno first, our read is too old to act on, or the create cannot be proven.
+
+        The proof is time-free: after our create of `n+1` succeeded, version `n` still has the
+        etag we read it with. The collector prunes versions oldest first, so `n+1` was not
+        pruned before our create (that needs `n` gone first), and a key that was never pruned
+        and did not exist is ours to create. Without it (we paused for longer than
+        `version_grace` anywhere between reading `n` and this check), `n+1` may be a pruned
+        seqno written again: its object is then garbage that no reader takes for a version
+        (`state` trusts only the newest key) and the collector deletes, and we start over from
+        the latest version, where a change that did land shows (an append as `UpperMismatch`).
+        """
         data, key = state.to_bytes(), self.state_key(state.seqno)
         for _ in range(_INDEFINITE_RETRIES):
-            if time.monotonic() - read_at > self.timing.max_attempt_age:
+            if self.clock.monotonic() - read_at > self.timing.max_attempt_age:
                 return False
             try:
-                outcome = conditional_put(
-                    self.client, self.bucket, key, data, timeout=self.timing.request_timeout
-                )
+                outcome = self.blob.create(key, data, timeout=self.timing.request_timeout)
             except IndefiniteWrite:
-                time.sleep(self.timing.poll_interval)
+                self.clock.sleep(self.timing.poll_interval)
                 continue
-            if isinstance(outcome, Written):
-                self._states[state.seqno] = state
-                self._latest = state.seqno
-                return True
-            assert isinstance(outcome, PreconditionFailed)
-            return False
+            if isinstance(outcome, PreconditionFailed):
+                return False
+            assert isinstance(outcome, Written)
+            if base_etag is None or self.blob.stat(self.state_key(state.seqno - 1)) != base_etag:
+                return False
+            self._remember(state, unquoted(outcome.etag))
+            self._latest = state.seqno
+            return True
         raise IndefiniteAppend(f"creating {key} stayed indefinite; read the state to settle it")
 
     @classmethod
@@ -446,15 +466,19 @@ class Shard:
         schema: pa.Schema | None,
         timing: Timing,
         retain_history: int | None = None,
+        *,
+        blob: Blob | None = None,
+        clock: Clock = SYSTEM,
     ) -> Shard:
-        """See `open_shard`."""
-        probe = cls(client, bucket, shard_id, schema or pa.schema([]), timing)
+        """See `open_shard` (`blob` and `clock`: the simulation's, `mvsink.shard.blob`)."""
+        probe = cls(client, bucket, shard_id, schema or pa.schema([]), timing, blob=blob,
+                    clock=clock)  # fmt: skip
         existing = probe.retained_seqnos()
         if not existing:
             if schema is None:
                 raise MvsinkError(f"shard {shard_id} does not exist in bucket {bucket}")
             zero = initial_state(shard_id, schema, uuid.uuid4().hex, retain_history)
-            conditional_put(client, bucket, probe.state_key(0), zero.to_bytes())
+            probe.blob.create(probe.state_key(0), zero.to_bytes())
         stored = probe.state().schema
         if schema is not None and not same_schema(stored, schema):
             raise SchemaMismatch(
@@ -471,15 +495,15 @@ class Shard:
         Raises:
             TimeoutError: not within `timeout` seconds.
         """
-        deadline = time.monotonic() + timeout
+        deadline = self.clock.monotonic() + timeout
         delay = self.timing.poll_interval
         while True:
             upper = self.upper()
             if frontier.less_than(upper):
                 return upper
-            if time.monotonic() >= deadline:
+            if self.clock.monotonic() >= deadline:
                 raise TimeoutError(f"shard {self.shard_id} upper {upper} not past {frontier}")
-            time.sleep(delay)
+            self.clock.sleep(delay)
             delay = min(delay * 2, 1.0)
 
     def listen(self, after_seqno: int, idle_timeout: float | None = None) -> Iterator[ShardState]:
@@ -491,18 +515,25 @@ class Shard:
             MvsinkError: the next version was pruned before it could be read.
         """
         seqno = after_seqno
-        idle_since = time.monotonic()
+        if self.version(seqno) is None:
+            raise MvsinkError(f"shard {self.shard_id}: version {seqno} was pruned")
+        etag = self._etag(seqno)
+        idle_since = self.clock.monotonic()
         while True:
             state = self.version(seqno + 1)
             if state is not None:
-                seqno, idle_since = seqno + 1, time.monotonic()
+                # `seqno + 1` was read before `seqno` was pruned (oldest first): it is the
+                # version, not a pruned key written again (`_create_version`).
+                if self.blob.stat(self.state_key(seqno)) != etag:
+                    raise MvsinkError(f"shard {self.shard_id}: version {seqno + 1} was pruned")
+                seqno, etag, idle_since = seqno + 1, self._etag(seqno + 1), self.clock.monotonic()
                 yield state
                 continue
             if any(s > seqno + 1 for s in self.retained_seqnos()):
                 raise MvsinkError(f"shard {self.shard_id}: version {seqno + 1} was pruned")
-            if idle_timeout is not None and time.monotonic() - idle_since > idle_timeout:
+            if idle_timeout is not None and self.clock.monotonic() - idle_since > idle_timeout:
                 return
-            time.sleep(self.timing.poll_interval)
+            self.clock.sleep(self.timing.poll_interval)
 
     def parts_for(
         self,
@@ -527,13 +558,10 @@ class Shard:
         Raises:
             PartGone: a merge replaced it and it was deleted; read the latest version again.
         """
-        try:
-            data = get_bytes(self.client, self.bucket, part.key)
-        except S3Error as error:
-            if error.code == "NoSuchKey":
-                raise PartGone(f"part {part.key} of shard {self.shard_id} is gone") from error
-            raise
-        return partio.decode_part(data, self.schema)
+        found = self.blob.get(part.key)
+        if found is None:
+            raise PartGone(f"part {part.key} of shard {self.shard_id} is gone")
+        return partio.decode_part(found[0], self.schema)
 
     def read_parts(
         self,
@@ -625,6 +653,10 @@ class Shard:
     def sweep(self, grace: float) -> SweepResult:
         """See `mvsink.shard.gc.sweep`."""
         return gc.sweep(self, grace)
+
+
+def _seqno(key: str) -> int:
+    return int(key.rsplit("/", 1)[-1])
 
 
 def _fields(schema: pa.Schema) -> str:
