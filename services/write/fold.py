@@ -36,7 +36,7 @@ from mvsink.messages import Progress
 from mvsink.rows import updates_decoder
 from mvsink.shard import SelectedPart, Shard, ShardState
 from mvsink.updates import TIME
-from services.write.checkpoint import PartitionState
+from services.write.checkpoint import PartitionState, since_passed
 
 log = logging.getLogger("mvsink.write.task")
 
@@ -51,6 +51,12 @@ READERS: dict[tuple[str, str, int], tuple[Reader, int]] = {}
 KEPT_QUEUE_KBYTES = 16384
 #: How long asking the broker for a partition's log start may take.
 WATERMARK_TIMEOUT = 10.0
+
+
+class SincePassed(MvsinkError):
+    """The shard's `since` passed what a correction state folded of it (in the state version
+    a fold was about to read): merges may have collapsed changes it still needs, so a fold from
+    there would subtract them wrongly. The step starts over, and rebuilds."""
 
 
 def fold_desired(bootstrap: str, topic: str, dead_letter_topic: str, partition: int,
@@ -192,8 +198,14 @@ def fold_persist(
 
     Raises:
         PartGone: a part was replaced by a merge meanwhile (nothing was folded).
+        SincePassed: `shard_state.since` is past `persist_folded` (nothing was folded): checked
+            against every state a fold reads, the first and each one read again after a
+            `PartGone`, not once a step.
     """
     folded = state.persist_folded
+    if since_passed(folded, shard_state.since):
+        raise SincePassed(f"partition {partition}: the shard's since {shard_state.since} (version "
+                          f"{shard_state.seqno}) passed the folded {folded}")  # fmt: skip
     if not folded.less_than(shard_state.upper):
         return 0
     selected = shard.parts_for(partition, folded, shard_state.upper, partitions,

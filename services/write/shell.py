@@ -11,7 +11,8 @@ The desired topic's life cycle is the driver's too:
   desired records its checkpoint needs are still there; a partition whose records are gone
   (`TaskResult.gone`) stops the sink's staging, logs what to do, shows on `/readyz` and
   `mvsink_write_desired_gone`, until its checkpoint version changes (`mvsink repair`);
-* its lease version moves each owned partition's critical hold (`checkpoint.holder_id`) to its
+* its lease version (renewed on a thread of its own, so a long step cannot let it lapse) moves
+  each owned partition's critical hold (`checkpoint.holder_id`) to its
   latest durable checkpoint's `persist_folded`, so `since` never passes a checkpoint the sink
   may continue from, however long the sink is down;
 * every `desired_trim_interval` it deletes each owned partition's desired records below the
@@ -24,6 +25,7 @@ The desired topic's life cycle is the driver's too:
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -110,7 +112,10 @@ class WriteShell:
         self.folded: dict[int, Frontier] = {}
         #: The executor holding each partition's warm state (`services.write.affinity`).
         self.home: dict[int, str] = {}
-        self.next_hold = 0.0
+        #: The lease keeper's own handle, and what it holds (`_hold_target`, set by the loop).
+        self.lease_shard = open_shard(config.shard_id, None, config.s3, config.shard_timing())
+        self.target: tuple[Frontier | None, dict[str, Frontier]] = (None, {})
+        self.lease_stop = threading.Event()
         #: When the last batch was staged (for `_maybe_restage`).
         self.staged_at = time.monotonic()
         self.spark: Any = None
@@ -160,33 +165,43 @@ class WriteShell:
 
     # -- the reader lease ---------------------------------------------------------------------
 
-    def _hold(self, force: bool = False) -> None:
-        """Keep this driver's lease on the shard's `since` at the least upper its partitions'
-        corrections have folded (the tasks read the shard's changes from there, which merges
-        keep distinct only at or after `since`), renewed well before it expires; and in the
-        same version move each owned partition's critical hold to its latest durable
+    def _hold_target(self) -> tuple[Frontier | None, dict[str, Frontier]]:
+        """Where this driver's lease holds `since`: the least upper its partitions' corrections
+        have folded (the tasks read the shard's changes from there, which merges keep distinct
+        only at or after `since`); and each owned partition's critical hold: its latest durable
         checkpoint's `persist_folded` (the lease lapses when this driver is gone for longer
         than `reader_lease`; the holds stay, so the checkpoints stay valid)."""
-        now = time.monotonic()
-        if not force and now < self.next_hold:
-            return
         owned = sorted(self.state.owned)
         known = [self.folded[p] for p in owned if p in self.folded]
         hold = meet_all(known) if owned and len(known) == len(owned) else None
         holds = {checkpoint.holder_id(self.config.sink_id, p): self.folded[p]
                  for p in owned if p in self.folded}  # fmt: skip
+        return hold, holds
+
+    def _hold(self) -> bool:
+        """Renew the lease and move the holds to `self.target` (one version); whether it
+        worked. Runs on the lease keeper's thread with its own shard handle, never waiting
+        for a step: a step that runs longer than the lease must not let it lapse."""
+        hold, holds = self.target
         try:
             try:
-                self.shard.lease(self.writer_id, hold, holds=holds)
+                self.lease_shard.lease(self.writer_id, hold, holds=holds)
             except AsOfBeforeSince:  # the lease expired and since moved on
                 log.warning("reader lease of %s lapsed; holding the shard's since again",
                             self.writer_id)  # fmt: skip
-                self.shard.lease(self.writer_id, holds=holds)
+                self.lease_shard.lease(self.writer_id, holds=holds)
         except Exception as error:  # S3 unavailable: the lease outlives many retries
             log.warning("renewing the reader lease failed (retrying): %r", error)
-            self.next_hold = now + 1.0
-            return
-        self.next_hold = now + min(HOLD_INTERVAL, self.config.shard_reader_lease / 3)
+            return False
+        return True
+
+    def _keep_lease(self) -> None:
+        """The lease keeper: `_hold` every `HOLD_INTERVAL` (at most a third of the lease), every
+        second after a failure, until the driver stops."""
+        interval = min(HOLD_INTERVAL, self.config.shard_reader_lease / 3)
+        delay = interval
+        while not self.lease_stop.wait(delay):
+            delay = interval if self._hold() else 1.0
 
     def _latest_checkpoint(self, partition: int) -> int:
         return checkpoint.latest(self.config.sink_id, partition, self.config.s3)
@@ -256,7 +271,10 @@ class WriteShell:
         from mvsink.spark import spark_session
 
         self.spark = spark_session(f"mvsink-write-{self.config.sink_id}", self.config.spark_master)
-        self._hold(force=True)  # before any task reads the shard
+        self.target = self._hold_target()
+        self._hold()  # before any task reads the shard
+        keeper = threading.Thread(target=self._keep_lease, name="write-lease", daemon=True)
+        keeper.start()
         owner: Consumer | None = None
         follow: list[Reader] = []
         try:  # everything from here is released on the way out, however it fails
@@ -286,7 +304,7 @@ class WriteShell:
                 if time.monotonic() >= next_poll:
                     self.state.advance_persist_frontier(self.shard.upper())
                     next_poll = time.monotonic() + SHARD_POLL
-                self._hold()
+                self.target = self._hold_target()
                 if self.crew is not None:
                     self.crew.maybe_step_aside()  # an idle crew must not starve a merge
                 desc, state = self.state.batch_description, self.state
@@ -315,6 +333,8 @@ class WriteShell:
                 self.crew.dismiss()
             if self.compactor is not None:
                 self.compactor.stop()
+            self.lease_stop.set()
+            keeper.join(timeout=30)
             try:
                 self.shard.release(self.writer_id)
             except Exception as error:

@@ -42,14 +42,14 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from mvsink.errors import DesiredGone
+from mvsink.errors import DesiredGone, MvsinkError
 from mvsink.frontier import Frontier
 from mvsink.service import quiet_retries
 from mvsink.settings import S3Settings
 from mvsink.shard import PartGone, PartRef, Shard, ShardState, open_shard
 from mvsink.spark import each_on_a_thread, executor_id, trim_worker_path
 from services.write import checkpoint
-from services.write.fold import close_readers, fold_desired, fold_persist
+from services.write.fold import SincePassed, close_readers, fold_desired, fold_persist
 
 log = logging.getLogger("mvsink.write.task")
 
@@ -132,9 +132,19 @@ def run_task(spec: TaskSpec, shard_state: ShardState | None = None) -> TaskResul
     state read for the whole round) or the latest. A step that fails drops the state
     this Python worker holds in memory: the steps change it in place, so it may be half a step
     past its version, and the next attempt (a Spark retry, or the next step, in this reused
-    worker) must load that version again (the executor's warm copy or the checkpoint)."""
+    worker) must load that version again (the executor's warm copy or the checkpoint).
+    A step that finds the shard's `since` past its fold in a state it reads later than the
+    round's (`SincePassed`, after a merge replaced a part it was reading) starts over from
+    that version and the latest state, which rebuilds it."""
     try:
-        return _step(spec, shard_state)
+        for _ in range(_READ_ATTEMPTS):
+            try:
+                return _step(spec, shard_state)
+            except SincePassed as error:
+                checkpoint.CACHE.pop((spec.sink_id, spec.partition), None)
+                log.warning("%s: starting the step over", error)
+                shard_state = None
+        raise MvsinkError(f"partition {spec.partition}: the shard's since kept passing its fold")
     except BaseException:
         checkpoint.CACHE.pop((spec.sink_id, spec.partition), None)
         raise
