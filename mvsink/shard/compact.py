@@ -101,8 +101,12 @@ def _shard(task: MergeTask) -> Shard:
 
 def run_merge_task(task: MergeTask) -> MergeTaskResult:
     """Read, merge and stage one output partition of `task.request` (module picture)."""
+    return merge_on(_shard(task), task)
+
+
+def merge_on(shard: Shard, task: MergeTask) -> MergeTaskResult:
+    """`run_merge_task` with the handle `shard`."""
     request, partition = task.request, task.partition
-    shard = _shard(task)
     total, partitioning = request.partitions_total, request.partitioning
     selected = select_parts(request.inputs, partition, total, partitioning)
     wanted = None if partition is None else [partition]

@@ -143,6 +143,8 @@ class Shard:
         self.s3: S3Settings | None = None
         #: The newest version whose replaced parts this handle has deleted.
         self.collected_through = -1
+        #: How many parts `read_parts` reads at once (1: one after the other, on this thread).
+        self.read_threads = 8
 
     # -- keys -------------------------------------------------------------------------------
 
@@ -583,8 +585,11 @@ class Shard:
 
         if not selected:
             return part_schema(self.schema).empty_table()
-        with ThreadPoolExecutor(max_workers=min(8, len(selected))) as pool:
-            tables = list(pool.map(load, selected))
+        if self.read_threads <= 1 or len(selected) == 1:
+            tables = [load(choice) for choice in selected]
+        else:
+            with ThreadPoolExecutor(max_workers=min(self.read_threads, len(selected))) as pool:
+                tables = list(pool.map(load, selected))
         return pa.concat_tables(tables)
 
     def snapshot(

@@ -280,6 +280,53 @@ def test_sweep_prunes_versions_superseded_longer_than_the_version_grace(
         list(fresh.listen(after_seqno=2, idle_timeout=0.1))
 
 
+def test_a_pruned_seqno_written_again_is_never_taken_for_a_version(new_shard: OpenShard) -> None:
+    """A writer that read version 1 and paused while versions 1 and 2 were pruned creates
+    "version 2" again on MinIO (no S3 call can stop that): it is told nothing happened and
+    starts over from the latest; no reader takes that object for a version; the collector
+    deletes it."""
+    shard = new_shard()
+    shard.advance_upper(F(1))
+    stale = Shard(shard.client, shard.bucket, shard.shard_id, ROWS, FAST)
+    assert stale.state().seqno == 1
+    for t in range(2, 5):
+        shard.advance_upper(F(t))
+    time.sleep(FAST.version_grace + 0.3)
+    shard.advance_upper(F(5))
+    assert shard.collect_garbage().states_pruned == (0, 1, 2, 3)
+    # The stale writer's next change is computed from version 1 and lands at the pruned key 2.
+    read_before_pausing, latest = stale.version(1), stale.state
+    calls: list[int] = []
+
+    def first_stale() -> ShardState:
+        calls.append(1)
+        return read_before_pausing if len(calls) == 1 else latest()  # type: ignore[return-value]
+
+    stale.state = first_stale  # type: ignore[method-assign]
+    assert stale.compare_and_append((), F(1), F(9)) == UpperMismatch(F(5), 5)  # started over
+    assert shard.client.stat_object(shard.bucket, shard.state_key(2))  # the stray object
+    fresh = Shard(shard.client, shard.bucket, shard.shard_id, ROWS, FAST)
+    assert fresh.state().seqno == 5  # the newest key, never the stray one
+    shard.collect_garbage()
+    assert 2 not in shard.retained_seqnos()  # below a confirmed gap: deleted
+
+
+def test_the_sweeper_fences_a_late_append_out(new_shard: OpenShard) -> None:
+    """An appender that checked its part's age, then paused past `min_grace` while the sweeper
+    deleted the part, is refused at its compare-and-set (`sweep_horizon`), not committed."""
+    shard = new_shard()
+    part = shard.stage(updates(("a", 1, 0, 1)), F(0), F(1), "w1")
+    time.sleep(FAST.min_grace + 0.3)
+    swept = shard.sweep(grace=FAST.min_grace)
+    assert swept.parts_deleted == (part.key,)
+    assert shard.state().sweep_horizon > 0
+    late = Shard(shard.client, shard.bucket, shard.shard_id, ROWS, FAST)
+    late._check_part_ages = lambda parts: None  # type: ignore[method-assign]  # checked earlier
+    with pytest.raises(PartTooOld, match="sweep horizon"):
+        late.compare_and_append([part], F(0), F(1))
+    assert shard.upper() == F(0) and shard.state().part_keys == frozenset()
+
+
 def test_state_documents_round_trip(new_shard: OpenShard) -> None:
     shard = new_shard()
     part = shard.stage(updates(("a", 1, 0, 1)), F(0), F(1), "w1", 0, 2)

@@ -22,7 +22,15 @@ from mvsink.shard.parts import (
     dictionary_columns,
     encode_part,
 )
-from mvsink.shard.state import PartRef, ShardState, apply_append, initial_state
+from mvsink.shard.state import (
+    PartRef,
+    PartTooOld,
+    ShardState,
+    apply_append,
+    apply_sweep_horizon,
+    initial_state,
+    staged_at,
+)
 from mvsink.updates import normalize_updates
 
 ROWS = pa.schema([("k", pa.string()), ("v", pa.int64())])
@@ -202,3 +210,48 @@ def test_a_parts_footer_metadata_reads_from_its_last_bytes() -> None:
     assert footer_metadata(data[-20:]) is None  # the footer is longer: read more
     with pytest.raises(pa.ArrowException):
         footer_metadata(b"not a parquet file at all")
+
+
+# -- the sweeper's fence ------------------------------------------------------------------------
+
+
+def staged(at: float, lower: int = 0, upper: int = 3) -> PartRef:
+    """A part whose key says it was staged at unix time `at`."""
+    return PartRef(f"shards/s/parts/w/{int(at * 1000)}-u.parquet", F(lower), F(upper), "w", 1, 10,
+                   0, 1)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("horizon", "at", "refused"),
+    [(0.0, 1.0, False), (100.0, 100.0, False), (100.0, 99.999, True), (100.0, 500.0, False)],
+)
+def test_the_sweep_horizon_refuses_parts_staged_before_it(
+    horizon: float, at: float, refused: bool
+) -> None:
+    zero = apply_sweep_horizon(initial_state("s", ROWS, "n0"), horizon, "n1", 0.0)
+    if refused:
+        with pytest.raises(PartTooOld, match="sweep horizon"):
+            apply_append(zero, (staged(at),), F(0), F(3), "n2")
+    else:
+        assert apply_append(zero, (staged(at),), F(0), F(3), "n2").part_keys == {staged(at).key}
+
+
+def test_the_sweep_horizon_never_moves_back_and_survives_serialisation() -> None:
+    zero = initial_state("s", ROWS, "n0")
+    assert b"sweep_horizon" not in zero.to_bytes()  # absent until a sweeper sets it
+    one = apply_sweep_horizon(zero, 100.0, "n1", 0.0)
+    two = apply_sweep_horizon(one, 50.0, "n2", 0.0)
+    assert (one.sweep_horizon, two.sweep_horizon, two.change) == (100.0, 100.0, "sweep")
+    assert ShardState.from_bytes(two.to_bytes()).sweep_horizon == 100.0
+
+
+def test_with_a_horizon_a_key_stage_did_not_make_is_refused() -> None:
+    one = apply_sweep_horizon(initial_state("s", ROWS, "n0"), 1.0, "n1", 0.0)
+    with pytest.raises(InvalidUsage, match="not a key"):
+        apply_append(one, (part("foreign.parquet", 0, 3),), F(0), F(3), "n2")
+
+
+def test_staged_at_reads_the_key() -> None:
+    assert staged_at("shards/s/parts/w/1234567-abc.parquet") == 1234.567
+    with pytest.raises(InvalidUsage):
+        staged_at("shards/s/parts/w/abc.parquet")

@@ -1,0 +1,265 @@
+"""A deterministic world for the shard protocol: an in-memory object store with S3's semantics,
+a virtual clock, and a scheduler that runs actors one store call at a time.
+
+Each actor is real mvsink code (`Shard`, the write fold, compaction, GC) on a thread of its own,
+but only the actor holding the baton runs: every store call and every sleep hands the baton
+back to the scheduler, which picks the next actor with the world's seeded random generator. A
+run is therefore a pure function of its seed, whatever the threads' real timing.
+
+Faults, injected at store calls by the same generator (`Faults`):
+
+* a pause: the call freezes for up to `pause` seconds of virtual time before it reaches the
+  store, or after it was applied and before its caller sees the reply (a GC pause, a swapped
+  out process, an SDK stuck in retries);
+* a slow call: the same, for up to `slow` seconds;
+* a lost reply: the call was applied, the caller sees a timeout (`IndefiniteWrite` for a
+  conditional create, `OSError` for the others);
+* a crash: the actor dies at a call and starts again with a fresh handle (nothing cached);
+* clock skew: each actor's wall clock is off by up to `skew` seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from mvsink.s3 import ConditionalResult, IndefiniteWrite, PreconditionFailed, Written
+from mvsink.shard.blob import Listed
+
+START = 1_800_000_000.0
+
+
+class Crash(BaseException):
+    """The actor's process dies here (not an `Exception`: no handler of the code catches it)."""
+
+
+class Stop(BaseException):
+    """The run is over: the actor unwinds."""
+
+
+@dataclass(frozen=True)
+class Faults:
+    """Per-call probabilities and sizes of the injected faults (module docs)."""
+
+    pause_p: float = 0.0
+    pause: float = 0.0
+    slow_p: float = 0.0
+    slow: float = 0.0
+    lost_p: float = 0.0
+    crash_p: float = 0.0
+    skew: float = 0.0
+
+
+@dataclass
+class Stored:
+    data: bytes
+    etag: str
+    modified: float
+
+
+@dataclass
+class Actor:
+    name: str
+    body: Callable[[Actor], None]
+    world: World
+    skew: float = 0.0
+    wake_at: float = 0.0
+    done: bool = False
+    error: BaseException | None = None
+    turn: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+    restarts: int = 0
+
+    # -- the actor's clock (mvsink.shard.blob.Clock) ------------------------------------------
+
+    def time(self) -> float:
+        return self.world.now + self.skew
+
+    def monotonic(self) -> float:
+        return self.world.now
+
+    def sleep(self, seconds: float) -> None:
+        self.world.yield_point(self, delay=max(seconds, 0.0), faults=False)
+
+
+class World:
+    """The store, the clock and the scheduler of one seeded run."""
+
+    def __init__(self, seed: int, faults: Faults = Faults()) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.faults = faults
+        self.now = START
+        self.objects: dict[str, Stored] = {}
+        #: Every key ever written by a create or put, in order (a key twice: written again).
+        self.writes: list[str] = []
+        self.actors: list[Actor] = []
+        self.steps = 0
+        self.stopping = False
+        self.back = threading.Event()
+        self.trace: list[str] = []
+        self.checks: list[Callable[[], None]] = []
+        #: Errors after which an actor starts over with a fresh handle, as a service retries
+        #: (a lost reply's error, an indefinite outcome); any other error fails the run.
+        self.transient: tuple[type[BaseException], ...] = (Crash, OSError)
+        self._local = threading.local()
+
+    # -- actors and the scheduler ---------------------------------------------------------------
+
+    def spawn(self, name: str, body: Callable[[Actor], None]) -> Actor:
+        actor = Actor(name, body, self, skew=self.rng.uniform(-1, 1) * self.faults.skew)
+        self.actors.append(actor)
+        return actor
+
+    def _run_actor(self, actor: Actor) -> None:
+        self._local.actor = actor
+        actor.turn.wait()
+        actor.turn.clear()
+        try:
+            while True:
+                try:
+                    actor.body(actor)
+                    break
+                except self.transient as error:
+                    actor.restarts += 1
+                    what = "crashed" if isinstance(error, Crash) else f"starts over: {error!r}"
+                    self.trace.append(f"{self.now - START:.3f} {actor.name} {what}")
+        except Stop:
+            pass
+        except BaseException as error:  # a bug the run reports
+            actor.error = error
+        finally:
+            actor.done = True
+            self.back.set()
+
+    def run(self, steps: int, until: float = float("inf")) -> None:
+        """Run the actors for `steps` store calls or until virtual time `until`, then stop
+        them; raises the first error an actor or a check raised."""
+        for actor in self.actors:
+            actor.thread = threading.Thread(target=self._run_actor, args=(actor,), daemon=True)
+            actor.thread.start()
+        try:
+            while self.steps < steps and self.now - START < until:
+                live = [a for a in self.actors if not a.done]
+                if not live:
+                    break
+                ready = [a for a in live if a.wake_at <= self.now]
+                if not ready:
+                    self.now = min(a.wake_at for a in live)
+                    continue
+                self._give(self.rng.choice(ready))
+                self.steps += 1
+                for check in self.checks:
+                    check()
+                failed = next((a for a in self.actors if a.error is not None), None)
+                if failed is not None:
+                    raise failed.error  # type: ignore[misc]
+        finally:
+            self.stopping = True
+            for actor in self.actors:
+                while not actor.done:
+                    self._give(actor)
+
+    def _give(self, actor: Actor) -> None:
+        self.back.clear()
+        actor.turn.set()
+        self.back.wait()
+
+    def yield_point(self, actor: Actor, delay: float = 0.0, faults: bool = True) -> None:
+        """Hand the baton back; run again once picked, `delay` (plus any injected pause) of
+        virtual time from now."""
+        if faults and not self.stopping:
+            delay += self._pause()
+        actor.wake_at = self.now + delay
+        self.back.set()
+        actor.turn.wait()
+        actor.turn.clear()
+        if self.stopping:
+            raise Stop
+        if faults and self.rng.random() < self.faults.crash_p:
+            raise Crash
+
+    def _pause(self) -> float:
+        roll = self.rng.random()
+        if roll < self.faults.pause_p:
+            return self.rng.uniform(0, self.faults.pause)
+        if roll < self.faults.pause_p + self.faults.slow_p:
+            return self.rng.uniform(0, self.faults.slow)
+        return 0.0
+
+    def _call(self, apply: Callable[[], object], lost: Exception | None = None) -> object:
+        """One store call from the current actor: a yield (a pause before the call reaches the
+        store), the call applied atomically, a yield (a pause before the reply), the reply or,
+        if lost, `lost`."""
+        actor: Actor | None = getattr(self._local, "actor", None)
+        if actor is None:  # the checker, between steps: no yields, no faults
+            return apply()
+        self.yield_point(actor)
+        result = apply()
+        is_lost = lost is not None and self.rng.random() < self.faults.lost_p
+        self.yield_point(actor)
+        if is_lost:
+            assert lost is not None
+            raise lost
+        return result
+
+    def note(self, line: str) -> None:
+        self.trace.append(f"{self.now - START:.3f} {line}")
+
+
+class SimBlob:
+    """`mvsink.shard.blob.Blob` on the world's in-memory store."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+
+    def get(self, key: str, *, last: int = 0) -> tuple[bytes, str] | None:
+        def apply() -> tuple[bytes, str] | None:
+            found = self.world.objects.get(key)
+            if found is None:
+                return None
+            return (found.data[-last:] if last else found.data), found.etag
+
+        return self.world._call(apply)  # type: ignore[return-value]
+
+    def stat(self, key: str) -> str | None:
+        def apply() -> str | None:
+            found = self.world.objects.get(key)
+            return None if found is None else found.etag
+
+        return self.world._call(apply)  # type: ignore[return-value]
+
+    def create(self, key: str, data: bytes, timeout: float | None = None) -> ConditionalResult:
+        def apply() -> ConditionalResult:
+            found = self.world.objects.get(key)
+            if found is not None:  # settled by content, as mvsink.s3.conditional_put does
+                return Written(found.etag) if found.data == data else PreconditionFailed(found.etag)
+            return Written(self._write(key, data))
+
+        lost = IndefiniteWrite(f"PUT {key}: reply lost")
+        return self.world._call(apply, lost)  # type: ignore[return-value]
+
+    def put(self, key: str, data: bytes, content_type: str) -> str:
+        return self.world._call(lambda: self._write(key, data), OSError(f"PUT {key}: reply lost"))  # type: ignore[return-value]
+
+    def _write(self, key: str, data: bytes) -> str:
+        etag = hashlib.md5(data).hexdigest()
+        self.world.objects[key] = Stored(data, etag, self.world.now)
+        self.world.writes.append(key)
+        return etag
+
+    def list(self, prefix: str, *, start_after: str = "", recursive: bool = False) -> list[Listed]:
+        def apply() -> list[Listed]:
+            return [Listed(k, o.etag, o.modified, len(o.data))
+                    for k, o in sorted(self.world.objects.items())
+                    if k.startswith(prefix) and k > start_after]  # fmt: skip
+
+        return self.world._call(apply)  # type: ignore[return-value]
+
+    def remove(self, keys: Iterable[str]) -> None:
+        for key in list(keys):  # one after the other: a pause may fall between two
+            self.world._call(lambda key=key: self.world.objects.pop(key, None),
+                             OSError(f"DELETE {key}: reply lost"))  # fmt: skip
