@@ -4,9 +4,11 @@ against real Kafka, MinIO and Spark."""
 from __future__ import annotations
 
 import random
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -152,6 +154,81 @@ def test_kill_9_of_each_service_then_restart_converges_without_leaks(
     print(f"swept {len(swept.parts_deleted)} leaked parts; {len(listed)} referenced remain; "
           f"{merges} merges committed")  # fmt: skip
     assert merges > 0, "compaction never ran"
+
+
+#: Bounds short enough to pause past (`mvsink.settings.Timing` checks their order).
+PAUSE_SHARD = {"MVSINK_SHARD_MAX_ATTEMPT_AGE": "2", "MVSINK_SHARD_MAX_PART_AGE": "4",
+               "MVSINK_SHARD_MIN_GRACE": "8", "MVSINK_SHARD_PART_GRACE": "2",
+               "MVSINK_SHARD_VERSION_GRACE": "6", "MVSINK_SHARD_REQUEST_TIMEOUT": "2"}  # fmt: skip
+
+
+def _stop_inside(service: Service, inside: Callable[[str], bool], tick: Callable[[], object],
+                 attempts: int = 400) -> str:  # fmt: skip
+    """SIGSTOP `service` at a moment its main thread's stack is `inside` (read with py-spy while
+    it is stopped; resumed and tried again otherwise, `tick`ing the upstream now and then); the
+    stack it was stopped in."""
+    assert service.proc is not None
+    spy = str(Path(sys.executable).parent / "py-spy")
+    rng = random.Random(7)
+    for attempt in range(attempts):
+        if attempt % 20 == 0:
+            tick()
+        time.sleep(rng.uniform(0.0, 0.05))
+        service.proc.send_signal(signal.SIGSTOP)
+        dump = subprocess.run([spy, "dump", "--nonblocking", "--pid", str(service.proc.pid)],
+                              capture_output=True, text=True, timeout=30).stdout  # fmt: skip
+        main = dump.split("Thread ", 2)[1] if dump.count("Thread ") >= 1 else dump
+        if inside(main):
+            return main
+        service.proc.send_signal(signal.SIGCONT)
+    raise AssertionError(f"{service.name} was never caught where it was wanted")
+
+
+def test_append_paused_between_its_age_check_and_its_commit_while_the_sweeper_runs(
+    sink: Sink, procs: list[Service]
+) -> None:
+    """Append is stopped (SIGSTOP) inside a compare-and-append, after it checked its parts'
+    ages, for longer than `min_grace`, while the sweeper deletes those unreferenced parts;
+    resumed, its commit is refused (the state's sweep horizon), the batch is staged again,
+    and the sink converges: nothing lost, no live part missing, the upper not stuck."""
+    for name in ("mint", "write"):
+        start(procs, sink, name, **PAUSE_SHARD)
+    append = start(procs, sink, "append", **PAUSE_SHARD)
+    upstream = Upstream(sink)
+    upstream.tick()
+    wait_until(lambda: converged(sink, upstream), 120, "convergence")
+
+    def appending(stack: str) -> bool:  # past the age check, reading the state to commit on
+        return (
+            "compare_and_append" in stack
+            and "Shard.state" in stack
+            and ("advance_upper" not in stack)
+        )
+
+    stack = _stop_inside(append, appending, upstream.tick)
+    print(f"append stopped in:\n{stack}")
+    stopped_at = time.monotonic()
+    upstream.tick()
+    time.sleep(8 + 1)  # past min_grace: the batch's parts are old enough to sweep
+    shard = open_shard(sink.config.shard_id, None, sink.config.s3, Timing(2, 4, 8, part_grace=2,
+                       version_grace=6, request_timeout=2))  # fmt: skip
+    swept = shard.sweep(grace=8)
+    assert swept.parts_deleted, "the sweeper found no part of the paused append to delete"
+    assert shard.state().sweep_horizon > 0
+    assert append.proc is not None
+    append.proc.send_signal(signal.SIGCONT)
+    print(f"append stopped for {time.monotonic() - stopped_at:.1f}s; the sweep deleted "
+          f"{len(swept.parts_deleted)} parts")  # fmt: skip
+    for _ in range(3):
+        upstream.tick()
+    wait_until(lambda: converged(sink, upstream), 180, "convergence after the pause")
+    state = shard.state()
+    listed = {o.object_name for o in shard.client.list_objects(
+        shard.bucket, prefix=f"{shard.prefix}/parts/", recursive=True)}  # fmt: skip
+    assert state.part_keys <= listed, "the latest version references a deleted part"
+    assert all(d == 1 for d in contents(sink, upstream.frontier).values())  # nothing twice
+    assert "sweep horizon" in append.text(), "the commit was not refused by the sweep horizon"
+    assert append.proc.poll() is None, "append exited"
 
 
 def test_a_checkpoint_left_by_a_lost_task_attempt_is_continued_from(
