@@ -39,19 +39,22 @@ class S3Settings:
 
 @dataclass(frozen=True)
 class Timing:
-    """Time bounds that make deletion safe (see `mvsink.shard`, "Deleting").
+    """Time bounds of the shard's garbage collection: when something is worth deleting. Safety
+    rests on fences in the state, not on these (`mvsink.shard`, docs/design.md §4.4 "Fences"):
+    a process that pauses past any of them meets a fence when it resumes.
 
     * `max_attempt_age`: a compare-and-set never writes version `n+1` later than this after
       reading version `n`; it starts over instead.
     * `max_part_age`: compare-and-append and compare-and-merge refuse parts staged longer ago
       than this.
     * `min_grace`: the sweeper deletes a never-referenced part only when it is older than a grace
-      of at least this; it must exceed both bounds above.
+      of at least this (and after moving the state's `sweep_horizon` past it); it exceeds both
+      bounds above, so a writer that does not pause seldom sees its parts refused.
     * `part_grace`: a part a merge replaced is deleted this long after the merge (readers still
       reading the replaced version finish within it, or start over from the latest one).
     * `version_grace`: a superseded state version is pruned this long after it was superseded;
-      it must exceed `max_attempt_age + request_timeout`, so no slow writer can re-create a
-      pruned seqno.
+      it exceeds `max_attempt_age + request_timeout`, so a writer that does not pause seldom
+      writes a pruned seqno again (one that does is not trusted: `Shard._create_version`).
     * `reader_lease`: how long a reader's hold on `since` lives without renewal.
     * `request_timeout`: the read timeout of a conditional create (bounds how late one lands).
     """

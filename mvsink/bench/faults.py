@@ -9,17 +9,24 @@ upper it reaches, and it must catch up.
  mint, write, append: processes, as `mvsink demo` runs them, readiness bound `READY_BOUND`
  checker thread: every upper the shard reaches is read (`Shard.snapshot`) and compared with
    the ticker's view at that upper (rows with a diff other than 1 count as duplicates)
- stack: an embedded Kafka + MinIO of this run alone (`<state>/bench/<run>/stack`)
+ stack: an embedded Kafka + MinIO of this run alone (`<state>/bench/<run>/stack`), MinIO
+   behind a Toxiproxy of this run
 ```
 
 Faults, each for `outage` seconds: `kafka-kill` and `minio-kill` (`kill -9`, then `Stack.up`
 starts it again on the address it had), `kafka-stop` and `minio-stop` (SIGSTOP, then SIGCONT),
-and `mint-kill`, `write-kill`, `append-kill` (`kill -9` of the service, restarted at once as a
-supervisor would). Per fault: whether any service exited (it must not, apart from the one
-killed), how long each service's `/readyz` took to turn unready during a dependency's outage,
-seconds from recovery to the first append and to convergence (the shard's upper past every tick
-published before recovery). At the end, the services stop, and after `min_grace` a sweep must
-leave no part unreferenced. `faults.json` holds the table.
+`minio-slow` (every S3 response delayed past the shard's `request_timeout`: the services reach
+MinIO through Toxiproxy, `mvsink.stack.toxiproxy`, which adds a latency toxic),
+`mint-kill`, `write-kill`, `append-kill` (`kill -9` of the service, restarted at once as a
+supervisor would), and `mint-pause`, `write-pause`, `append-pause` (SIGSTOP of the service for
+longer than the longest of the shard's bounds, `pause_seconds`, then SIGCONT: a process that
+stalls anywhere, between an age check and its commit too, must not break what the bounds
+protect). Per fault: whether any service exited (it must not, apart from the one killed), how
+long each service's `/readyz` took to turn unready during a dependency's outage, seconds from
+recovery to the first append and to convergence (the shard's upper past every tick published
+before recovery), uppers whose contents differed from the view (data lost or duplicated) and
+parts the latest version references that are gone (dangling). At the end, the services stop,
+and after `min_grace` a sweep must leave no part unreferenced. `faults.json` holds the table.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections import Counter
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,9 +58,11 @@ from mvsink.provision import provision
 from mvsink.rows import parse_row_schema
 from mvsink.s3 import ensure_bucket, s3_client
 from mvsink.shard import Shard, open_shard
+from mvsink.stack import toxiproxy
 from mvsink.stack.manager import Stack
 from mvsink.stack.procs import free_ports
 from mvsink.stack.state import load_records
+from mvsink.stack.toxiproxy import Toxiproxy
 
 ROW_SCHEMA = "key string not null, value long"
 #: The services' readiness bound here (seconds), and short deletion bounds so the closing sweep
@@ -61,7 +70,15 @@ ROW_SCHEMA = "key string not null, value long"
 #: reads from being compacted away under it.
 READY_BOUND = 10.0
 SINK: dict[str, Any] = {"ready_bound": READY_BOUND, "retain_history": 1000, "shard_max_attempt_age": 5.0,
-        "shard_max_part_age": 20.0, "shard_min_grace": 30.0}  # fmt: skip
+        "shard_max_part_age": 20.0, "shard_min_grace": 30.0, "shard_version_grace": 10.0,
+        "shard_part_grace": 2.0, "shard_reader_lease": 20.0, "shard_request_timeout": 4.0}  # fmt: skip
+
+
+def pause_seconds(config: Config) -> float:
+    """How long a `*-pause` fault stops a service: past the longest of the shard's bounds."""
+    timing = config.shard_timing()
+    return 2.0 + max(timing.max_attempt_age, timing.max_part_age, timing.min_grace,
+                     timing.part_grace, timing.version_grace, timing.reader_lease)  # fmt: skip
 
 
 class Ticker(threading.Thread):
@@ -190,11 +207,15 @@ def run_faults(config_path: str | None, faults: list[str], outage: float, keys: 
     run = f"faults-{uuid.uuid4().hex[:6]}"
     home = state_dir() / "bench" / run
     stack = Stack(home / "stack", cache_dir(), say)
+    api_port, listen_port = free_ports(2)
+    proxy = Toxiproxy(home / "toxiproxy", api_port)
     try:
         endpoints = stack.up()
+        proxy.start(toxiproxy.ensure_binary(cache_dir(), say), say)
+        s3_endpoint = proxy.proxy("minio", listen_port, endpoints.s3_endpoint)
         base = load_config(config_path, env={
             **os.environ, "MVSINK_KAFKA_BOOTSTRAP": endpoints.kafka_bootstrap,
-            "MVSINK_S3_ENDPOINT": endpoints.s3_endpoint, "MVSINK_S3_SECURE": "false",
+            "MVSINK_S3_ENDPOINT": s3_endpoint, "MVSINK_S3_SECURE": "false",
             "MVSINK_S3_ACCESS_KEY": endpoints.s3_access_key,
             "MVSINK_S3_SECRET_KEY": endpoints.s3_secret_key,
         })  # fmt: skip
@@ -203,16 +224,26 @@ def run_faults(config_path: str | None, faults: list[str], outage: float, keys: 
         ensure_bucket(s3_client(config.s3), config.s3.bucket)
         provision(config)
         shard = open_shard(config.shard_id, None, config.s3, config.shard_timing())
-        figures = _matrix(config, shard, home, faults, outage, keys, change, interval, stack, say)
+        figures = _matrix(config, shard, home, faults, outage, keys, change, interval,
+                          Injector(stack, proxy), say)  # fmt: skip
     finally:
+        proxy.stop()
         stack.down()
     _report(figures, say)
     save_figures(out, "faults", figures, say, home / "logs")
     return figures
 
 
+@dataclass(frozen=True)
+class Injector:
+    """What the faults act on: the stack's processes, and the proxy in front of MinIO."""
+
+    stack: Stack
+    proxy: Toxiproxy
+
+
 def _matrix(config: Config, shard: Shard, home: Path, faults: list[str], outage: float, keys: int,
-            change: int, interval: float, stack: Stack, say: Say) -> dict[str, Any]:  # fmt: skip
+            change: int, interval: float, injector: Injector, say: Say) -> dict[str, Any]:  # fmt: skip
     pipeline = Pipeline(config, home / "logs")
     ticker = Ticker(config, keys, change, interval)
     checker = Checker(shard, ticker)
@@ -228,7 +259,7 @@ def _matrix(config: Config, shard: Shard, home: Path, faults: list[str], outage:
         _all_ready(pipeline, ticker, "at the start")
         say(f"converged at {{{checker.upper}}}; faults of {outage:.0f}s each: {', '.join(faults)}")
         for fault in faults:
-            rows.append(_inject(fault, outage, stack, pipeline, ticker, checker, say))
+            rows.append(_inject(fault, outage, injector, pipeline, ticker, checker, say))
         ticker.running.clear()
         final = ticker.frontier
         _wait(lambda: checker.upper >= final, 180, "the final convergence", ticker)
@@ -248,7 +279,7 @@ def _matrix(config: Config, shard: Shard, home: Path, faults: list[str], outage:
         "parts_swept": len(swept.parts_deleted), "unreferenced_after_sweep": unreferenced,
     }  # fmt: skip
     figures["passed"] = (not checker.mismatches and not checker.duplicates and unreferenced == 0
-                         and all(not r["exited"] for r in rows))  # fmt: skip
+                         and all(not r["exited"] and not r["dangling"] for r in rows))  # fmt: skip
     return figures
 
 
@@ -262,30 +293,42 @@ def _wait(predicate: Any, timeout: float, what: str, ticker: Ticker) -> float:
     return time.monotonic() - started
 
 
-def _inject(fault: str, outage: float, stack: Stack, pipeline: Pipeline, ticker: Ticker,
+def _inject(fault: str, outage: float, injector: Injector, pipeline: Pipeline, ticker: Ticker,
             checker: Checker, say: Say) -> dict[str, Any]:  # fmt: skip
     """One fault: inject, hold for `outage`, recover; its row of the table."""
     target, how = fault.split("-")
-    killed_service = target in SERVICES
+    killed_service = target in SERVICES and how == "kill"
     unready: dict[str, float] = {}
+    lost_before = len(checker.mismatches) + checker.duplicates
     started = time.monotonic()
-    if killed_service:
+    if target in SERVICES and how == "pause":
+        process = pipeline.procs[target]
+        process.send_signal(signal.SIGSTOP)
+        time.sleep(pause_seconds(pipeline.config))
+        process.send_signal(signal.SIGCONT)
+    elif killed_service:
         pipeline.procs[target].kill()
         pipeline.procs[target].wait(30)
         pipeline.start(target)  # a supervisor restarts it
     else:
         if target == "kafka":
             ticker.running.clear()
-        pid = load_records(stack.home)[target].pid
+        pid = load_records(injector.stack.home)[target].pid
         assert pid is not None
-        os.kill(pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+        if how == "slow":  # past every S3 call's timeout: the services see MinIO hang
+            latency = int(1000 * (pipeline.config.shard_request_timeout + 1))
+            injector.proxy.add_latency("minio", "slow", latency)
+        else:
+            os.kill(pid, signal.SIGKILL if how == "kill" else signal.SIGSTOP)
         while time.monotonic() - started < outage:
             for name, port in pipeline.ports.items():
                 if name not in unready and _ready(port) == 503:
                     unready[name] = round(time.monotonic() - started, 1)
             time.sleep(0.5)
-        if how == "kill":
-            stack.up()
+        if how == "slow":
+            injector.proxy.remove("minio", "slow")
+        elif how == "kill":
+            injector.stack.up()
         else:
             os.kill(pid, signal.SIGCONT)
     recovered, upper = time.monotonic(), checker.upper
@@ -299,13 +342,19 @@ def _inject(fault: str, outage: float, stack: Stack, pipeline: Pipeline, ticker:
     exited = dict(pipeline.exited())
     for name in exited:  # counted as a failure, restarted so the matrix goes on
         pipeline.start(name)
+    state = checker.shard.state()
+    listed = {o.key for o in checker.shard.blob.list(f"{checker.shard.prefix}/parts/",
+                                                     recursive=True)}  # fmt: skip
     row = {"fault": fault, "outage_s": round(recovered - started, 1), "exited": exited,
            "unready_after_s": unready, "first_append_s": round(first, 1),
            "converged_s": round(converged, 1), "ready_s": round(ready, 1),
-           "upper": checker.upper}  # fmt: skip
+           "upper": checker.upper,
+           "lost": len(checker.mismatches) + checker.duplicates - lost_before,
+           "dangling": len(state.part_keys - listed)}  # fmt: skip
     say(f"  {fault:<12} down {row['outage_s']:.1f}s, exited {exited or 'none'}, unready after "
         f"{unready or '-'}; from recovery: first append {first:.1f}s, converged "
-        f"{converged:.1f}s, all ready {ready:.1f}s")  # fmt: skip
+        f"{converged:.1f}s, all ready {ready:.1f}s; lost {row['lost']}, dangling "
+        f"{row['dangling']}")  # fmt: skip
     return row
 
 
@@ -320,12 +369,13 @@ def _report(figures: dict[str, Any], say: Say) -> None:
     say("from recovery: the first append, convergence (every tick published before recovery")
     say("durable), every service ready again")
     say(f"{'fault':<13}{'down':>6}  {'services exited':<16}{'unready':<30}"
-        f"{'first append':>13}{'converged':>10}{'ready':>7}")  # fmt: skip
+        f"{'first append':>13}{'converged':>10}{'ready':>7}{'lost':>6}{'dangling':>9}")  # fmt: skip
     for row in figures["faults"]:
         unready = ", ".join(f"{n} {s}" for n, s in row["unready_after_s"].items()) or "-"
         exited = ", ".join(f"{n} rc={rc}" for n, rc in row["exited"].items()) or "none"
         say(f"{row['fault']:<13}{row['outage_s']:>6.1f}  {exited:<16}{unready:<30}"
-            f"{row['first_append_s']:>13.1f}{row['converged_s']:>10.1f}{row['ready_s']:>7.1f}")  # fmt: skip
+            f"{row['first_append_s']:>13.1f}{row['converged_s']:>10.1f}{row['ready_s']:>7.1f}"
+            f"{row['lost']:>6}{row['dangling']:>9}")  # fmt: skip
     say(f"uppers checked {figures['uppers_checked']}: mismatches {len(figures['mismatches'])}, "
         f"duplicates {figures['duplicates']}; swept {figures['parts_swept']} leaked parts, "
         f"{figures['unreferenced_after_sweep']} unreferenced after the sweep")  # fmt: skip

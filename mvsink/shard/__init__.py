@@ -22,14 +22,34 @@ Linearizability
 Every change is one compare-and-set: read the latest version `n`; compute `n+1` from it by a
 pure function (`apply_append`, `apply_merge`, `apply_lease`, ...; an expected outcome such as
 `UpperMismatch` or `MergeRefused` is returned instead); create `n+1` with `If-None-Match: *`; on
-a lost race (412), start over from the new latest. Versions therefore form a chain in which
-`n+1` was computed from `n` by a writer that saw `n` as the latest. The linearization point of
-a change is the successful create of its version; of a read (`state()`, `upper()`), the read of
-the first missing seqno after the last present one. S3 (and MinIO) give read-after-write
-consistency for GET/PUT/LIST, so a version created before a read starts is seen by it. A create
-whose HTTP outcome is unknown is retried with the *same bytes*: a 412 on identical content means
-it was ours (`mvsink.s3.conditional_put`), so no change happens twice and none is lost
-silently; if it stays unknown, `IndefiniteAppend` tells the caller to re-read.
+a lost race (412), start over from the new latest; once created, check that `n` still has the
+etag it was read with, and start over if not. Storage is reached only through `blob.Blob` and
+time only through `blob.Clock`, so `tests/sim` runs this code under a virtual clock and injected
+faults.
+
+The argument rests on no clock. Versions are created strictly in seqno order, each by a writer
+that read its predecessor; the collector prunes versions oldest first and never the latest. So:
+
+* a read (`state`) is one LIST of the state keys after the version last seen: its newest key
+  was the latest version while the LIST ran, and is used only with the etag the LIST returned;
+  an empty LIST proves the version last seen is still the latest (a pruned version has a
+  successor, which would be listed). S3 (and MinIO) LISTs are strongly consistent;
+* a create of `n+1` can succeed at a key the collector pruned (S3 cannot refuse it: the key is
+  absent). That needs `n` pruned first, so if `n` still has its etag after the create, `n+1`
+  never existed and is the successor of `n`: the change took effect there. Otherwise (the writer
+  paused longer than `version_grace` between its read and its check) it starts over from the
+  latest version, where a change that did land shows (an append as `UpperMismatch`); the stray
+  object is never read as a version and the collector deletes it (`gc.collect_garbage`).
+
+A create whose HTTP outcome is unknown is retried with the *same bytes*: a 412 on identical
+content means it was ours (`mvsink.s3.conditional_put`), so no change happens twice and none is
+lost silently; if it stays unknown, `IndefiniteAppend` tells the caller to re-read.
+
+Deleting parts is fenced the same way (`gc`): the sweeper moves the state's `sweep_horizon`
+past every unreferenced part it will delete before it deletes, and every append and merge pass
+refuses parts staged before the horizon of the version it computes from. The time bounds of
+`Timing` only decide when something is worth deleting; what happens to a process that pauses
+past each of them is in docs/design.md §4.4 ("Fences").
 
 `since`, leases, critical holds and merges
 ------------------------------------------
@@ -55,7 +75,7 @@ updates at times before `since` are advanced and consolidated, one part per desi
 it is made only if every input is still live, so it races safely with appends, other compactors
 and replicas. Which merges run, where and who triggers them: `mvsink.shard.compact`.
 
-What a reader may assume: versions are gap-free from the oldest retained one; `upper` and
+What a reader may assume: versions are gap-free from the oldest retained one of the chain; `upper` and
 `since` never regress; the contents at any frontier `since <= as_of <= upper` never change
 (`snapshot(as_of)` is repeatable while a lease holds `as_of`); a part referenced by the latest
 version is never deleted, and one a merge replaced lives `Timing.part_grace` more, after which a

@@ -1,6 +1,7 @@
 """Deleting what no reader or writer can still use (persist's `gc.rs`), and nothing else.
 
-Three kinds of garbage, three rules (the time bounds are `Timing`'s):
+Three kinds of garbage, three rules (the time bounds are `Timing`'s; they decide when
+something is worth deleting, never whether deleting it is safe):
 
 1. **Parts a merge replaced** (referenced by version `n`, not by `n+1`): such a key never returns
    (appends and merges take only fresh keys whose bounds the upper has not passed), so it is
@@ -8,19 +9,21 @@ Three kinds of garbage, three rules (the time bounds are `Timing`'s):
    after that finds a part gone (`PartGone`) and starts over from the latest version, which
    holds the same contents at every frontier `>= since`.
 2. **Superseded state versions**: version `n` is pruned once `n+1` is older than
-   `version_grace > max_attempt_age + request_timeout`, oldest first (the retained versions stay
-   gap-free). A writer that read `n` while it was the latest gives up on creating `n+1` before
-   then, so a pruned seqno is never created again. Parts a version dropped are deleted (1.)
+   `version_grace`, oldest first, one key after the other, never the latest. A writer that
+   read `n` and paused may still create `n+1` after both were pruned; it cannot trust that
+   create (`Shard._create_version`), no reader takes it for a version (`Shard.state`), and
+   this collector deletes it: a key below a gap in the listed seqnos, once the gap is
+   confirmed, is such a stray object (`_chain`). Parts a version dropped are deleted (1.)
    before that version is pruned, so pruning leaks nothing.
 3. **Parts never referenced** (a writer died between staging and appending, a merge result
    that lost its race and whose deleter died): the sweeper deletes parts no retained version
-   references once older than a grace `>= min_grace > max_part_age + max_attempt_age`;
-   compare-and-append and compare-and-merge refuse parts older than `max_part_age`.
-   `delete_staged` needs no clock: it deletes a part only when no retained version references
-   it and the upper has passed the part's `lower`, after which no append for it can succeed.
+   references once older than a grace `>= min_grace`, after moving the state's
+   `sweep_horizon` past them (`sweep`): from that version on, no append or merge accepts them,
+   however late it runs. `delete_staged` needs no clock: it deletes a part only when no
+   retained version references it and the upper has passed the part's `lower` (by its own
+   footer), after which no append for it can succeed.
 
-A crash at any point leaves only garbage one of the rules above removes later. Clocks (this
-process's, the writers', S3's timestamps) are assumed to agree within the slack of the bounds.
+A crash at any point leaves only garbage one of the rules above removes later.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ conditionally. The changes:
   if every input batch is still live (`None` otherwise: the merge lost a race);
 * `apply_lease` / `apply_release`: a reader's hold on `since`, with an expiry, and (with the
   same change) named *critical holds*, which never expire (`apply_release_holds` drops them);
-* `apply_retain_history`: how far `since` trails the upper.
+* `apply_retain_history`: how far `since` trails the upper;
+* `apply_sweep_horizon`: the sweeper's fence: no part staged before it is added any more.
 
 Every change also settles `since` (`settle`): expired leases are dropped and `since` advances to
 the meet of `upper - retain_history`, every live lease's hold and every critical hold, never
@@ -34,7 +35,9 @@ Invariants of a chain of versions `0, 1, 2, ...` (checked by the functions):
 5. for every frontier `as_of` with `since <= as_of <= upper`, the contents at `as_of` (updates
    with time `< as_of`, consolidated) are the same in every later version: merges only advance
    times before `since` and consolidate;
-6. a version's size is O(live batches + leases + holds), not O(history).
+6. a version's size is O(live batches + leases + holds), not O(history);
+7. `sweep_horizon` never regresses, and no part staged before it is added by the version or any
+   later one.
 """
 
 from __future__ import annotations
@@ -289,7 +292,7 @@ class ShardState:
 
     `batches` holds the live batches with data (empty appends only move `upper`; merged inputs
     are gone); `change` names what this version did (`create`, `append`, `merge`, `lease`,
-    `release`, `retain`); `appended` is the batch an `append` version appended (possibly
+    `release`, `retain`, `sweep`); `appended` is the batch an `append` version appended (possibly
     without parts). `nonce` makes the bytes of every written version unique to its writer's
     attempt, so a retried conditional create can be recognised as its own (see `mvsink.s3`).
     """

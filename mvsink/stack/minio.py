@@ -8,12 +8,10 @@ MinIO beyond S3 plus conditional writes, so any such S3 endpoint can replace it.
 
 from __future__ import annotations
 
-import os
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from mvsink.errors import StackError
 from mvsink.stack import procs
 
 MINIO_MODULE = "github.com/minio/minio"
@@ -22,29 +20,10 @@ MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
 
 
 def ensure_binary(cache: Path, say: procs.Say) -> Path:
-    """The `minio` executable, built with `go install` into the cache if not there yet."""
-    bindir = cache / "minio" / MINIO_VERSION
-    binary = bindir / "minio"
-    if binary.exists():
-        return binary
-    go = procs.require_tool(
-        "go", "install Go >= 1.24 (https://go.dev/doc/install or your package manager)"
-    )
-    say(
-        f"building MinIO {MINIO_VERSION} with `go install` into {bindir} "
-        "(first run only; a few minutes on 2 cores) ..."
-    )
-    bindir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, GOBIN=str(bindir), CGO_ENABLED="0", GOFLAGS="-buildvcs=false")
-    procs.run_checked(
-        [go, "install", f"{MINIO_MODULE}@{MINIO_VERSION}"],
-        log=bindir / "go-install.log",
-        env=env,
-        what="building MinIO with go install",
-    )
-    if not binary.exists():
-        raise StackError(f"go install finished but {binary} is missing")
-    return binary
+    """The `minio` executable, built with `go install` into the cache if not there yet (a few
+    minutes on 2 cores)."""
+    return procs.go_install(MINIO_MODULE, MINIO_VERSION, "minio", cache / "minio" / MINIO_VERSION,
+                            say, "MinIO")  # fmt: skip
 
 
 @dataclass

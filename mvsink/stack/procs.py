@@ -95,6 +95,25 @@ def require_tool(name: str, hint: str) -> str:
     return found
 
 
+def go_install(module: str, version: str, binary: str, bindir: Path, say: Say, what: str) -> Path:
+    """The executable `binary` of Go package `module@version`, built with `go install` into
+    `bindir` (the download/build cache) if not there yet."""
+    path = bindir / binary
+    if path.exists():
+        return path
+    go = require_tool(
+        "go", "install Go >= 1.24 (https://go.dev/doc/install or your package manager)"
+    )
+    say(f"building {what} {version} with `go install` into {bindir} (first run only) ...")
+    bindir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, GOBIN=str(bindir), CGO_ENABLED="0", GOFLAGS="-buildvcs=false")
+    run_checked([go, "install", f"{module}@{version}"], log=bindir / "go-install.log", env=env,
+                what=f"building {what} with go install")  # fmt: skip
+    if not path.exists():
+        raise StackError(f"go install finished but {path} is missing")
+    return path
+
+
 def run_checked(
     cmd: Sequence[str],
     *,

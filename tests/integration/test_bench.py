@@ -124,7 +124,9 @@ def test_bench_faults_survives_every_fault(
 ) -> None:
     """The fault matrix on a stack of its own (the session's is never killed), short outages:
     every fault survived with no service exit, the shard equal to the view at every upper
-    checked, readiness lost during each dependency's outage, nothing left after the sweep."""
+    checked, readiness lost during each dependency's outage, nothing left after the sweep; each
+    service paused (SIGSTOP) past the longest shard bound loses nothing and leaves nothing
+    dangling."""
     from mvsink.bench import FAULTS
     from mvsink.config import cache_dir
 
@@ -141,6 +143,7 @@ def test_bench_faults_survives_every_fault(
     assert figures["duplicates"] == 0 and figures["unreferenced_after_sweep"] == 0
     for row in figures["faults"]:
         assert row["exited"] == {}, row
+        assert row["lost"] == 0 and row["dangling"] == 0, row
         assert row["first_append_s"] >= 0 and row["converged_s"] >= row["first_append_s"]
         if row["fault"].split("-")[0] in ("kafka", "minio"):
             assert set(row["unready_after_s"]) == {"mint", "write", "append"}, row

@@ -11,6 +11,8 @@ Checks (`Checker`), from what is actually in the store:
 * the latest version references no missing part, and its contents at `since`, at `upper` and
   at a frontier between equal the model's: every update of every batch ever appended;
 * every `Appended` a writer was told is the version that appended its parts;
+* a retained version whose parts are all there has the model's contents at a frontier in
+  `[since, upper]`; every reader's snapshot equals the model at its `as_of`;
 * every fold's corrections equal desired (nothing) minus the shard's contents at its upper;
 * at the end, after the collector and the sweeper ran with every grace passed: no pruned seqno
   written again is left, no part is left that no version references, few versions are left.
@@ -58,11 +60,17 @@ FAULTS = Faults(pause_p=0.02, pause=120.0, slow_p=0.1, slow=2.0, lost_p=0.02, cr
 Rows = Counter[int]
 
 
-def _rows(table: pa.Table, below: int | None = None) -> Rows:
-    """The net diff per key of `table`'s updates (with time `< below`)."""
+Update = tuple[int, int, int]  # key, time, diff
+
+
+def _updates(table: pa.Table) -> list[Update]:
+    return list(zip(*(table.column(n).to_pylist() for n in ("k", TIME, DIFF)), strict=True))
+
+
+def _rows(table: pa.Table | list[Update], below: int | None = None) -> Rows:
+    """The net diff per key of the updates (with time `< below`)."""
     net: Rows = Counter()
-    keys, times, diffs = (table.column(n).to_pylist() for n in ("k", TIME, DIFF))
-    for key, time, diff in zip(keys, times, diffs, strict=True):
+    for key, time, diff in _updates(table) if isinstance(table, pa.Table) else table:
         if below is None or time < below:
             net[key] += diff
     return _net(net)
@@ -79,12 +87,14 @@ class Checker:
         self.world = world
         self.genuine: dict[int, ShardState] = {}
         self.rewritten: set[str] = set()
-        self.parts: dict[str, pa.Table] = {}
+        self.parts: dict[str, list[Update]] = {}
+        self._models: dict[int | None, Rows] = {}
         self.seen_writes = 0
         self.handles: list[Shard] = []
         self.latest_checked = -1
         self.folds = 0
         self.appends = 0
+        self.reads = 0
 
     def __call__(self) -> None:
         world = self.world
@@ -104,8 +114,9 @@ class Checker:
                     assert before.upper.less_equal(state.upper), f"upper regressed at {seqno}"
                     assert before.since.less_equal(state.since), f"since regressed at {seqno}"
                 self.genuine[seqno] = state
+                self._models.clear()
             elif key.startswith(f"{PREFIX}/parts/") and stored is not None:
-                self.parts[key] = decode_part(stored.data, ROWS)
+                self.parts[key] = _updates(decode_part(stored.data, ROWS))
         self.seen_writes = len(world.writes)
         for handle in self.handles:  # what each handle takes for the latest version
             cached = None if handle._latest is None else handle._states.get(handle._latest)
@@ -117,15 +128,18 @@ class Checker:
         if latest != self.latest_checked:
             self.check_contents(self.genuine[latest])
             self.latest_checked = latest
+        self.check_retained()
 
     def model(self, below: int | None) -> Rows:
         """Every update ever appended (by a version of the chain), with time `< below`."""
-        net: Rows = Counter()
-        for state in self.genuine.values():
-            if state.appended is not None:
-                for part in state.appended.parts:
-                    net.update(_rows(self.parts[part.key], below))
-        return _net(net)
+        if below not in self._models:
+            net: Rows = Counter()
+            for state in self.genuine.values():
+                if state.appended is not None:
+                    for part in state.appended.parts:
+                        net.update(_rows(self.parts[part.key], below))
+            self._models[below] = _net(net)
+        return self._models[below]
 
     def contents(self, state: ShardState, below: int | None) -> Rows:
         net: Rows = Counter()
@@ -142,6 +156,28 @@ class Checker:
             assert self.contents(state, as_of) == self.model(as_of), (
                 f"version {state.seqno}: contents at {as_of} differ from what was appended"
             )
+
+    def check_retained(self) -> None:
+        """One retained version, picked at random: its contents at a frontier in `[since,
+        upper]` equal the model's, unless a part it names is gone (a merge replaced it more
+        than `part_grace` ago: readers of that version start over from the latest)."""
+        retained = [int(k.rsplit("/", 1)[-1]) for k in self.world.objects
+                    if k.startswith(f"{PREFIX}/state/") and k not in self.rewritten]  # fmt: skip
+        state = self.genuine[self.world.rng.choice(retained)]
+        if all(p.key in self.world.objects for p in state.parts()):
+            since, upper = state.since.time or 0, state.upper.time or 0
+            as_of = self.world.rng.randint(since, upper)
+            net: Rows = Counter()
+            for part in state.parts():
+                net.update(_rows(self.parts[part.key], as_of))
+            assert _net(net) == self.model(as_of), (
+                f"retained version {state.seqno}: contents at {as_of} differ from the model"
+            )
+
+    def read(self, rows: Rows, as_of: int) -> None:
+        """A reader's snapshot at `as_of`."""
+        assert rows == self.model(as_of), f"a snapshot at {as_of} differs from the model"
+        self.reads += 1
 
     def claim(self, seqno: int, keys: set[str]) -> None:
         """A writer was told `Appended(seqno)` for the parts `keys`."""
@@ -191,6 +227,7 @@ class Sim:
         self.spawn("compactor", compactor)
         self.spawn("gc", collector)
         self.spawn("fold", folder)
+        self.spawn("reader", reader)
         return self
 
     def run(self, steps: int) -> None:
@@ -308,6 +345,21 @@ def folder(sim: Sim, actor: Actor) -> None:
         sim.checker.fold(state, shard_state.upper)
         with contextlib.suppress(AsOfBeforeSince):  # a lapsed lease: since moved on
             shard.lease(actor.name, state.persist_folded)
+        actor.sleep(rng.uniform(0, 2.0))
+
+
+def reader(sim: Sim, actor: Actor) -> None:
+    """`Shard.snapshot` at a frontier between `since` and the upper, under a lease."""
+    shard, rng = sim.shard(actor), sim.world.rng
+    while True:
+        state = shard.state()
+        as_of = rng.randint(state.since.time or 0, state.upper.time or 0)
+        try:
+            shard.lease(actor.name, Frontier.at(as_of))
+            table = shard.snapshot(as_of)
+        except (AsOfBeforeSince, PartGone):  # since moved on, or parts kept vanishing: again
+            continue
+        sim.checker.read(_rows(table), as_of)
         actor.sleep(rng.uniform(0, 2.0))
 
 

@@ -43,7 +43,7 @@ def test_seed_sweep(request: pytest.FixtureRequest) -> None:
     else:
         first = option("--sim-first")
         seeds = list(range(first, first + (option("--sim-seeds") or BUDGET_SEEDS)))
-    started, calls, folds, appends = time.monotonic(), 0, 0, 0
+    started, calls, folds, appends, reads = time.monotonic(), 0, 0, 0, 0
     fenced: Counter[str] = Counter()
     scenario = option("--sim-scenario")
     for n, seed in enumerate(seeds, 1):
@@ -51,15 +51,16 @@ def test_seed_sweep(request: pytest.FixtureRequest) -> None:
         calls += sim.world.steps
         folds += sim.checker.folds
         appends += sim.checker.appends
+        reads += sim.checker.reads
         fenced["pruned seqnos written again"] += len(sim.checker.rewritten)
         fenced["late parts refused"] += sum("PartTooOld" in line for line in sim.world.trace)
         fenced["folds rebuilt"] += sum("rebuilding" in line for line in sim.world.trace)
         if n % 100 == 0 or n == len(seeds):
             took = time.monotonic() - started
             print(f"[sim] {n}/{len(seeds)} seeds, {calls} store calls, {appends} appends, "
-                  f"{folds} folds checked in {took:.0f}s ({n / took:.1f} seeds/s, "
+                  f"{folds} folds, {reads} snapshots checked in {took:.0f}s ({n / took:.1f} seeds/s, "
                   f"{calls / took:.0f} calls/s); fences met: {dict(fenced)}", flush=True)  # fmt: skip
-    assert appends > 0 and folds > 0, "the sweep appended or folded nothing: it checked nothing"
+    assert appends > 0 and folds > 0 and reads > 0, "the sweep checked nothing"
 
 
 # -- the named interleavings ----------------------------------------------------------------
