@@ -22,8 +22,8 @@ Linearizability
 Every change is one compare-and-set: read the latest version `n`; compute `n+1` from it by a
 pure function (`apply_append`, `apply_merge`, `apply_lease`, ...; an expected outcome such as
 `UpperMismatch` or `MergeRefused` is returned instead); create `n+1` with `If-None-Match: *`; on
-a lost race (412), start over from the new latest; once created, check that `n` still has the
-etag it was read with, and start over if not. Storage is reached only through `blob.Blob` and
+a lost race (412), start over from the new latest; once created, prove it is the successor of
+`n` (`Shard._proven`), and start over if not. Storage is reached only through `blob.Blob` and
 time only through `blob.Clock`, so `tests/sim` runs this code under a virtual clock and injected
 faults.
 
@@ -35,11 +35,15 @@ that read its predecessor; the collector prunes versions oldest first and never 
   an empty LIST proves the version last seen is still the latest (a pruned version has a
   successor, which would be listed). S3 (and MinIO) LISTs are strongly consistent;
 * a create of `n+1` can succeed at a key the collector pruned (S3 cannot refuse it: the key is
-  absent). That needs `n` pruned first, so if `n` still has its etag after the create, `n+1`
-  never existed and is the successor of `n`: the change took effect there. Otherwise (the writer
-  paused longer than `version_grace` between its read and its check) it starts over from the
-  latest version, where a change that did land shows (an append as `UpperMismatch`); the stray
-  object is never read as a version and the collector deletes it (`gc.collect_garbage`).
+  absent). That needs a newer version to have existed before the create, and the latest is
+  never pruned, so one is listed after it: ours listed alone after `n` proves the create, and
+  so does an `n+2` whose `prev` (each version records the nonce of the one it was computed
+  from) is ours, since only a latest version is built on. Otherwise (the writer paused longer
+  than `version_grace` between its read and its create, or a late retry of a lost reply landed
+  after pruning, which writes a pruned version back byte for byte: etags prove nothing) it
+  starts over from the latest version, where a change that did land shows (an append as
+  `UpperMismatch`); the stray object is never read as a version, and the collector keeps only
+  the run of versions linked by `prev` and deletes the rest (`gc.collect_garbage`).
 
 A create whose HTTP outcome is unknown is retried with the *same bytes*: a 412 on identical
 content means it was ours (`mvsink.s3.conditional_put`), so no change happens twice and none is

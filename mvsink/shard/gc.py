@@ -10,11 +10,12 @@ something is worth deleting, never whether deleting it is safe):
    holds the same contents at every frontier `>= since`.
 2. **Superseded state versions**: version `n` is pruned once `n+1` is older than
    `version_grace`, oldest first, one key after the other, never the latest. A writer that
-   read `n` and paused may still create `n+1` after both were pruned; it cannot trust that
-   create (`Shard._create_version`), no reader takes it for a version (`Shard.state`), and
-   this collector deletes it: a key below a gap in the listed seqnos, once the gap is
-   confirmed, is such a stray object (`_chain`). Parts a version dropped are deleted (1.)
-   before that version is pruned, so pruning leaks nothing.
+   read `n` and paused may still create `n+1` after both were pruned; it cannot prove that
+   create (`Shard._proven`), no reader takes it for a version (`Shard.state`), and this
+   collector deletes it: the retained versions are the run from the newest object down linked
+   by `prev`, and every object below it is such a stray (`_chain`). Parts a version dropped
+   are deleted (1.) before that version is pruned, so pruning leaks nothing; pairs are taken
+   only within the linked run (a stray may name a part its writer appended again later).
 3. **Parts never referenced** (a writer died between staging and appending, a merge result
    that lost its race and whose deleter died): the sweeper deletes parts no retained version
    references once older than a grace `>= min_grace`, after moving the state's
@@ -38,6 +39,7 @@ import pyarrow as pa
 
 from mvsink.errors import InvalidUsage
 from mvsink.frontier import Frontier
+from mvsink.shard.blob import Listed
 from mvsink.shard.parts import footer_metadata
 from mvsink.shard.state import PartRef, staged_at
 
@@ -88,48 +90,78 @@ def _age_reference(key: str, modified: float) -> float:
         return modified
 
 
-def _versions(shard: Shard) -> dict[int, float]:
-    """Retained version seqnos and their creation times (one LIST)."""
-    return {int(o.key.rsplit("/", 1)[-1]): o.modified
-            for o in shard.blob.list(f"{shard.prefix}/state/")}  # fmt: skip
+def _versions(shard: Shard) -> dict[int, Listed]:
+    """The state objects stored, by seqno (one LIST): versions, and any stray (`_chain`)."""
+    return {int(o.key.rsplit("/", 1)[-1]): o for o in shard.blob.list(f"{shard.prefix}/state/")}
 
 
-def _keys(shard: Shard, seqno: int) -> frozenset[str] | None:
-    """Part keys of version `seqno` (cached: versions are immutable); None if pruned."""
-    keys = shard.keys_of.get(seqno)
-    if keys is None:
-        state = shard.version(seqno)
+@dataclass(frozen=True)
+class Seen:
+    """What the collector needs of one state object (cached by seqno and etag: immutable)."""
+
+    keys: frozenset[str]
+    nonce: str
+    prev: str
+
+
+def _seen(shard: Shard, seqno: int, listed: Listed) -> Seen | None:
+    """The object at `seqno` as listed; None if it is gone (or was replaced) since."""
+    key = (seqno, listed.etag)
+    seen = shard.seen.get(key)
+    if seen is None:
+        state = shard.version(seqno, listed.etag)
         if state is None:
             return None
-        keys = shard.keys_of[seqno] = state.part_keys
-    return keys
+        seen = shard.seen[key] = Seen(state.part_keys, state.nonce, state.prev)
+    return seen
 
 
 def referenced_keys(shard: Shard) -> frozenset[str]:
-    """Keys of every part referenced by any retained state version."""
+    """Keys of every part referenced by any state object stored, and by the latest version
+    read after them (a version pruned between the LIST and its read has successors the LIST
+    did not see: whatever they reference that is still live, the latest version does)."""
     keys: set[str] = set()
-    for seqno in sorted(_versions(shard)):
-        found = _keys(shard, seqno)
-        if found is not None:
-            keys |= found
-    return frozenset(keys)
+    for seqno, listed in sorted(_versions(shard).items()):
+        seen = _seen(shard, seqno, listed)
+        if seen is not None:
+            keys |= seen.keys
+    return frozenset(keys | shard.state().part_keys)
 
 
-def _chain(shard: Shard, created: dict[int, float]) -> list[int]:
-    """The retained versions of the chain: the newest gap-free run of `created`. Keys below a
-    gap are pruned seqnos written again by writers that paused (`Shard._create_version`):
-    each is deleted once the gap is confirmed (the key above it is missing now, though a newer
-    version existed when listed, so it was pruned, and everything below it before)."""
-    seqnos = sorted(created)
-    start = len(seqnos) - 1
-    while start > 0 and seqnos[start - 1] == seqnos[start] - 1:
-        start -= 1
-    if start > 0 and shard.blob.stat(shard.state_key(seqnos[start] - 1)) is None:
-        for seqno in seqnos[:start]:
-            shard.blob.remove([shard.state_key(seqno)])
-            shard.forget(seqno)
-        return seqnos[start:]
-    return seqnos if start == 0 else []
+def _chain(shard: Shard, listed: dict[int, Listed]) -> list[int]:
+    """The retained versions: from the newest object down, each one the `prev` of the one
+    above links to (`mvsink.shard.state.links`). Below the first one that does not link (a
+    pruned seqno a paused writer wrote again, `Shard._proven`) or below a gap confirmed by
+    the missing key above it (a newer version existed when listed, so it was pruned, and
+    everything below it before), every object is such a stray: deleted, its parts left to the
+    sweeper (a live part is referenced by the chain too). An object gone since the LIST ends
+    the chain there, deleting nothing."""
+    seqnos = sorted(listed)
+    if not seqnos:
+        return []
+    chain = [seqnos[-1]]
+    newer = _seen(shard, seqnos[-1], listed[seqnos[-1]])
+    strays: list[int] = []
+    for position in range(len(seqnos) - 2, -1, -1):
+        seqno = seqnos[position]
+        if newer is None:
+            return sorted(chain)
+        if seqno != chain[-1] - 1:
+            if shard.blob.stat(shard.state_key(chain[-1] - 1)) is None:
+                strays = seqnos[: position + 1]
+            break
+        older = _seen(shard, seqno, listed[seqno])
+        if older is None:
+            break
+        if newer.prev and newer.prev != older.nonce:
+            strays = seqnos[: position + 1]
+            break
+        chain.append(seqno)
+        newer = older
+    for seqno in strays:
+        shard.blob.remove([shard.state_key(seqno)])
+        shard.forget(seqno)
+    return sorted(chain)
 
 
 def collect_garbage(shard: Shard) -> GcResult:
@@ -143,8 +175,11 @@ def collect_garbage(shard: Shard) -> GcResult:
     no part is left referenced by no retained version).
     """
     now = shard.clock.time()
-    created = _versions(shard)
-    seqnos = _chain(shard, created)
+    listed = _versions(shard)
+    seqnos = _chain(shard, listed)
+    created = {seqno: listed[seqno].modified for seqno in seqnos}
+    for key in [k for k in shard.seen if seqnos and k[0] < seqnos[0]]:
+        del shard.seen[key]  # pruned, by whichever collector
     timing = shard.timing
     replaced: set[str] = set()
     through = shard.collected_through
@@ -153,10 +188,10 @@ def collect_garbage(shard: Shard) -> GcResult:
             break
         if newer <= shard.collected_through:
             continue
-        before, after = _keys(shard, older), _keys(shard, newer)
+        before, after = _seen(shard, older, listed[older]), _seen(shard, newer, listed[newer])
         if before is None or after is None:
             break  # pruned meanwhile by another collector
-        replaced |= before - after
+        replaced |= before.keys - after.keys
         through = newer
     shard.blob.remove(sorted(replaced))
     shard.collected_through = through

@@ -305,6 +305,10 @@ class ShardState:
     batches: tuple[BatchRecord, ...] = ()
     appended: BatchRecord | None = None
     nonce: str = ""
+    #: The nonce of the version this one was computed from ("" for version 0 and versions
+    #: written before it was recorded): a version is the successor of the one before it
+    #: only if this links them (`links`).
+    prev: str = ""
     #: How far `since` trails the upper, in times; `None`: `since` never advances.
     retain_history: int | None = None
     readers: tuple[ReaderLease, ...] = ()
@@ -366,6 +370,8 @@ class ShardState:
             document["holds"] = [h.to_json() for h in self.holds]
         if self.sweep_horizon:  # absent when never set, as `holds`
             document["sweep_horizon"] = self.sweep_horizon
+        if self.prev:
+            document["prev"] = self.prev
         return json.dumps(document, separators=(",", ":"), sort_keys=True).encode()
 
     @classmethod
@@ -394,6 +400,7 @@ class ShardState:
                 readers=tuple(ReaderLease.from_json(r) for r in raw.get("readers", [])),
                 holds=tuple(CriticalHold.from_json(h) for h in raw.get("holds", [])),
                 sweep_horizon=float(raw.get("sweep_horizon", 0.0)),
+                prev=raw.get("prev", ""),
                 change=raw.get("change", "append" if raw["appended"] is not None else "create"),
             )
         except (KeyError, TypeError, ValueError) as error:
@@ -439,8 +446,15 @@ def _successor(
     state: ShardState, change: str, nonce: str, now: float, **changes: Any
 ) -> ShardState:
     following = replace(state, seqno=state.seqno + 1, change=change, appended=None, nonce=nonce,
-                        **changes)  # fmt: skip
+                        prev=state.nonce, **changes)  # fmt: skip
     return settle(following, now)
+
+
+def links(older: ShardState, newer: ShardState) -> bool:
+    """Whether `newer` was computed from `older` (its `prev` is `older`'s nonce): an object at a
+    pruned seqno that a paused writer wrote again links to nothing retained. Versions written
+    before `prev` was recorded count as linked."""
+    return newer.seqno == older.seqno + 1 and (not newer.prev or newer.prev == older.nonce)
 
 
 # -- changes ----------------------------------------------------------------------------------

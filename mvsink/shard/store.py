@@ -137,8 +137,8 @@ class Shard:
         self.prefix = f"shards/{shard_id}"
         self._states: OrderedDict[int, tuple[ShardState, str]] = OrderedDict()
         self._latest: int | None = None
-        #: Part keys of each version seen (versions are immutable), for the deleters.
-        self.keys_of: dict[int, frozenset[str]] = {}
+        #: What the collector read of each state object, by (seqno, etag): immutable.
+        self.seen: dict[tuple[int, str], gc.Seen] = {}
         #: Where the shard lives, for work shipped to other processes (set by `open_shard`).
         self.s3: S3Settings | None = None
         #: The newest version whose replaced parts this handle has deleted.
@@ -184,7 +184,8 @@ class Shard:
     def forget(self, seqno: int) -> None:
         """Drop what is cached of version `seqno` (it was pruned)."""
         self._states.pop(seqno, None)
-        self.keys_of.pop(seqno, None)
+        for key in [k for k in self.seen if k[0] == seqno]:
+            del self.seen[key]
 
     def retained_seqnos(self) -> list[int]:
         """Seqnos of the state versions currently stored, ascending (one LIST)."""
@@ -391,11 +392,10 @@ class Shard:
         while True:
             read_at = self.clock.monotonic()
             state = self.state()
-            base_etag = self._etag(state.seqno)
             successor = change(state, uuid.uuid4().hex, self.clock.time())
             if not isinstance(successor, ShardState):
                 return successor
-            if self._create_version(successor, read_at, base_etag):
+            if self._create_version(successor, read_at):
                 return successor
 
     def _etag(self, seqno: int) -> str | None:
@@ -426,19 +426,15 @@ class Shard:
                     f"part {part.key} was staged {age:.0f}s ago (> {self.timing.max_part_age}s)"
                 )
 
-    def _create_version(self, state: ShardState, read_at: float, base_etag: str | None) -> bool:
+    def _create_version(self, state: ShardState, read_at: float) -> bool:
         """Create `state` as the next version; whether it is now there *and* provably the
-        successor of the version it was computed from. `False` (start over): another writer
-        created that seqno first, our read is too old to act on, or the create cannot be proven.
+        successor of the version it was computed from (`_proven`). `False` (start over):
+        another writer created that seqno first, our read is too old to act on, or the create
+        cannot be proven.
 
-        The proof is time-free: after our create of `n+1` succeeded, version `n` still has the
-        etag we read it with. The collector prunes versions oldest first, so `n+1` was not
-        pruned before our create (that needs `n` gone first), and a key that was never pruned
-        and did not exist is ours to create. Without it (we paused for longer than
-        `version_grace` anywhere between reading `n` and this check), `n+1` may be a pruned
-        seqno written again: its object is then garbage that no reader takes for a version
-        (`state` trusts only the newest key) and the collector deletes, and we start over from
-        the latest version, where a change that did land shows (an append as `UpperMismatch`).
+        Raises:
+            IndefiniteAppend: the create stayed indefinite, or landed and could not be proven
+                for an S3 error: read the state to settle it.
         """
         data, key = state.to_bytes(), self.state_key(state.seqno)
         for _ in range(_INDEFINITE_RETRIES):
@@ -452,12 +448,43 @@ class Shard:
             if isinstance(outcome, PreconditionFailed):
                 return False
             assert isinstance(outcome, Written)
-            if base_etag is None or self.blob.stat(self.state_key(state.seqno - 1)) != base_etag:
-                return False
-            self._remember(state, unquoted(outcome.etag))
+            etag = unquoted(outcome.etag)
+            try:
+                if not self._proven(state, etag):
+                    return False
+            except Exception as error:
+                raise IndefiniteAppend(f"created {key} but could not check it: {error!r}; read "
+                                       "the state to settle it") from error  # fmt: skip
+            self._remember(state, etag)
             self._latest = state.seqno
             return True
         raise IndefiniteAppend(f"creating {key} stayed indefinite; read the state to settle it")
+
+    def _proven(self, state: ShardState, etag: str) -> bool:
+        """Whether the object `state` (etag `etag`; one we created, or one `listen` read) is
+        the successor of the version it was computed from: one LIST of the state keys after
+        that version.
+
+        A create can succeed at a seqno the collector pruned (the key is absent: S3 cannot
+        refuse it), if we paused between reading `n` and creating `n+1` while `n+1` and more
+        were created and pruned. Then a newer version existed before our create and, the
+        latest version never being pruned, one is listed now. So: ours listed alone proves it;
+        ours followed by `n+2` computed from ours (its `prev` is our nonce) proves it too (only
+        a latest version is built on); anything else (ours gone or replaced, a successor not
+        built on ours, a gap) does not. An unproven object is never read as a version (`state`
+        reads only the newest key) and the collector deletes it (`gc`); the caller starts
+        over from the latest version, where a change that did land shows.
+        """
+        listed = self.blob.list(f"{self.prefix}/state/",
+                                start_after=self.state_key(state.seqno - 1))  # fmt: skip
+        if not listed or (listed[0].key, listed[0].etag) != (self.state_key(state.seqno), etag):
+            return False
+        if len(listed) == 1:
+            return True
+        if listed[1].key != self.state_key(state.seqno + 1):
+            return False
+        following = self.version(state.seqno + 1, listed[1].etag)
+        return following is not None and following.prev == state.nonce
 
     @classmethod
     def create_or_open(
@@ -517,18 +544,15 @@ class Shard:
             MvsinkError: the next version was pruned before it could be read.
         """
         seqno = after_seqno
-        if self.version(seqno) is None:
-            raise MvsinkError(f"shard {self.shard_id}: version {seqno} was pruned")
-        etag = self._etag(seqno)
         idle_since = self.clock.monotonic()
         while True:
             state = self.version(seqno + 1)
             if state is not None:
-                # `seqno + 1` was read before `seqno` was pruned (oldest first): it is the
-                # version, not a pruned key written again (`_create_version`).
-                if self.blob.stat(self.state_key(seqno)) != etag:
+                # The object there is the version, not a pruned seqno a paused writer wrote
+                # again, only if `_proven` says so (as for a writer's own create).
+                if not self._proven(state, self._etag(seqno + 1) or ""):
                     raise MvsinkError(f"shard {self.shard_id}: version {seqno + 1} was pruned")
-                seqno, etag, idle_since = seqno + 1, self._etag(seqno + 1), self.clock.monotonic()
+                seqno, idle_since = seqno + 1, self.clock.monotonic()
                 yield state
                 continue
             if any(s > seqno + 1 for s in self.retained_seqnos()):
