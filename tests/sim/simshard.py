@@ -207,7 +207,7 @@ class Sim:
         self.world.transient = (*self.world.transient, IndefiniteAppend)
         self.blob = SimBlob(self.world)
         Shard.create_or_open(None, "sim", SHARD, ROWS, TIMING, 3, blob=self.blob,  # type: ignore[arg-type]
-                             clock=_Fixed(self.world))  # fmt: skip
+                             clock=FixedClock(self.world))  # fmt: skip
         self.checker()
 
     def shard(self, actor: Actor) -> Shard:
@@ -225,9 +225,11 @@ class Sim:
         for n in range(appenders):
             self.spawn(f"append{n}", appender)
         self.spawn("compactor", compactor)
-        self.spawn("gc", collector)
+        self.spawn("gc0", collector)
+        self.spawn("gc1", collector)
         self.spawn("fold", folder)
         self.spawn("reader", reader)
+        self.spawn("lease", leaser)
         return self
 
     def run(self, steps: int) -> None:
@@ -239,7 +241,7 @@ class Sim:
         left that they should have deleted."""
         world = self.world
         world.now += TIMING.min_grace + TIMING.version_grace + 1
-        janitor = Shard(None, "sim", SHARD, ROWS, TIMING, blob=self.blob, clock=_Fixed(world))
+        janitor = Shard(None, "sim", SHARD, ROWS, TIMING, blob=self.blob, clock=FixedClock(world))
         for _ in range(3):
             janitor.sweep(TIMING.min_grace)
             world.now += TIMING.version_grace + 1
@@ -253,7 +255,7 @@ class Sim:
         assert parts <= referenced, f"parts no version references: {sorted(parts - referenced)}"
 
 
-class _Fixed:
+class FixedClock:
     """The world's clock, for calls made outside any actor (setup, the final janitor)."""
 
     def __init__(self, world: World) -> None:
@@ -312,9 +314,12 @@ def compactor(sim: Sim, actor: Actor) -> None:
 
 
 def collector(sim: Sim, actor: Actor) -> None:
-    """Garbage collection often, a sweep now and then."""
+    """Garbage collection often, a sweep now and then; now and then a fresh handle (a restarted
+    compactor, an operator's `mvsink shard sweep`: nothing collected yet)."""
     shard, rng = sim.shard(actor), sim.world.rng
     while True:
+        if rng.random() < 0.1:
+            shard = sim.shard(actor)
         if rng.random() < 0.3:
             shard.sweep(TIMING.min_grace)
         else:
@@ -346,6 +351,16 @@ def folder(sim: Sim, actor: Actor) -> None:
         with contextlib.suppress(AsOfBeforeSince):  # a lapsed lease: since moved on
             shard.lease(actor.name, state.persist_folded)
         actor.sleep(rng.uniform(0, 2.0))
+
+
+def leaser(sim: Sim, actor: Actor) -> None:
+    """A write driver's lease keeper: renews its lease often (each renewal a version that
+    leaves the upper where it is)."""
+    shard, rng = sim.shard(actor), sim.world.rng
+    while True:
+        with contextlib.suppress(AsOfBeforeSince):
+            shard.lease(actor.name)
+        actor.sleep(rng.uniform(0, 0.5))
 
 
 def reader(sim: Sim, actor: Actor) -> None:

@@ -13,7 +13,11 @@ Faults, injected at store calls by the same generator (`Faults`):
   out process, an SDK stuck in retries);
 * a slow call: the same, for up to `slow` seconds;
 * a lost reply: the call was applied, the caller sees a timeout (`IndefiniteWrite` for a
-  conditional create, `OSError` for the others);
+  conditional create, `OSError` for the others, reads too);
+* a late create: the caller sees `IndefiniteWrite` before its create reached the store, which
+  applies it up to `pause` seconds later (or finds the key taken);
+* a LIST that is not a snapshot: it reads the keys below a random point, then, after other
+  actors ran, the keys from there on;
 * a crash: the actor dies at a call and starts again with a fresh handle (nothing cached);
 * clock skew: each actor's wall clock is off by up to `skew` seconds.
 """
@@ -106,6 +110,8 @@ class World:
         #: (a lost reply's error, an indefinite outcome); any other error fails the run.
         self.transient: tuple[type[BaseException], ...] = (Crash, OSError)
         self._local = threading.local()
+        #: Creates in flight: when each lands, and how it is applied.
+        self.inflight: list[tuple[float, Callable[[], object]]] = []
 
     # -- actors and the scheduler ---------------------------------------------------------------
 
@@ -143,12 +149,13 @@ class World:
             actor.thread.start()
         try:
             while self.steps < steps and self.now - START < until:
+                self._land()
                 live = [a for a in self.actors if not a.done]
                 if not live:
                     break
                 ready = [a for a in live if a.wake_at <= self.now]
                 if not ready:
-                    self.now = min(a.wake_at for a in live)
+                    self.now = min([a.wake_at for a in live] + [t for t, _ in self.inflight])
                     continue
                 self._give(self.rng.choice(ready))
                 self.steps += 1
@@ -162,6 +169,13 @@ class World:
             for actor in self.actors:
                 while not actor.done:
                     self._give(actor)
+
+    def _land(self) -> None:
+        """Apply the creates in flight whose time has come, in order."""
+        due = sorted((t, n) for n, (t, _) in enumerate(self.inflight) if t <= self.now)
+        for _, n in due:
+            self.inflight[n][1]()
+        self.inflight = [entry for entry in self.inflight if entry[0] > self.now]
 
     def _give(self, actor: Actor) -> None:
         self.back.clear()
@@ -223,14 +237,14 @@ class SimBlob:
                 return None
             return (found.data[-last:] if last else found.data), found.etag
 
-        return self.world._call(apply)  # type: ignore[return-value]
+        return self.world._call(apply, OSError(f"GET {key}: reply lost"))  # type: ignore[return-value]
 
     def stat(self, key: str) -> str | None:
         def apply() -> str | None:
             found = self.world.objects.get(key)
             return None if found is None else found.etag
 
-        return self.world._call(apply)  # type: ignore[return-value]
+        return self.world._call(apply, OSError(f"HEAD {key}: reply lost"))  # type: ignore[return-value]
 
     def create(self, key: str, data: bytes, timeout: float | None = None) -> ConditionalResult:
         def apply() -> ConditionalResult:
@@ -239,8 +253,15 @@ class SimBlob:
                 return Written(found.etag) if found.data == data else PreconditionFailed(found.etag)
             return Written(self._write(key, data))
 
+        world = self.world
+        late = world.rng.random() < world.faults.lost_p / 2
+        if late and getattr(world._local, "actor", None) is not None:
+            world.inflight.append((world.now + world.rng.uniform(0, world.faults.pause), apply))
+            world.note(f"PUT {key} in flight")
+            world.yield_point(world._local.actor)
+            raise IndefiniteWrite(f"PUT {key}: timed out before it landed")
         lost = IndefiniteWrite(f"PUT {key}: reply lost")
-        return self.world._call(apply, lost)  # type: ignore[return-value]
+        return world._call(apply, lost)  # type: ignore[return-value]
 
     def put(self, key: str, data: bytes, content_type: str) -> str:
         return self.world._call(lambda: self._write(key, data), OSError(f"PUT {key}: reply lost"))  # type: ignore[return-value]
@@ -252,12 +273,22 @@ class SimBlob:
         return etag
 
     def list(self, prefix: str, *, start_after: str = "", recursive: bool = False) -> list[Listed]:
-        def apply() -> list[Listed]:
-            return [Listed(k, o.etag, o.modified, len(o.data))
-                    for k, o in sorted(self.world.objects.items())
-                    if k.startswith(prefix) and k > start_after]  # fmt: skip
+        world = self.world
 
-        return self.world._call(apply)  # type: ignore[return-value]
+        def matching(low: str, high: str | None) -> list[Listed]:
+            return [Listed(k, o.etag, o.modified, len(o.data))
+                    for k, o in sorted(world.objects.items())
+                    if k.startswith(prefix) and k > low and (high is None or k <= high)]  # fmt: skip
+
+        if getattr(world._local, "actor", None) is None:
+            return matching(start_after, None)
+        # Not a snapshot: the keys up to a random point now, the rest after others ran.
+        keys = [x.key for x in matching(start_after, None)]
+        pivot = world.rng.choice(keys) if keys else None
+        first = world._call(lambda: matching(start_after, pivot))
+        rest = world._call(lambda: matching(pivot or start_after, None),
+                           OSError(f"LIST {prefix}: reply lost"))  # fmt: skip
+        return [*first, *rest] if pivot is not None else rest  # type: ignore[misc]
 
     def remove(self, keys: Iterable[str]) -> None:
         for key in list(keys):  # one after the other: a pause may fall between two
