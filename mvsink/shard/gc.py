@@ -41,7 +41,7 @@ from mvsink.errors import InvalidUsage
 from mvsink.frontier import Frontier
 from mvsink.shard.blob import Listed
 from mvsink.shard.parts import footer_metadata
-from mvsink.shard.state import PartRef, staged_at
+from mvsink.shard.state import PartRef, links, staged_at
 
 if TYPE_CHECKING:
     from mvsink.shard.store import Shard
@@ -129,8 +129,8 @@ def referenced_keys(shard: Shard) -> frozenset[str]:
 
 
 def _chain(shard: Shard, listed: dict[int, Listed]) -> list[int]:
-    """The retained versions: from the newest object down, each one the `prev` of the one
-    above links to (`mvsink.shard.state.links`). Below the first one that does not link (a
+    """The retained versions: from the newest object down, each one the one above links to
+    (`mvsink.shard.state.links`). Below the first one that does not link (a
     pruned seqno a paused writer wrote again, `Shard._proven`) or below a gap confirmed by
     the missing key above it (a newer version existed when listed, so it was pruned, and
     everything below it before), every object is such a stray: deleted, its parts left to the
@@ -153,7 +153,7 @@ def _chain(shard: Shard, listed: dict[int, Listed]) -> list[int]:
         older = _seen(shard, seqno, listed[seqno])
         if older is None:
             break
-        if newer.prev and newer.prev != older.nonce:
+        if not links(older.nonce, older.prev, newer.prev):
             strays = seqnos[: position + 1]
             break
         chain.append(seqno)

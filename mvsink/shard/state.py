@@ -450,11 +450,12 @@ def _successor(
     return settle(following, now)
 
 
-def links(older: ShardState, newer: ShardState) -> bool:
-    """Whether `newer` was computed from `older` (its `prev` is `older`'s nonce): an object at a
-    pruned seqno that a paused writer wrote again links to nothing retained. Versions written
-    before `prev` was recorded count as linked."""
-    return newer.seqno == older.seqno + 1 and (not newer.prev or newer.prev == older.nonce)
+def links(older_nonce: str, older_prev: str, newer_prev: str) -> bool:
+    """Whether the version whose `prev` is `newer_prev` was computed from the one before it
+    (nonce `older_nonce`, its own `prev` `older_prev`): an object at a pruned seqno that a
+    paused writer wrote again links to nothing retained. Two versions both written before
+    `prev` was recorded count as linked (a stray always records one)."""
+    return newer_prev == older_nonce if newer_prev else not older_prev
 
 
 # -- changes ----------------------------------------------------------------------------------

@@ -91,7 +91,9 @@ class Merged:
 @dataclass(frozen=True)
 class MergeRefused:
     """An input was no longer live at version `seqno` (another merge took it): the result was
-    discarded and its parts deleted."""
+    discarded and its parts deleted. (A merge whose create landed but could not be proven,
+    `Shard._proven`, also reads as refused: it is in the shard, and `delete_staged` keeps its
+    outputs, which are referenced.)"""
 
     seqno: int
 
@@ -555,7 +557,9 @@ class Shard:
                 seqno, idle_since = seqno + 1, self.clock.monotonic()
                 yield state
                 continue
-            if any(s > seqno + 1 for s in self.retained_seqnos()):
+            if any(s > seqno + 1 for s in self.retained_seqnos()) and (
+                self.version(seqno + 1) is None  # not created just after our read: pruned
+            ):
                 raise MvsinkError(f"shard {self.shard_id}: version {seqno + 1} was pruned")
             if idle_timeout is not None and self.clock.monotonic() - idle_since > idle_timeout:
                 return

@@ -29,6 +29,7 @@ from mvsink.shard.state import (
     apply_append,
     apply_sweep_horizon,
     initial_state,
+    links,
     staged_at,
 )
 from mvsink.updates import normalize_updates
@@ -255,3 +256,27 @@ def test_staged_at_reads_the_key() -> None:
     assert staged_at("shards/s/parts/w/1234567-abc.parquet") == 1234.567
     with pytest.raises(InvalidUsage):
         staged_at("shards/s/parts/w/abc.parquet")
+
+
+@pytest.mark.parametrize(
+    ("older", "newer_prev", "linked"),
+    [
+        (("n1", "n0"), "n1", True),  # computed from it
+        (("n1", "n0"), "x", False),  # a stray below the version
+        (("n1", ""), "", True),  # both written before `prev` was recorded
+        (("n1", "n0"), "", False),  # a stray (it records a prev) below a version without one
+    ],
+)
+def test_links_tells_a_version_from_a_stray(
+    older: tuple[str, str], newer_prev: str, linked: bool
+) -> None:
+    assert links(*older, newer_prev) is linked
+
+
+def test_every_successor_records_its_predecessors_nonce() -> None:
+    zero = initial_state("s", ROWS, "n0")
+    one = apply_sweep_horizon(zero, 1.0, "n1", 0.0)
+    two = apply_append(one, (), F(0), F(3), "n2")
+    assert (one.prev, two.prev) == ("n0", "n1")
+    assert ShardState.from_bytes(two.to_bytes()).prev == "n1"
+    assert b'"prev"' not in zero.to_bytes()  # version 0 has none
