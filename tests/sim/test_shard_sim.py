@@ -129,8 +129,10 @@ def _stray_below(seed: int) -> Sim:
 
 SCENARIOS = {"late-append": _late_append, "fold-after-merge": _fold_after_merge,
              "stale-latest": _stale_latest, "stray-below": _stray_below}  # fmt: skip
-#: Each scenario's seed that lost data before its fence (issue 32's paths 1-3), and its steps.
-REGRESSIONS = {"late-append": (0, 3000), "fold-after-merge": (0, 3000), "stale-latest": (0, 3000),
+#: Each scenario's seed, and its steps, that loses data with the scenario's fence taken out (the
+#: sweep horizon; the since check in every fold; the LIST read and the proven create; the prev
+#: links), so the fence is what makes it pass.
+REGRESSIONS = {"late-append": (0, 3000), "fold-after-merge": (5, 3000), "stale-latest": (5, 3000),
                "stray-below": (21, 3000)}  # fmt: skip
 
 
