@@ -109,7 +109,7 @@ def _seen(shard: Shard, seqno: int, listed: Listed) -> Seen | None:
     key = (seqno, listed.etag)
     seen = shard.seen.get(key)
     if seen is None:
-        state = shard.version(seqno, listed.etag)
+        state = shard.version(seqno, listed.etag, cache=False)
         if state is None:
             return None
         seen = shard.seen[key] = Seen(state.part_keys, state.nonce, state.prev)

@@ -138,7 +138,9 @@ class Shard:
         self.timing = timing
         self.prefix = f"shards/{shard_id}"
         self._states: OrderedDict[int, tuple[ShardState, str]] = OrderedDict()
+        #: The latest version this handle saw, and the etag of the object it read there.
         self._latest: int | None = None
+        self._latest_etag = ""
         #: What the collector read of each state object, by (seqno, etag): immutable.
         self.seen: dict[tuple[int, str], gc.Seen] = {}
         #: Where the shard lives, for work shipped to other processes (set by `open_shard`).
@@ -160,10 +162,11 @@ class Shard:
 
     # -- state versions ---------------------------------------------------------------------
 
-    def version(self, seqno: int, etag: str | None = None) -> ShardState | None:
+    def version(self, seqno: int, etag: str | None = None, cache: bool = True) -> ShardState | None:
         """State version `seqno`, or None if it does not exist (yet, or any more). With `etag`
         (from a LIST): None also if the object there now has other bytes (the version was
-        pruned and its key written again, `_create_version`)."""
+        pruned and its key written again, `_create_version`). `cache=False` reads without
+        keeping it (the collector, which may read strays, keeps what it needs itself)."""
         cached = self._states.get(seqno)
         if cached is not None and (etag is None or cached[1] == etag):
             return cached[0]
@@ -175,7 +178,8 @@ class Shard:
             raise MvsinkError(
                 f"{self.state_key(seqno)} holds seqno {state.seqno} of shard {state.shard_id}"
             )
-        self._remember(state, found[1])
+        if cache:
+            self._remember(state, found[1])
         return state
 
     def _remember(self, state: ShardState, etag: str) -> None:
@@ -209,7 +213,7 @@ class Shard:
             if not listed:
                 if self._latest is None:
                     raise MvsinkError(f"shard {self.shard_id} does not exist in {self.bucket}")
-                state = self.version(self._latest)
+                state = self.version(self._latest, self._latest_etag)
                 if state is not None:
                     return state
                 self._latest = None  # pruned and evicted from the cache: find the latest again
@@ -217,7 +221,7 @@ class Shard:
             newest = listed[-1]
             state = self.version(_seqno(newest.key), newest.etag)
             if state is not None:
-                self._latest = state.seqno
+                self._latest, self._latest_etag = state.seqno, newest.etag
                 return state
 
     def upper(self) -> Frontier:
@@ -458,7 +462,7 @@ class Shard:
                 raise IndefiniteAppend(f"created {key} but could not check it: {error!r}; read "
                                        "the state to settle it") from error  # fmt: skip
             self._remember(state, etag)
-            self._latest = state.seqno
+            self._latest, self._latest_etag = state.seqno, etag
             return True
         raise IndefiniteAppend(f"creating {key} stayed indefinite; read the state to settle it")
 

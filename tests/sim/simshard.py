@@ -120,7 +120,7 @@ class Checker:
         self.seen_writes = len(world.writes)
         for handle in self.handles:  # what each handle takes for the latest version
             cached = None if handle._latest is None else handle._states.get(handle._latest)
-            if cached is not None:
+            if cached is not None and cached[1] == handle._latest_etag:
                 assert cached[0].nonce == self.genuine[handle._latest].nonce, (
                     f"a handle took version {handle._latest} written again for the latest"
                 )
