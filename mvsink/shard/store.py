@@ -203,7 +203,8 @@ class Shard:
         Linearizable read, whatever pauses: the newest key a LIST returns was the latest
         version while the LIST ran (versions are created strictly in seqno order, and the
         latest is never pruned), and its bytes are used only if they still have the etag the
-        LIST saw (a pruned key written again holds other bytes, `_create_version`). An empty
+        LIST saw (a key pruned since and written again by a paused writer holds other bytes, or
+        that version's own, byte for byte: `_proven`). An empty
         LIST after the last version seen proves that version is still the latest: a version
         is pruned only once it has a successor, which the LIST would have returned.
         """
