@@ -14,3 +14,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--sim-scenario", default="standard",
                     help="the actors and faults: standard, or a named interleaving")  # fmt: skip
     group.addoption("--sim-first", type=int, default=0, help="the first seed of a sweep")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A sweep of more seeds than the budget gets 10 s a seed instead of the suite's timeout
+    (which still guards the budget run against a hang)."""
+    seeds = config.getoption("--sim-seeds")
+    if seeds:
+        for item in items:
+            if item.name == "test_seed_sweep":
+                item.add_marker(pytest.mark.timeout(max(600, 10 * seeds)))
