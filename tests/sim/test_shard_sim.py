@@ -77,7 +77,7 @@ def test_seed_sweep(request: pytest.FixtureRequest) -> None:
                   f"{folds} folds, {reads} snapshots checked in {took:.0f}s ({n / took:.1f} seeds/s, "
                   f"{calls / took:.0f} calls/s); fences met: {dict(fenced)}", flush=True)  # fmt: skip
     assert appends > 0, "the sweep appended nothing: it checked nothing"
-    if scenario == "standard":
+    if scenario == "standard" and len(seeds) >= 10:
         assert folds > 0 and reads > 0, "the sweep folded or read nothing"
 
 
