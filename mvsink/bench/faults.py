@@ -270,8 +270,7 @@ def _matrix(config: Config, shard: Shard, home: Path, faults: list[str], outage:
     say(f"services stopped; waiting {config.shard_min_grace:.0f}s (min_grace) for the sweep ...")
     time.sleep(config.shard_min_grace + 1)
     swept = shard.sweep(config.shard_min_grace)
-    listed = {o.key for o in shard.blob.list(f"{shard.prefix}/parts/", recursive=True)}
-    unreferenced = len(listed - set(shard.referenced_keys()))
+    unreferenced = len(_stored_parts(shard) - set(shard.referenced_keys()))
     figures = {
         "run": config.sink_id, "outage_s": outage, "keys": keys, "change": change,
         "faults": rows, "uppers_checked": checker.checked, "mismatches": checker.mismatches,
@@ -343,8 +342,7 @@ def _inject(fault: str, outage: float, injector: Injector, pipeline: Pipeline, t
     for name in exited:  # counted as a failure, restarted so the matrix goes on
         pipeline.start(name)
     state = checker.shard.state()
-    listed = {o.key for o in checker.shard.blob.list(f"{checker.shard.prefix}/parts/",
-                                                     recursive=True)}  # fmt: skip
+    listed = _stored_parts(checker.shard)
     row = {"fault": fault, "outage_s": round(recovered - started, 1), "exited": exited,
            "unready_after_s": unready, "first_append_s": round(first, 1),
            "converged_s": round(converged, 1), "ready_s": round(ready, 1),
@@ -356,6 +354,11 @@ def _inject(fault: str, outage: float, injector: Injector, pipeline: Pipeline, t
         f"{converged:.1f}s, all ready {ready:.1f}s; lost {row['lost']}, dangling "
         f"{row['dangling']}")  # fmt: skip
     return row
+
+
+def _stored_parts(shard: Shard) -> set[str]:
+    """Keys of every part stored under the shard's prefix."""
+    return {o.key for o in shard.blob.list(f"{shard.prefix}/parts/", recursive=True)}
 
 
 def _all_ready(pipeline: Pipeline, ticker: Ticker, when: str) -> None:

@@ -82,12 +82,13 @@ class SweepResult:
     states_pruned: tuple[int, ...]
 
 
-def _age_reference(key: str, modified: float) -> float:
-    """When a part was staged: from its key, or its object timestamp for a foreign key."""
+def _staged_or_none(key: str) -> float | None:
+    """The staging time of a part key `Shard.stage` made; None for any other key (a foreign
+    file, which can never be appended: aged by its object timestamp)."""
     try:
         return staged_at(key)
     except InvalidUsage:
-        return modified
+        return None
 
 
 def _versions(shard: Shard) -> dict[int, Listed]:
@@ -288,12 +289,13 @@ def sweep(shard: Shard, grace: float) -> SweepResult:
     collected = collect_garbage(shard)
     referenced = referenced_keys(shard)
     now = shard.clock.time()
-    candidates = [(o.key, _age_reference(o.key, o.modified))
+    candidates = [(o.key, _staged_or_none(o.key), o.modified)
                   for o in shard.blob.list(f"{shard.prefix}/parts/", recursive=True)
                   if o.key not in referenced]  # fmt: skip
-    old = [(key, staged) for key, staged in candidates if now - staged > grace]
+    old = [(key, staged) for key, staged, modified in candidates
+           if now - (modified if staged is None else staged) > grace]  # fmt: skip
     young = len(candidates) - len(old)
-    ours = [staged for key, staged in old if _staged_by_mvsink(key)]
+    ours = [staged for _, staged in old if staged is not None]
     if ours:
         horizon = max(ours) + 0.001
         if shard.state().sweep_horizon < horizon:
@@ -302,12 +304,3 @@ def sweep(shard: Shard, grace: float) -> SweepResult:
     leaked = sorted(key for key, _ in old if key not in referenced)
     shard.blob.remove(leaked)
     return SweepResult(tuple(leaked), young, len(referenced), collected.states_pruned)
-
-
-def _staged_by_mvsink(key: str) -> bool:
-    """Whether `key` is a part key `Shard.stage` made (others can never be appended)."""
-    try:
-        staged_at(key)
-    except InvalidUsage:
-        return False
-    return True

@@ -190,8 +190,6 @@ class Shard:
     def forget(self, seqno: int) -> None:
         """Drop what is cached of version `seqno` (it was pruned)."""
         self._states.pop(seqno, None)
-        for key in [k for k in self.seen if k[0] == seqno]:
-            del self.seen[key]
 
     def retained_seqnos(self) -> list[int]:
         """Seqnos of the state versions currently stored, ascending (one LIST)."""
