@@ -3,7 +3,7 @@
 # PySpark). Two stages: the build stage installs the Python dependencies into a virtualenv (pip,
 # network); the runtime stage is the same Debian base with only Python and a Java 17 runtime for
 # Spark, plus that virtualenv and the source tree (the project is installed editable:
-# `mvsink.codec` reads `schemas/` beside the package).
+# `mvsink.core.codec` reads `schemas/` beside the package).
 #
 # BASE is any Debian bookworm image (`debian:bookworm-slim` from a registry, or one made with
 # debootstrap where no registry answers: `mvsink compose verify` does that). BUILD_CA is an

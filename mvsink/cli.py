@@ -17,7 +17,7 @@
     mvsink smoke                      stack up, one record of each contract, conditional writes
     mvsink view                       the demo's view job alone (the upstream of a deployment)
 
-Every command reads the configuration of `mvsink.config` (`--config FILE`, `MVSINK_*`, and the
+Every command reads the configuration of `mvsink.io.config` (`--config FILE`, `MVSINK_*`, and the
 running embedded stack). Errors are printed as one clear line and exit with status 2.
 """
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -35,15 +36,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mvsink.bench import FAULTS
-from mvsink.config import Config, Topics, cache_dir, load_config, state_dir
-from mvsink.errors import MvsinkError
-from mvsink.frontier import Frontier
+from mvsink.core.errors import MvsinkError
+from mvsink.core.frontier import Frontier
+from mvsink.io.config import Config, Topics, cache_dir, load_config, state_dir
+from mvsink.io.service import run_command
 from mvsink.stack.manager import Stack
 from mvsink.stack.state import stack_home
 
 if TYPE_CHECKING:
-    from mvsink.producer import DesiredProducer
     from mvsink.shard import Shard
+    from mvsink.upstream.producer import DesiredProducer
 
 
 def say(message: str) -> None:
@@ -104,7 +106,7 @@ def cmd_stack_env(args: argparse.Namespace) -> int:
 
 
 def _provision(config: Config) -> None:
-    from mvsink.provision import provision
+    from mvsink.tools.provision import provision
 
     result = provision(config)
     created = ", ".join(result.topics_created) or "none (all existed)"
@@ -123,7 +125,7 @@ def cmd_provision(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from mvsink.demo import run_demo
+    from mvsink.tools.demo import run_demo
 
     # run_demo provisions a sink of its own: the configured one is left alone.
     return _demo(args, run_demo)
@@ -138,22 +140,20 @@ def _demo(args: argparse.Namespace, run: Callable[..., None]) -> int:
 
 
 def cmd_ct_run(args: argparse.Namespace) -> int:
-    import services.ct
-    from mvsink.service import run_service
-    from services.ct.definition import load_definition
-    from services.ct.shell import run
+    from mvsink.io.ct_definition import load_definition
 
     load_definition(args.task)  # a bad definition fails here, before Spark starts
-    os.environ["MVSINK_CT_TASK"] = str(Path(args.task).resolve())
+    env = {**os.environ, "MVSINK_CT_TASK": str(Path(args.task).resolve())}
     if args.config:
-        os.environ["MVSINK_CONFIG"] = args.config
-    return run_service("ct", run, services.ct.__doc__, argv=[])
+        env["MVSINK_CONFIG"] = args.config
+    # The continual task service is its own process, as deployed (`python -m services.ct`).
+    os.execve(sys.executable, [sys.executable, "-m", "services.ct"], env)
 
 
 def cmd_ct_show(args: argparse.Namespace) -> int:
-    from mvsink.frontier import meet_all
+    from mvsink.core.frontier import meet_all
+    from mvsink.io.ct_definition import load_definition
     from mvsink.shard import open_shard
-    from services.ct.definition import load_definition
 
     definition = load_definition(args.task)
     s3 = load_config(args.config).s3
@@ -194,14 +194,14 @@ def cmd_ct_show(args: argparse.Namespace) -> int:
 
 
 def cmd_ct_demo(args: argparse.Namespace) -> int:
-    from mvsink.ct_demo import run_ct_demo
+    from mvsink.tools.ct_demo import run_ct_demo
 
     return _demo(args, run_ct_demo)
 
 
 def cmd_view(args: argparse.Namespace) -> int:
-    from mvsink.demo import run_view
-    from mvsink.service import Stopping, quiet_retries
+    from mvsink.io.service import Stopping, quiet_retries
+    from mvsink.tools.demo import run_view
 
     quiet_retries()
     stopping = Stopping()
@@ -213,7 +213,7 @@ def cmd_view(args: argparse.Namespace) -> int:
 
 
 def cmd_smoke(args: argparse.Namespace) -> int:
-    from mvsink.smoke import run_smoke
+    from mvsink.tools.smoke import run_smoke
 
     _stack().up(timeout=args.timeout)
     config = load_config(args.config)
@@ -277,7 +277,7 @@ def cmd_shard_compact(args: argparse.Namespace) -> int:
     shard = _open_shard(args)
     runner: Runner = run_locally
     if args.spark:
-        from mvsink.spark import spark_session
+        from mvsink.io.spark import spark_session
 
         runner = spark_runner(spark_session("mvsink-compact", config.spark_master))
     merges = 0
@@ -343,8 +343,8 @@ def cmd_bench_shard(args: argparse.Namespace) -> int:
 def cmd_promote(args: argparse.Namespace) -> int:
     from confluent_kafka import Producer
 
-    from mvsink.kafka import client_config, produce
-    from mvsink.messages import SinkControl
+    from mvsink.core.messages import SinkControl
+    from mvsink.io.kafka import client_config, produce
 
     config = load_config(args.config)
     topic = Topics.for_sink(args.sink).control
@@ -356,44 +356,20 @@ def cmd_promote(args: argparse.Namespace) -> int:
     return 0
 
 
-def _sink_config(args: argparse.Namespace) -> Config:
-    """The configuration with sink `args.sink` (its topics, its desired partition count as the
-    topic has it) and shard `args.shard` (the configured one by default)."""
-    from confluent_kafka.admin import AdminClient
-
-    from mvsink.kafka import client_config
-
-    config = load_config(args.config)
-    topics = Topics.for_sink(args.sink, config.topics.frontiers)
-    metadata = AdminClient(client_config(config.kafka_bootstrap)).list_topics(timeout=30)
-    if topics.desired not in metadata.topics:
-        raise MvsinkError(f"sink {args.sink}: its desired topic {topics.desired} does not exist")
-    partitions = len(metadata.topics[topics.desired].partitions)
-    return replace(config, sink_id=args.sink, topics=topics, partitions=partitions,
-                   shard_id=args.shard or config.shard_id)  # fmt: skip
+def _write_tool(args: argparse.Namespace, *argv: str) -> int:
+    """Run the write service's operator tool (`python -m services.write.repair`) on this sink:
+    the checkpoints are the write service's own, so the tool that reads and re-seeds them ships
+    with it, and the library only starts it."""
+    env = dict(os.environ)
+    if args.config:
+        env["MVSINK_CONFIG"] = args.config
+    shard = ["--shard", args.shard] if args.shard else []
+    command = [sys.executable, "-m", "services.write.repair", *argv, args.sink, *shard]
+    return subprocess.call(command, env=env)
 
 
 def cmd_sink_show(args: argparse.Namespace) -> int:
-    from mvsink.shard import open_shard
-    from services.write.repair import report
-
-    config = _sink_config(args)
-    shard = open_shard(config.shard_id, None, config.s3, config.shard_timing())
-    state = shard.state()
-    print(f"sink {config.sink_id}  shard {config.shard_id}: upper {state.upper}, since "
-          f"{state.since}; desired {config.topics.desired}, {config.partitions} partitions")  # fmt: skip
-    print(f"{'p':>3} {'log start':>10} {'end':>10} {'checkpoint':>10} {'folded':>10} "
-          f"{'persist':>10} {'hold':>10}  state")  # fmt: skip
-    bad = 0
-    for r in report(config, shard, state):
-        bad += r.needs_repair is not None
-        print(f"{r.partition:>3} {r.log_start:>10} {r.end:>10} {r.version:>10} "
-              f"{'-' if r.folded_offset is None else r.folded_offset:>10} "
-              f"{r.persist_folded or '-'!s:>10} {r.hold or '-'!s:>10}  "
-              f"{r.needs_repair or 'ok'}")  # fmt: skip
-    if bad:
-        print(f"{bad} partition(s) need `mvsink repair {config.sink_id}`")
-    return 0
+    return _write_tool(args, "show")
 
 
 def cmd_sink_release(args: argparse.Namespace) -> int:
@@ -417,28 +393,12 @@ def cmd_sink_release(args: argparse.Namespace) -> int:
 
 
 def cmd_repair(args: argparse.Namespace) -> int:
-    from mvsink.service import writer_identity
-    from services.write.repair import repair
-
-    config = _sink_config(args)
-
-    def confirm() -> bool:
-        if args.yes:
-            return True
-        if not sys.stdin.isatty():
-            say("not confirmed: run it again with --yes once you have read the above")
-            return False
-        return input("re-seed these checkpoints from the shard? [y/N] ").strip().lower() == "y"
-
-    seeds = repair(config, args.partition or None, writer_identity(config, "repair"), say,
-                   confirm)  # fmt: skip
-    say(f"sink {config.sink_id}: repaired partitions {[s.partition for s in seeds]}; the write "
-        "service continues from the new checkpoints by itself")  # fmt: skip
-    return 0
+    partitions = [f"--partition={p}" for p in args.partition or []]
+    return _write_tool(args, "repair", *partitions, *(["--yes"] if args.yes else []))
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from mvsink.inspect import inspect_topic
+    from mvsink.tools.inspect import inspect_topic
 
     config = load_config(args.config)
     inspect_topic(config.kafka_bootstrap, args.topic, follow=args.follow, limit=args.limit)
@@ -446,9 +406,9 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _desired_producer(args: argparse.Namespace) -> DesiredProducer:
-    from mvsink.producer import DesiredProducer
-    from mvsink.rows import parse_row_schema
+    from mvsink.core.rows import parse_row_schema
     from mvsink.shard import open_shard
+    from mvsink.upstream.producer import DesiredProducer
 
     config = load_config(args.config)
     schema = (parse_row_schema(config.row_schema) if config.row_schema
@@ -561,7 +521,7 @@ def cmd_bench_faults(args: argparse.Namespace) -> int:
 
 
 def cmd_compose_verify(args: argparse.Namespace) -> int:
-    from mvsink.compose.verify import run_verify
+    from mvsink.tools.compose.verify import run_verify
 
     figures = run_verify(state_dir() / "compose", cache_dir(), say, keep=args.keep,
                          timeout=args.timeout)  # fmt: skip
@@ -808,13 +768,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `mvsink` console script."""
     args = build_parser().parse_args(argv)
     func: Callable[[argparse.Namespace], int] = args.func
-    try:
-        return func(args)
-    except MvsinkError as error:
-        print(f"mvsink: error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    return run_command(lambda: func(args))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
 """The three separately deployed services of a sink replica: `mint`, `write`, `append`.
 
-Each is started with `python -m services.<name>` and configured by `mvsink.config`.
+Each is started with `python -m services.<name>` and configured by `mvsink.io.config`.
 """

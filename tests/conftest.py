@@ -31,8 +31,8 @@ from typing import Any
 import pytest
 import yaml
 
-from mvsink.config import REPO_ROOT, S3Settings, Secret, cache_dir, state_dir
-from mvsink.s3 import ensure_bucket, s3_client
+from mvsink.io.config import REPO_ROOT, S3Settings, Secret, cache_dir, state_dir
+from mvsink.io.s3 import ensure_bucket, s3_client
 
 COMPOSE = yaml.safe_load((REPO_ROOT / "docker-compose.yaml").read_text())["services"]
 #: The images `docker-compose.yaml` builds for Kafka and MinIO (`docker/kafka`, `docker/minio`).
@@ -85,10 +85,10 @@ def _from_containers(stack: list[Any]) -> Services:
     os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
     from testcontainers.core.container import DockerContainer
 
-    from mvsink.compose.engine import ensure_images, image_exists
     from mvsink.stack.kafka import kafka_ready
     from mvsink.stack.minio import minio_ready
     from mvsink.stack.procs import free_ports
+    from mvsink.tools.compose.engine import ensure_images, image_exists
 
     missing = [s for s in ("kafka", "minio") if not image_exists(COMPOSE[s]["image"])]
     if missing:
@@ -158,7 +158,7 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
     """Real Kafka and S3 for the whole session (see module docs for where they come from)."""
     started: list[Any] = []
     try:
-        from mvsink.compose.engine import docker_answers
+        from mvsink.tools.compose.engine import docker_answers
 
         choice = os.environ.get("MVSINK_TEST_SERVICES", "auto")
         if choice not in ("auto", "containers", "embedded"):
@@ -196,7 +196,7 @@ def s3_settings(services: Services) -> S3Settings:
 def spark() -> Iterator[Any]:
     """A local SparkSession on 2 threads that retries a failed task up to 4 times, as a
     cluster does (`local[*]` would fail the job at the first task failure), UI off."""
-    from mvsink.spark import spark_session
+    from mvsink.io.spark import spark_session
 
     session = spark_session("mvsink-tests", "local[2,4]", shuffle_partitions=4)
     yield session

@@ -2,7 +2,7 @@
 project (or the Spark daemons of the PySpark it installs), scale without clashes, and are
 configured only through settings `mvsink` reads; every image it runs is built from this
 repository (no pulls), as a non-root user, at the versions the embedded stack runs; the write
-drivers run their executors on the file's Spark cluster. (`./run compose-test` runs the file for real: `mvsink.compose.verify`.)
+drivers run their executors on the file's Spark cluster. (`./run compose-test` runs the file for real: `mvsink.tools.compose.verify`.)
 
 The file is validated by the real `docker compose config` where a Docker engine with compose v2
 answers, and always against the Compose Specification schema the project keeps in
@@ -26,7 +26,7 @@ import pytest
 import yaml
 
 from mvsink.cli import build_parser
-from mvsink.config import FIELDS, REPO_ROOT
+from mvsink.io.config import FIELDS, REPO_ROOT
 from mvsink.stack.kafka import KAFKA_VERSION
 from mvsink.stack.minio import MINIO_VERSION
 
@@ -200,13 +200,13 @@ def test_scaled_services_have_no_fixed_names_or_host_ports(compose: dict[str, An
 
 
 def test_service_settings_are_known_to_the_config(compose: dict[str, Any]) -> None:
-    """`mvsink.config`'s settings, or one `mvsink.spark` reads from the environment itself."""
+    """`mvsink.io.config`'s settings, or one `mvsink.io.spark` reads from the environment itself."""
     spark = (REPO_ROOT / "mvsink" / "spark.py").read_text()
     known = {f.env for f in FIELDS} | set(re.findall(r"\"(MVSINK_\w+)\"", spark))
     for name in ("provision", *SCALED):
         env = compose["services"][name]["environment"]
         unknown = {k for k in env if k.startswith("MVSINK_")} - known
-        assert not unknown, f"{name}: settings mvsink.config does not read: {unknown}"
+        assert not unknown, f"{name}: settings mvsink.io.config does not read: {unknown}"
 
 
 def test_the_schema_check_rejects_an_invalid_compose_file() -> None:

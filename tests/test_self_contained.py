@@ -8,7 +8,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from mvsink.config import REPO_ROOT
+from mvsink.io.config import REPO_ROOT
 
 #: Written in pieces so that this file does not match itself.
 FORBIDDEN = (

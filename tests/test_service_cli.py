@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mvsink.config import DEFAULTS, FIELDS, MEANINGS, REPO_ROOT
+from mvsink.io.config import DEFAULTS, FIELDS, MEANINGS, REPO_ROOT
 
 SERVICES = ("mint", "write", "append", "ct")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from mvsink.config import REPO_ROOT
+from mvsink.io.config import REPO_ROOT
 
 PATHS = ["mvsink", "services", "tests"]
 

@@ -24,7 +24,7 @@ Systems, one after the other (never two at once on this box):
 4. raw: a consume-and-write loop per partition (`mvsink.bench.systems`).
 5. mvsink-e2e and peer-e2e: mvsink and the peer again, fed the way an upstream Spark job feeds
    them: each tick's updates are a DataFrame held in the executors, published from them with
-   `mvsink.publish.publish_dataframe` (partitioning, encoding and producing are timed), so
+   `mvsink.upstream.publish.publish_dataframe` (partitioning, encoding and producing are timed), so
    their updates/s and freshness run from the upstream's DataFrame to durable
    (`workload.DataFrameFeeder`; figure `ratio_e2e_vs_peer_e2e`). Before the first of them,
    the upstream publishes every tick once to a scratch topic, untimed, so both are measured
@@ -75,8 +75,8 @@ from mvsink.bench.workload import (
     Workload,
     encode_ticks_timed,
 )
-from mvsink.config import Config, Topics, state_dir
-from mvsink.provision import provision
+from mvsink.io.config import Config, Topics, state_dir
+from mvsink.tools.provision import provision
 
 SYSTEMS = ("mvsink", "peer", "delta", "raw", "mvsink-e2e", "peer-e2e")
 HEADINGS = {"mvsink": "mvsink", "peer": "peer (Spark SS)", "delta": "Delta MERGE",

@@ -21,13 +21,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from mvsink.bench.workload import BenchError
-from mvsink.config import Config
-from mvsink.demo import service_env, start_services, stop_services
-from mvsink.kafka import drain, tail_consumer
-from mvsink.messages import ShardUpper
-from mvsink.s3 import prefix_bytes, s3_client
+from mvsink.core.messages import ShardUpper
+from mvsink.io.config import Config
+from mvsink.io.kafka import drain, tail_consumer
+from mvsink.io.s3 import prefix_bytes, s3_client
 from mvsink.shard import open_shard
 from mvsink.shard.compact import shard_table_bytes
+from mvsink.tools.demo import service_env, start_services, stop_services
 
 
 @dataclass

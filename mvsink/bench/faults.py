@@ -50,19 +50,19 @@ from mvsink import Say
 from mvsink.bench import FAULTS
 from mvsink.bench.compare import save_figures
 from mvsink.bench.workload import BenchError
-from mvsink.config import Config, Topics, cache_dir, load_config, state_dir
-from mvsink.demo import SERVICES, start_service, stop_services
-from mvsink.frontier import Frontier
-from mvsink.producer import DesiredProducer
-from mvsink.provision import provision
-from mvsink.rows import parse_row_schema
-from mvsink.s3 import ensure_bucket, s3_client
+from mvsink.core.frontier import Frontier
+from mvsink.core.rows import parse_row_schema
+from mvsink.io.config import Config, Topics, cache_dir, load_config, state_dir
+from mvsink.io.s3 import ensure_bucket, s3_client
 from mvsink.shard import Shard, open_shard
 from mvsink.stack import toxiproxy
 from mvsink.stack.manager import Stack
 from mvsink.stack.procs import free_ports
 from mvsink.stack.state import load_records
 from mvsink.stack.toxiproxy import Toxiproxy
+from mvsink.tools.demo import SERVICES, start_service, stop_services
+from mvsink.tools.provision import provision
+from mvsink.upstream.producer import DesiredProducer
 
 ROW_SCHEMA = "key string not null, value long"
 #: The services' readiness bound here (seconds), and short deletion bounds so the closing sweep

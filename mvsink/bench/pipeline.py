@@ -20,13 +20,13 @@ from pathlib import Path
 import pyarrow as pa
 
 from mvsink import Say
-from mvsink.config import Config, Topics
-from mvsink.demo import start_services
-from mvsink.frontier import Frontier
-from mvsink.producer import DesiredProducer
-from mvsink.provision import provision
-from mvsink.rows import parse_row_schema
+from mvsink.core.frontier import Frontier
+from mvsink.core.rows import parse_row_schema
+from mvsink.io.config import Config, Topics
 from mvsink.shard import open_shard
+from mvsink.tools.demo import start_services
+from mvsink.tools.provision import provision
+from mvsink.upstream.producer import DesiredProducer
 
 ROW_SCHEMA = "key string not null, value long"
 

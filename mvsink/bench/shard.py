@@ -18,12 +18,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mvsink import Say
-from mvsink.config import Config
-from mvsink.frontier import Frontier
-from mvsink.s3 import conditional_put, ensure_bucket, get_bytes, put_bytes, s3_client
+from mvsink.core.frontier import Frontier
+from mvsink.core.updates import normalize_updates
+from mvsink.io.config import Config
+from mvsink.io.s3 import conditional_put, ensure_bucket, get_bytes, put_bytes, s3_client
 from mvsink.shard import open_shard
 from mvsink.shard.parts import encode_part
-from mvsink.updates import normalize_updates
 
 ROWS = pa.schema([("key", pa.string()), ("value", pa.int64())])
 

@@ -44,6 +44,8 @@ from __future__ import annotations
 import math
 import re
 import statistics
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -56,14 +58,14 @@ from mvsink.bench.compare import drive, percentile, save_figures, sink_config
 from mvsink.bench.contenders import MvsinkSystem, Run
 from mvsink.bench.steady import empty_tick, first_job, read_once, wait_upper
 from mvsink.bench.workload import BenchError, EncodedTick, Feeder, Workload, encode_ticks
-from mvsink.config import Config, cache_dir, state_dir
-from mvsink.demo import start_service, stop_services
-from mvsink.kafka import watermarks
-from mvsink.provision import provision
-from mvsink.s3 import s3_client
+from mvsink.io.config import Config, cache_dir, state_dir
+from mvsink.io.kafka import watermarks
+from mvsink.io.s3 import s3_client
 from mvsink.shard import Shard, open_shard
 from mvsink.shard.compact import compact_once
 from mvsink.stack.kafka import ensure_libs, topic_bytes
+from mvsink.tools.demo import service_env, start_service, stop_services
+from mvsink.tools.provision import provision
 
 #: The sink's shard timing: garbage goes within seconds, so bucket bytes show what is kept.
 SOAK_SHARD = {"shard_max_attempt_age": 5.0, "shard_request_timeout": 5.0, "shard_max_part_age": 20.0,
@@ -366,13 +368,16 @@ def _restart(system: MvsinkSystem, feeder: Feeder, tick: EncodedTick) -> float:
 def _repair(config: Config, say: Say) -> None:
     """Delete the write service's checkpoints and re-seed every partition's from the shard, as
     `mvsink repair <sink> --yes` does (desired no longer starts at offset 0)."""
-    from services.write.repair import repair
-
     client = s3_client(config.s3)
     for item in client.list_objects(config.s3.bucket, prefix=_checkpoints(config), recursive=True):
         client.remove_object(config.s3.bucket, item.object_name)
     started = time.monotonic()
-    repair(config, list(range(config.partitions)), "soak-repair", lambda _: None, lambda: True)
+    partitions = [f"--partition={p}" for p in range(config.partitions)]
+    done = subprocess.run([sys.executable, "-m", "services.write.repair", "repair", config.sink_id,
+                           *partitions, "--yes", "--writer-id=soak-repair"],
+                          env=service_env(config), capture_output=True, text=True)  # fmt: skip
+    if done.returncode:
+        raise BenchError(f"the repair failed: {done.stderr.strip()}")
     say(f"  checkpoints deleted and repaired from the shard in {time.monotonic() - started:.2f}s")
 
 

@@ -30,14 +30,14 @@ from mvsink.bench.workload import (
     Workload,
     encode_ticks,
 )
-from mvsink.codec import encode
-from mvsink.config import Config, state_dir
-from mvsink.frontier import Frontier
-from mvsink.messages import Progress
-from mvsink.provision import provision
-from mvsink.s3 import s3_client
+from mvsink.core.codec import encode
+from mvsink.core.frontier import Frontier
+from mvsink.core.messages import Progress
+from mvsink.core.settings import FOLD_INTERVAL
+from mvsink.io.config import Config, state_dir
+from mvsink.io.s3 import s3_client
 from mvsink.shard import Shard, open_shard
-from services.write.shell import FOLD_INTERVAL
+from mvsink.tools.provision import provision
 
 
 def wait_upper(system: MvsinkSystem, upper: int, what: str, timeout: float = 900) -> float:

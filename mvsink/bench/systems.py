@@ -16,7 +16,7 @@ prints one JSON line per unit of durable progress on stdout:
   no coordination at all. Line: `{"partition": p, "offset": next offset, "rows": n}`.
 
 All decode the desired records with the same code as mvsink's write tasks
-(`mvsink.codec.decode` + `updates_from_ipc`), so they differ only in what they do with the
+(`mvsink.core.codec.decode` + `updates_from_ipc`), so they differ only in what they do with the
 updates. Run: `python -m mvsink.bench.systems peer|delta|raw TOPIC PARTITIONS PREFIX [WORKDIR]`
 with the S3 settings, row schema and bootstrap in the environment (`MVSINK_*`, as for the
 services).
@@ -40,12 +40,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from mvsink import Say
-from mvsink.codec import decode
-from mvsink.config import Config, S3Settings, cache_dir, load_config
-from mvsink.messages import Progress, Record, Updates, UpdatesArrow
-from mvsink.rows import parse_row_schema, updates_decoder
-from mvsink.spark import trim_worker_path
-from mvsink.updates import updates_from_ipc
+from mvsink.core.codec import decode
+from mvsink.core.messages import Progress, Record, Updates, UpdatesArrow
+from mvsink.core.rows import parse_row_schema, updates_decoder
+from mvsink.core.updates import updates_from_ipc
+from mvsink.io.config import Config, S3Settings, cache_dir, load_config
+from mvsink.io.spark import trim_worker_path
 
 #: The artifacts of `maven/spark-kafka.pom.xml` passed as `spark.jars`.
 PEER_ARTIFACTS = (
@@ -126,7 +126,7 @@ def updates_of(records: Iterable[Record], row_schema: pa.Schema) -> pa.Table | N
 
 def put_parquet(settings: S3Settings, key: str, table: pa.Table) -> int:
     """Write `table` as one Parquet object; its size."""
-    from mvsink.s3 import put_bytes, s3_client
+    from mvsink.io.s3 import put_bytes, s3_client
 
     buf = io.BytesIO()
     pq.write_table(table, buf)
@@ -145,7 +145,7 @@ def _emit(line: dict[str, Any]) -> None:
 
 def run_peer(config: Config, topic: str, prefix: str, work: Path) -> None:
     """Structured Streaming: Kafka source -> foreachBatch -> Parquet (until SIGTERM)."""
-    from mvsink.spark import spark_session
+    from mvsink.io.spark import spark_session
 
     jars = peer_jars(lambda line: print(line, file=sys.stderr))
     spark = spark_session("mvsink-bench-peer", conf={"spark.jars": ",".join(jars)})
@@ -233,7 +233,7 @@ def run_delta(config: Config, topic: str, prefix: str, work: Path) -> None:
     peer's, with the S3A bytes read and written since the last line."""
     from pyspark.sql import functions as F
 
-    from mvsink.spark import spark_session
+    from mvsink.io.spark import spark_session
 
     say = lambda line: print(line, file=sys.stderr)  # noqa: E731
     jars = peer_jars(say) + delta_jars(say)
@@ -318,7 +318,7 @@ def run_raw(config: Config, topic: str, partitions: int, prefix: str) -> None:
     """One consume-and-write loop per partition (until SIGTERM)."""
     from confluent_kafka import Consumer, TopicPartition
 
-    from mvsink.kafka import READ_TO_END, consumer_config
+    from mvsink.io.kafka import READ_TO_END, consumer_config
 
     settings, row_schema = config.s3, parse_row_schema(config.row_schema)
     stop = threading.Event()

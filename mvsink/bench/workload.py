@@ -17,14 +17,14 @@ import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from mvsink import Say
-from mvsink.codec import SCHEMA_HEADER, encode, schema_header
-from mvsink.config import Config
-from mvsink.errors import MvsinkError
-from mvsink.frontier import Frontier
-from mvsink.kafka import client_config, consumer_config
-from mvsink.messages import DesiredProgress, Progress
-from mvsink.producer import DesiredProducer
-from mvsink.rows import parse_row_schema
+from mvsink.core.codec import SCHEMA_HEADER, encode, schema_header
+from mvsink.core.errors import MvsinkError
+from mvsink.core.frontier import Frontier
+from mvsink.core.messages import DesiredProgress, Progress
+from mvsink.core.rows import parse_row_schema
+from mvsink.io.config import Config
+from mvsink.io.kafka import client_config, consumer_config
+from mvsink.upstream.producer import DesiredProducer
 
 ROW_SCHEMA = "key string not null, value long"
 
@@ -200,11 +200,11 @@ class Feeder:
 class DataFrameFeeder:
     """Publishes a tick as an upstream Spark job does: the tick's updates are a DataFrame
     (built and checkpointed in the executors before anything is timed), published from the
-    executors with `mvsink.publish.publish_dataframe`, so partitioning, encoding and producing
+    executors with `mvsink.upstream.publish.publish_dataframe`, so partitioning, encoding and producing
     count in the system's figures. Same interface as `Feeder`."""
 
     def __init__(self, bootstrap: str, workload: Workload, say: Say) -> None:
-        from mvsink.spark import spark_session
+        from mvsink.io.spark import spark_session
 
         started = time.monotonic()
         tables, _ = workload.generate()
@@ -235,7 +235,7 @@ class DataFrameFeeder:
         publishes (closure cleaning, task serialization, the Arrow conversion): in 20 publishes
         of this workload the first few took 0.6-1.0 s and the last ones 0.35-0.5 s, so the first
         end-to-end column was measured on a colder upstream than the second."""
-        from mvsink.publish import publish_dataframe
+        from mvsink.upstream.publish import publish_dataframe
 
         producer = self._producer(config)
         seconds = []
@@ -248,7 +248,7 @@ class DataFrameFeeder:
             f"after the initial load's, the first {steady[0]:.2f}s, the last {steady[-1]:.2f}s")  # fmt: skip
 
     def feed(self, config: Config, tick: EncodedTick) -> dict[int, int]:
-        from mvsink.publish import publish_dataframe
+        from mvsink.upstream.publish import publish_dataframe
 
         producer = self._producer(config)
         publish_dataframe(self.frames[tick.time], producer, Frontier.at(tick.time + 1))

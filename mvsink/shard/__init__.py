@@ -46,7 +46,7 @@ that read its predecessor; the collector prunes versions oldest first and never 
   the run of versions linked by `prev` and deletes the rest (`gc.collect_garbage`).
 
 A create whose HTTP outcome is unknown is retried with the *same bytes*: a 412 on identical
-content means it was ours (`mvsink.s3.conditional_put`), so no change happens twice and none is
+content means it was ours (`mvsink.io.s3.conditional_put`), so no change happens twice and none is
 lost silently; if it stays unknown, `IndefiniteAppend` tells the caller to re-read.
 
 Deleting parts is fenced the same way (`gc`): the sweeper moves the state's `sweep_horizon`
@@ -91,9 +91,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from mvsink.errors import InvalidUsage
-from mvsink.s3 import s3_client
-from mvsink.settings import S3Settings, Timing
+from mvsink.core.errors import InvalidUsage
+from mvsink.core.settings import S3Settings, Timing
+from mvsink.io.s3 import s3_client
 from mvsink.shard.gc import DeleteResult, GcResult, SweepResult
 from mvsink.shard.parts import UpdateBeyondUpper, UpdateNotBeyondLower, consolidate_at
 from mvsink.shard.state import (

@@ -7,7 +7,7 @@ simulation in `tests/sim`, which freezes calls, loses replies and moves time at 
 The calls and the guarantees the shard relies on (S3's, since 2020; MinIO's):
 
 * `get` / `stat`: read-after-write; `None` for a missing key;
-* `create`: conditional create (`If-None-Match: *`), settled by content as `mvsink.s3`
+* `create`: conditional create (`If-None-Match: *`), settled by content as `mvsink.io.s3`
   describes; may raise `IndefiniteWrite` (the create may land later, or not at all);
 * `put`: unconditional write of a write-once key (a part);
 * `list`: the keys under a prefix after `start_after`, ascending, with etags and modification
@@ -27,8 +27,8 @@ from minio import Minio
 from minio.deleteobjects import DeleteObject
 from minio.error import S3Error
 
-from mvsink.errors import MvsinkError
-from mvsink.s3 import ConditionalResult, conditional_put, get_bytes, put_bytes
+from mvsink.core.errors import MvsinkError
+from mvsink.io.s3 import ConditionalResult, conditional_put, get_bytes, put_bytes
 
 _MISSING = ("NoSuchKey", "NoSuchObject")
 

@@ -40,8 +40,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from mvsink.errors import InvalidUsage
-from mvsink.settings import CompactionPolicy, S3Settings, Timing
+from mvsink.core.errors import InvalidUsage
+from mvsink.core.settings import CompactionPolicy, S3Settings, Timing
 from mvsink.shard.parts import merge_updates
 from mvsink.shard.state import MergeRequest, PartRef, maybe_merge, merge_all, select_parts
 from mvsink.shard.store import Merged, MergeRefused, MergeResult, PartGone, Shard

@@ -33,18 +33,40 @@ import itertools
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import pyarrow as pa
 
-from mvsink.errors import InvalidUsage
-from mvsink.frontier import Frontier
-from mvsink.shard.blob import Listed
+from mvsink.core.errors import InvalidUsage
+from mvsink.core.frontier import Frontier
+from mvsink.core.settings import Timing
+from mvsink.shard.blob import Blob, Clock, Listed
 from mvsink.shard.parts import footer_metadata
-from mvsink.shard.state import PartRef, links, staged_at
+from mvsink.shard.state import PartRef, ShardState, links, staged_at
 
-if TYPE_CHECKING:
-    from mvsink.shard.store import Shard
+
+class Shard(Protocol):
+    """What the collector uses of a shard handle (`mvsink.shard.store.Shard`, which delegates
+    its `collect_garbage`, `sweep` and `delete_staged` here)."""
+
+    blob: Blob
+    clock: Clock
+    shard_id: str
+    timing: Timing
+    prefix: str
+    #: What the collector read of each state object, by (seqno, etag): immutable.
+    seen: dict[tuple[int, str], Seen]
+    #: The newest version whose replaced parts this handle has deleted.
+    collected_through: int
+
+    def state_key(self, seqno: int) -> str: ...
+    def version(
+        self, seqno: int, etag: str | None = ..., cache: bool = ...
+    ) -> ShardState | None: ...
+    def forget(self, seqno: int) -> None: ...
+    def state(self) -> ShardState: ...
+    def upper(self) -> Frontier: ...
+    def set_sweep_horizon(self, horizon: float) -> ShardState: ...
 
 
 @dataclass(frozen=True)

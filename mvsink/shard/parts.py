@@ -1,4 +1,4 @@
-"""Staged parts: update tables (`mvsink.updates`) checked against their batch bounds, encoded as
+"""Staged parts: update tables (`mvsink.core.updates`) checked against their batch bounds, encoded as
 Parquet, and consolidated for readers and merges. Everything here is vectorised Arrow; nothing
 loops over rows in Python."""
 
@@ -10,9 +10,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from mvsink.errors import InvalidUsage
-from mvsink.frontier import Frontier
-from mvsink.updates import TIME, advance_times, consolidate, normalize_updates
+from mvsink.core.errors import InvalidUsage
+from mvsink.core.frontier import Frontier
+from mvsink.core.updates import TIME, advance_times, consolidate, normalize_updates
 
 
 class UpdateNotBeyondLower(InvalidUsage):

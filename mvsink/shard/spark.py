@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mvsink.errors import InvalidUsage
-from mvsink.frontier import Frontier
-from mvsink.settings import S3Settings
+from mvsink.core.errors import InvalidUsage
+from mvsink.core.frontier import Frontier
+from mvsink.core.settings import S3Settings
+from mvsink.core.updates import DIFF, ERR, TIME, part_schema
+from mvsink.io.spark import map_objects
 from mvsink.shard import open_shard
 from mvsink.shard.parts import decode_part
-from mvsink.spark import map_objects
-from mvsink.updates import DIFF, ERR, TIME, part_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -50,11 +50,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from mvsink.errors import InvalidUsage, MvsinkError
-from mvsink.frontier import Frontier
-from mvsink.messages import Part, StagedBatch
-from mvsink.settings import CompactionPolicy
-from mvsink.updates import check_row_schema
+from mvsink.core.errors import InvalidUsage, MvsinkError
+from mvsink.core.frontier import Frontier
+from mvsink.core.messages import Part, StagedBatch
+from mvsink.core.settings import CompactionPolicy
+from mvsink.core.updates import check_row_schema
 
 #: The format written; format 1 (every batch ever appended, no leases) is still read.
 FORMAT = 2
@@ -94,7 +94,7 @@ class PartRef:
     """A staged Parquet part as the state records it.
 
     `partition`/`partitions_total` are the desired partition all its rows hash to, under P =
-    `partitions_total` and function `partitioning` (`mvsink.partitioning`; absent in states
+    `partitions_total` and function `partitioning` (`mvsink.core.partitioning`; absent in states
     written before it existed: 1); both `None` for a part of unknown partitioning (a foreign
     writer).
     `lower`/`upper` are the bounds it was staged for (its batch's, in a state version).
@@ -294,7 +294,7 @@ class ShardState:
     are gone); `change` names what this version did (`create`, `append`, `merge`, `lease`,
     `release`, `retain`, `sweep`); `appended` is the batch an `append` version appended (possibly
     without parts). `nonce` makes the bytes of every written version unique to its writer's
-    attempt, so a retried conditional create can be recognised as its own (see `mvsink.s3`).
+    attempt, so a retried conditional create can be recognised as its own (see `mvsink.io.s3`).
     """
 
     shard_id: str

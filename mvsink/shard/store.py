@@ -18,11 +18,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from minio import Minio
 
-from mvsink.errors import InvalidUsage, MvsinkError
-from mvsink.frontier import Frontier
-from mvsink.partitioning import CURRENT, partitions_of
-from mvsink.s3 import IndefiniteWrite, PreconditionFailed, Written
-from mvsink.settings import S3Settings, Timing
+from mvsink.core.errors import InvalidUsage, MvsinkError
+from mvsink.core.frontier import Frontier
+from mvsink.core.partitioning import CURRENT, partitions_of
+from mvsink.core.settings import S3Settings, Timing
+from mvsink.core.updates import normalize_updates, part_schema
+from mvsink.io.s3 import IndefiniteWrite, PreconditionFailed, Written
 from mvsink.shard import gc
 from mvsink.shard import parts as partio
 from mvsink.shard.blob import SYSTEM, Blob, Clock, MinioBlob, unquoted
@@ -51,7 +52,6 @@ from mvsink.shard.state import (
     select_parts,
     staged_at,
 )
-from mvsink.updates import normalize_updates, part_schema
 
 PARQUET = "application/vnd.apache.parquet"
 _STATE_CACHE = 16
@@ -241,7 +241,7 @@ class Shard:
     ) -> PartRef:
         """Write one Parquet part of `updates` for the batch `[lower, upper)`; not yet appended.
         A part of desired `partition` records P = `partitions_total` and the function
-        `partitioning` its rows were hashed with (`mvsink.partitioning`).
+        `partitioning` its rows were hashed with (`mvsink.core.partitioning`).
 
         Raises:
             InvalidUsage: empty bounds, an update outside them (`UpdateNotBeyondLower`,
@@ -272,7 +272,7 @@ class Shard:
         Steps (`_compare_and_set`): 1. read the latest version `n`; 2. if its upper differs,
         return `UpperMismatch(current)`; 3. compute version `n+1` (pure); 4. create it with
         `If-None-Match: *`; 5. on a lost race (another `n+1`), go to 1. An indefinite create is
-        settled by writing the *same bytes* again (idempotent, see `mvsink.s3`), never new ones.
+        settled by writing the *same bytes* again (idempotent, see `mvsink.io.s3`), never new ones.
 
         Raises:
             InvalidUsage: bounds the parts were not staged for, a part appended twice, a part

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from mvsink.errors import StackError
+from mvsink.core.errors import StackError
 from mvsink.stack import procs
 
 MAVEN = Path(__file__).resolve().parent / "maven"

@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from mvsink.errors import StackError
+from mvsink.core.errors import StackError
 from mvsink.stack import jars, procs
 
 KAFKA_VERSION = "4.1.1"

@@ -10,7 +10,7 @@ Steps of `up`, each idempotent, so a rerun after any failure picks up where it s
    stopping workers above N, so `up` again with another N scales the cluster;
 5. (the CLI) provision the sink's topics and bucket.
 
-Without a cluster, Spark jobs run `local[*]` in-process (`mvsink.spark`); with one, a service
+Without a cluster, Spark jobs run `local[*]` in-process (`mvsink.io.spark`); with one, a service
 uses it when its `spark.master` (`MVSINK_SPARK_MASTER`) names it (`mvsink stack env` prints it).
 """
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from mvsink import Say as Say  # re-exported for the stack modules
-from mvsink.errors import StackError
+from mvsink.core.errors import StackError
 
 LOOPBACK = "127.0.0.1"
 

@@ -20,7 +20,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from mvsink.errors import StackError
+from mvsink.core.errors import StackError
 from mvsink.stack import procs
 
 

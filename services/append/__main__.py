@@ -3,7 +3,7 @@
 import sys
 
 import services.append
-from mvsink.service import run_service
+from mvsink.io.service import run_service
 from services.append.shell import run
 
 sys.exit(run_service("append", run, services.append.__doc__))

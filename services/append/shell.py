@@ -23,12 +23,13 @@ from typing import Any
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
 
-from mvsink.codec import decode_message
-from mvsink.config import Config
-from mvsink.errors import DecodeError
-from mvsink.frontier import Frontier
-from mvsink.health import report
-from mvsink.kafka import (
+from mvsink.core.codec import decode_message
+from mvsink.core.errors import DecodeError
+from mvsink.core.frontier import Frontier
+from mvsink.core.messages import BatchDescription, ShardUpper, StagedBatch
+from mvsink.io.config import Config
+from mvsink.io.health import report
+from mvsink.io.kafka import (
     Reader,
     client_config,
     consumer_config,
@@ -36,10 +37,9 @@ from mvsink.kafka import (
     produce,
     tail_consumer,
 )
-from mvsink.messages import BatchDescription, ShardUpper, StagedBatch
-from mvsink.provision import ensure_retention
-from mvsink.service import Stopping
+from mvsink.io.service import Stopping
 from mvsink.shard import Appended, IndefiniteAppend, PartTooOld, Shard, UpperMismatch, open_shard
+from mvsink.tools.provision import ensure_retention
 from services.append.state import Append, AppendOutcome, AppendState, Command, DeleteStaged, TooOld
 from services.append.state import Appended as StateAppended
 from services.append.state import Mismatch as StateMismatch

@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from mvsink.frontier import Frontier
-from mvsink.messages import BatchDescription, Part, StagedBatch
+from mvsink.core.frontier import Frontier
+from mvsink.core.messages import BatchDescription, Part, StagedBatch
 from mvsink.shard.state import PartRef
 
 log = logging.getLogger("mvsink.append")

@@ -15,7 +15,7 @@ input, so rehydration does not depend on the inputs' history.
                                                output shard at T
 ```
 
-A task is a TOML file (`services.ct.definition`; examples in `examples/ct/`): its inputs,
+A task is a TOML file (`mvsink.io.ct_definition`; examples in `examples/ct/`): its inputs,
 references, output shard and row schema, `as_of`, whether the first run sees the inputs'
 snapshot, and the logic as ordered `INSERT INTO <output> <query>` / `DELETE FROM <output>
 WHERE ...` statements. `python -m services.ct` runs one task (`[ct] task` / `MVSINK_CT_TASK`);

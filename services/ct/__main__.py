@@ -3,7 +3,7 @@
 import sys
 
 import services.ct
-from mvsink.service import run_service
+from mvsink.io.service import run_service
 from services.ct.shell import run
 
 sys.exit(run_service("ct", run, services.ct.__doc__))

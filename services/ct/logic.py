@@ -15,11 +15,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mvsink.errors import ContractError, InvalidUsage
-from mvsink.frontier import Frontier
+from mvsink.core.errors import ContractError, InvalidUsage
+from mvsink.core.frontier import Frontier
+from mvsink.core.updates import DIFF, ERR, TIME, normalize_updates, part_schema
+from mvsink.io.ct_definition import RETRACTIONS, Definition
 from mvsink.shard import consolidate_at
-from mvsink.updates import DIFF, ERR, TIME, normalize_updates, part_schema
-from services.ct.definition import RETRACTIONS, Definition
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -29,17 +29,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from prometheus_client import Counter, Gauge
 
-from mvsink.config import Config, Topics
-from mvsink.errors import ConfigError, MvsinkError
-from mvsink.frontier import Frontier, meet_all
-from mvsink.health import report
-from mvsink.kafka import Reader, TopicSpec, drain, ensure_topics, tail_consumer
-from mvsink.messages import SinkControl
-from mvsink.service import Stopping, writer_identity
-from mvsink.settings import S3Settings, Timing
+from mvsink.core.errors import ConfigError, MvsinkError
+from mvsink.core.frontier import Frontier, meet_all
+from mvsink.core.messages import SinkControl
+from mvsink.core.settings import S3Settings, Timing
+from mvsink.core.updates import DIFF, TIME, advance_times, part_schema
+from mvsink.io.config import Config, Topics
+from mvsink.io.ct_definition import Definition, load_definition
+from mvsink.io.health import report
+from mvsink.io.kafka import Reader, TopicSpec, drain, ensure_topics, tail_consumer
+from mvsink.io.service import Stopping, writer_identity
 from mvsink.shard import AsOfBeforeSince, IndefiniteAppend, PartGone, Shard, open_shard
-from mvsink.updates import DIFF, TIME, advance_times, part_schema
-from services.ct.definition import Definition, load_definition
 from services.ct.logic import consolidate, run_logic
 from services.ct.sink import truncating_compare_and_append
 from services.ct.state import SinkState, TimesReduce
@@ -367,7 +367,7 @@ def _time(frontier: Frontier) -> float:
 
 def run(config: Config, stopping: Stopping) -> int:
     """The service body: one continual task (`[ct] task` / `MVSINK_CT_TASK`) until stopped."""
-    from mvsink.spark import spark_session
+    from mvsink.io.spark import spark_session
 
     if not config.ct_task:
         raise ConfigError("no continual task: set [ct] task or MVSINK_CT_TASK to its definition")

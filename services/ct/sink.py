@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import pyarrow as pa
 
-from mvsink.frontier import Frontier
+from mvsink.core.frontier import Frontier
 from mvsink.shard import Appended, Shard
 
 

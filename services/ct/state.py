@@ -22,7 +22,7 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from mvsink.frontier import Frontier
+from mvsink.core.frontier import Frontier
 
 D = TypeVar("D", bound=Hashable)
 

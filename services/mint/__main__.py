@@ -3,7 +3,7 @@
 import sys
 
 import services.mint
-from mvsink.service import run_service
+from mvsink.io.service import run_service
 from services.mint.shell import run
 
 sys.exit(run_service("mint", run, services.mint.__doc__))

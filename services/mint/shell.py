@@ -18,11 +18,12 @@ import time
 from confluent_kafka import KafkaException, Producer
 from prometheus_client import Counter, Gauge
 
-from mvsink.config import Config
-from mvsink.errors import DecodeError
-from mvsink.frontier import Frontier
-from mvsink.health import report
-from mvsink.kafka import (
+from mvsink.core.errors import DecodeError
+from mvsink.core.frontier import Frontier
+from mvsink.core.messages import BatchDescription, DesiredProgress, ShardUpper, SinkControl
+from mvsink.io.config import Config
+from mvsink.io.health import report
+from mvsink.io.kafka import (
     Reader,
     client_config,
     drain,
@@ -31,8 +32,7 @@ from mvsink.kafka import (
     produce,
     tail_consumer,
 )
-from mvsink.messages import BatchDescription, DesiredProgress, ShardUpper, SinkControl
-from mvsink.service import Stopping
+from mvsink.io.service import Stopping
 from mvsink.shard import Shard, open_shard
 from services.mint.state import MintState
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from mvsink.frontier import Frontier, advance, meet_all
-from mvsink.messages import BatchDescription, BatchId
+from mvsink.core.frontier import Frontier, advance, meet_all
+from mvsink.core.messages import BatchDescription, BatchId
 
 log = logging.getLogger("mvsink.mint")
 

@@ -66,7 +66,7 @@ one-shot Spark job of the same tasks where the residents cannot serve. A partiti
 to the executor holding its warm state (`services.write.affinity`: a stable partition ->
 executor map learned from where tasks ran, as Spark executor locality preferences), whose
 Python workers share it through the executor's local directory (`services.write.checkpoint`). The code reaches a cluster's
-executors as a zip the driver builds and ships at start (`mvsink.spark`).
+executors as a zip the driver builds and ships at start (`mvsink.io.spark`).
 
 Failure handling
 ----------------

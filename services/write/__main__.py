@@ -3,7 +3,7 @@
 import sys
 
 import services.write
-from mvsink.service import run_service
+from mvsink.io.service import run_service
 from services.write.shell import run
 
 sys.exit(run_service("write", run, services.write.__doc__))

@@ -5,7 +5,7 @@ parts costs nothing) lives in the executor that ran its last task: in the Python
 memory, and in a directory the executor's Python workers share (`services.write.checkpoint`).
 Any other executor must read the checkpoint and the parts back from object storage. So the
 driver keeps a stable partition -> executor map, `home`, learned from where each task really
-ran, and asks Spark to run each partition's task there (`mvsink.spark.run_pinned`):
+ran, and asks Spark to run each partition's task there (`mvsink.io.spark.run_pinned`):
 
 * a partition stays on its home while that executor lives;
 * a partition without a live home (new, or its executor died: Spark has already rescheduled

@@ -37,11 +37,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from minio.error import S3Error
 
-from mvsink.frontier import Frontier
-from mvsink.s3 import PreconditionFailed, conditional_put, get_bytes, s3_client
-from mvsink.settings import S3Settings
-from mvsink.spark import executor_dir
-from mvsink.updates import part_schema, updates_to_ipc
+from mvsink.core.frontier import Frontier
+from mvsink.core.settings import S3Settings
+from mvsink.core.updates import part_schema, updates_to_ipc
+from mvsink.io.s3 import PreconditionFailed, conditional_put, get_bytes, s3_client
+from mvsink.io.spark import executor_dir
 from services.write.correction import Correction
 
 log = logging.getLogger("mvsink.write.task")

@@ -27,7 +27,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from mvsink.config import Config
+from mvsink.io.config import Config
 from mvsink.shard import Merged, open_shard
 from mvsink.shard.compact import CompactionOutcome, compact_once, run_locally, spark_runner
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mvsink.frontier import Frontier
-from mvsink.updates import DIFF, TIME, consolidate, part_schema
+from mvsink.core.frontier import Frontier
+from mvsink.core.updates import DIFF, TIME, consolidate, part_schema
 
 
 class Correction:

@@ -28,14 +28,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
-from mvsink.desired import decode_desired
-from mvsink.errors import DecodeError, DesiredGone, MvsinkError
-from mvsink.frontier import Frontier, advance
-from mvsink.kafka import NO_RESET, READ_TO_END, Reader, client_config, poll_message
-from mvsink.messages import Progress
-from mvsink.rows import updates_decoder
+from mvsink.core.errors import DecodeError, DesiredGone, MvsinkError
+from mvsink.core.frontier import Frontier, advance
+from mvsink.core.messages import Progress
+from mvsink.core.rows import updates_decoder
+from mvsink.core.updates import TIME
+from mvsink.io.kafka import NO_RESET, READ_TO_END, Reader, client_config, poll_message
 from mvsink.shard import SelectedPart, Shard, ShardState
-from mvsink.updates import TIME
+from mvsink.upstream.desired import decode_desired
 from services.write.checkpoint import PartitionState, since_passed
 
 log = logging.getLogger("mvsink.write.task")

@@ -23,11 +23,16 @@ whether the shard really equalled desired before `f` (a foreign write before `f`
 The partition's critical hold is set to `f` first (since must not pass it before the write
 service continues), and the repair is logged and recorded as a `SinkRepair` on
 `<sink>.control` (key `repair:<sink>`; `mvsink inspect <sink>.control` shows it).
+
+`python -m services.write.repair show|repair SINK` is the tool (`main`); `mvsink sink show` and
+`mvsink repair` start it.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -36,23 +41,25 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Producer
 
-from mvsink.config import Config
-from mvsink.desired import decode_desired
-from mvsink.errors import DecodeError, MvsinkError
-from mvsink.frontier import Frontier
-from mvsink.kafka import (
+from mvsink.core.errors import DecodeError, MvsinkError
+from mvsink.core.frontier import Frontier
+from mvsink.core.messages import Progress, RepairedPartition, SinkRepair
+from mvsink.core.rows import parse_row_schema, updates_decoder
+from mvsink.core.updates import TIME, part_schema
+from mvsink.io.config import Config, load_config
+from mvsink.io.kafka import (
     NO_RESET,
     READ_TO_END,
     Reader,
     client_config,
     poll_message,
     produce,
+    sink_config,
     watermarks,
 )
-from mvsink.messages import Progress, RepairedPartition, SinkRepair
-from mvsink.rows import parse_row_schema, updates_decoder
+from mvsink.io.service import run_command, writer_identity
 from mvsink.shard import Shard, ShardState, open_shard
-from mvsink.updates import TIME, part_schema
+from mvsink.upstream.desired import decode_desired
 from services.write import checkpoint
 
 log = logging.getLogger("mvsink.write.repair")
@@ -239,3 +246,65 @@ def repair(config: Config, partitions: list[int] | None, writer_id: str,
                           f"reach {config.topics.control}")  # fmt: skip
     say(f"repair recorded on {config.topics.control} under {record.key}")
     return [s for s, _ in done]
+
+
+def show(config: Config) -> int:
+    """Print `report` as a table (`mvsink sink show`): 0."""
+    shard = open_shard(config.shard_id, None, config.s3, config.shard_timing())
+    state = shard.state()
+    print(f"sink {config.sink_id}  shard {config.shard_id}: upper {state.upper}, since "
+          f"{state.since}; desired {config.topics.desired}, {config.partitions} partitions")  # fmt: skip
+    print(f"{'p':>3} {'log start':>10} {'end':>10} {'checkpoint':>10} {'folded':>10} "
+          f"{'persist':>10} {'hold':>10}  state")  # fmt: skip
+    bad = 0
+    for r in report(config, shard, state):
+        bad += r.needs_repair is not None
+        print(f"{r.partition:>3} {r.log_start:>10} {r.end:>10} {r.version:>10} "
+              f"{'-' if r.folded_offset is None else r.folded_offset:>10} "
+              f"{r.persist_folded or '-'!s:>10} {r.hold or '-'!s:>10}  "
+              f"{r.needs_repair or 'ok'}")  # fmt: skip
+    if bad:
+        print(f"{bad} partition(s) need `mvsink repair {config.sink_id}`")
+    return 0
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`show SINK` or `repair SINK [--partition P]... [--yes]`, with `--shard` and the
+    configuration of `mvsink.io.config` (`MVSINK_CONFIG`, `MVSINK_*`)."""
+    parser = argparse.ArgumentParser(prog="python -m services.write.repair")
+    parser.add_argument("action", choices=("show", "repair"))
+    parser.add_argument("sink", help="sink id")
+    parser.add_argument("--shard", default="", help="shard id (default: the configured one)")
+    parser.add_argument("--partition", type=int, action="append", help="re-seed this partition")
+    parser.add_argument("--yes", action="store_true", help="do not ask before acting")
+    parser.add_argument("--writer-id", default="", help="who repairs (default: this process)")
+    args = parser.parse_args(argv)
+
+    def command() -> int:
+        config = sink_config(load_config(), args.sink, args.shard)
+        if args.action == "show":
+            return show(config)
+
+        def confirm() -> bool:
+            if args.yes:
+                return True
+            if not sys.stdin.isatty():
+                _say("not confirmed: run it again with --yes once you have read the above")
+                return False
+            return input("re-seed these checkpoints from the shard? [y/N] ").strip().lower() == "y"
+
+        writer_id = args.writer_id or writer_identity(config, "repair")
+        seeds = repair(config, args.partition or None, writer_id, _say, confirm)
+        _say(f"sink {config.sink_id}: repaired partitions {[s.partition for s in seeds]}; the "
+             "write service continues from the new checkpoints by itself")  # fmt: skip
+        return 0
+
+    return run_command(command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -38,7 +38,7 @@ Rules
    compactor's large merges): the driver's loop looks every `CHECK_EVERY`, and after each round,
    and the crew is launched again when no other job is active.
 
-The connection is plain TCP on the driver's host (`mvsink.spark.driver_host`, where executors
+The connection is plain TCP on the driver's host (`mvsink.io.spark.driver_host`, where executors
 already reach the driver), length-prefixed frames: first the crew's random token, which the
 driver compares before it unpickles anything, then pickles both ways, each request and reply
 numbered by its round. Residents do not authenticate the driver, and the frames (S3 settings
@@ -64,7 +64,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mvsink.spark import driver_host, executor_id, live_executors, run_pinned
+from mvsink.io.spark import driver_host, executor_id, live_executors, run_pinned
 from services.write import checkpoint, fold
 from services.write.task import TaskResult, TaskSpec, run_tasks
 

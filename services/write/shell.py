@@ -16,7 +16,7 @@ The desired topic's life cycle is the driver's too:
   latest durable checkpoint's `persist_folded`, so `since` never passes a checkpoint the sink
   may continue from, however long the sink is down;
 * every `desired_trim_interval` it deletes each owned partition's desired records below the
-  older of its two kept checkpoints (`mvsink.kafka.delete_below`): nothing a driver may still
+  older of its two kept checkpoints (`mvsink.io.kafka.delete_below`): nothing a driver may still
   load needs them, and the topic stays bounded. The partition's last record (its latest
   `Progress`, which a new publishing producer reads to skip a publish already committed) is
   always kept.
@@ -32,10 +32,19 @@ from typing import Any
 from confluent_kafka import Consumer, Producer, TopicPartition
 from prometheus_client import Counter, Gauge
 
-from mvsink.config import Config
-from mvsink.frontier import Frontier, meet_all
-from mvsink.health import blocked, report
-from mvsink.kafka import (
+from mvsink.core.frontier import Frontier, meet_all
+from mvsink.core.messages import (
+    BatchDescription,
+    DesiredProgress,
+    ShardUpper,
+    SinkControl,
+    StagedBatch,
+)
+from mvsink.core.rows import parse_row_schema
+from mvsink.core.settings import FOLD_INTERVAL
+from mvsink.io.config import Config
+from mvsink.io.health import blocked, report
+from mvsink.io.kafka import (
     Reader,
     client_config,
     consumer_config,
@@ -45,11 +54,9 @@ from mvsink.kafka import (
     produce,
     tail_consumer,
 )
-from mvsink.messages import BatchDescription, DesiredProgress, ShardUpper, SinkControl, StagedBatch
-from mvsink.rows import parse_row_schema
-from mvsink.service import Stopping, writer_identity
+from mvsink.io.service import Stopping, writer_identity
+from mvsink.io.spark import live_executors, run_pinned, task_slots
 from mvsink.shard import AsOfBeforeSince, Shard, open_shard
-from mvsink.spark import live_executors, run_pinned, task_slots
 from services.write import checkpoint
 from services.write.affinity import groups, place
 from services.write.compactor import Compactor
@@ -59,8 +66,6 @@ from services.write.task import Gone, TaskResult, TaskSpec, run_tasks, warm_up
 
 log = logging.getLogger("mvsink.write")
 SHARD_POLL = 1.0
-#: How often a read-only (or idle) driver folds and consolidates, to keep memory bounded.
-FOLD_INTERVAL = 10.0
 #: A staged batch still unappended after this share of `max_part_age` is staged again: the
 #: shard refuses parts older than that bound (append then waits for fresh ones), so the sink
 #: does not stall after an append or S3 outage longer than the bound.
@@ -268,7 +273,7 @@ class WriteShell:
     # -- the loop ---------------------------------------------------------------------------
 
     def run(self) -> int:
-        from mvsink.spark import spark_session
+        from mvsink.io.spark import spark_session
 
         self.spark = spark_session(f"mvsink-write-{self.config.sink_id}", self.config.spark_master)
         self.target = self._hold_target()

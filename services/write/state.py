@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from mvsink.frontier import Frontier, advance
-from mvsink.messages import BatchDescription
+from mvsink.core.frontier import Frontier, advance
+from mvsink.core.messages import BatchDescription
 
 log = logging.getLogger("mvsink.write")
 

@@ -42,12 +42,12 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from mvsink.errors import DesiredGone, MvsinkError
-from mvsink.frontier import Frontier
-from mvsink.service import quiet_retries
-from mvsink.settings import S3Settings
+from mvsink.core.errors import DesiredGone, MvsinkError
+from mvsink.core.frontier import Frontier
+from mvsink.core.settings import S3Settings
+from mvsink.io.service import quiet_retries
+from mvsink.io.spark import each_on_a_thread, executor_id, trim_worker_path
 from mvsink.shard import PartGone, PartRef, Shard, ShardState, open_shard
-from mvsink.spark import each_on_a_thread, executor_id, trim_worker_path
 from services.write import checkpoint
 from services.write.fold import SincePassed, close_readers, fold_desired, fold_persist
 
@@ -65,7 +65,7 @@ class TaskSpec:
     shard_id: str
     partition: int
     partitions: int
-    #: The desired partitioning function (`mvsink.partitioning`).
+    #: The desired partitioning function (`mvsink.core.partitioning`).
     partitioning: int
     bootstrap: str
     desired_topic: str
@@ -83,7 +83,7 @@ class TaskSpec:
 
 @dataclass(frozen=True)
 class Gone:
-    """Desired records a step needed were deleted (`mvsink.errors.DesiredGone`, as data: it
+    """Desired records a step needed were deleted (`mvsink.core.errors.DesiredGone`, as data: it
     travels back to the driver pickled)."""
 
     needed: int
@@ -116,7 +116,7 @@ class TaskResult:
     seconds: dict[str, float] = field(default_factory=dict)
     #: The checkpoint was older than the shard's since: rebuilt from all of desired.
     rebuilt: bool = False
-    #: The executor the task ran in (`mvsink.spark.executor_id`): the partition's new home.
+    #: The executor the task ran in (`mvsink.io.spark.executor_id`): the partition's new home.
     executor: str = "driver"
     #: Desired records it needed were gone: nothing was staged or checkpointed.
     gone: Gone | None = None

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from sinkkit import Service, Sink
 
-from mvsink.config import S3Settings
+from mvsink.io.config import S3Settings
 
 
 @pytest.fixture

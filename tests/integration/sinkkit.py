@@ -21,10 +21,12 @@ from pathlib import Path
 import pyarrow as pa
 from confluent_kafka import Producer
 
-from mvsink.codec import decode_message
-from mvsink.config import Config, S3Settings, Topics
-from mvsink.frontier import Frontier
-from mvsink.kafka import (
+from mvsink.core.codec import decode_message
+from mvsink.core.frontier import Frontier
+from mvsink.core.messages import BatchDescription, DesiredProgress, StagedBatch
+from mvsink.core.rows import parse_row_schema
+from mvsink.io.config import Config, S3Settings, Topics
+from mvsink.io.kafka import (
     Reader,
     client_config,
     poll_message,
@@ -32,11 +34,9 @@ from mvsink.kafka import (
     tail_consumer,
     watermarks,
 )
-from mvsink.messages import BatchDescription, DesiredProgress, StagedBatch
-from mvsink.producer import DesiredProducer
-from mvsink.provision import provision
-from mvsink.rows import parse_row_schema
 from mvsink.shard import Shard, open_shard
+from mvsink.tools.provision import provision
+from mvsink.upstream.producer import DesiredProducer
 
 ROW_SCHEMA = "k string, v long"
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from sinkkit import cli_env
 
-from mvsink.config import CompactionPolicy, S3Settings
+from mvsink.io.config import CompactionPolicy, S3Settings
 
 pytestmark = pytest.mark.integration
 
@@ -128,7 +128,7 @@ def test_bench_faults_survives_every_fault(
     service paused (SIGSTOP) past the longest shard bound loses nothing and leaves nothing
     dangling."""
     from mvsink.bench import FAULTS
-    from mvsink.config import cache_dir
+    from mvsink.io.config import cache_dir
 
     out = tmp_path / "out"
     env = {**cli_env(kafka_bootstrap, s3_settings, tmp_path), "MVSINK_CACHE_DIR": str(cache_dir())}

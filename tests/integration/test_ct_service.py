@@ -22,8 +22,14 @@ import pyarrow as pa
 import pytest
 from sinkkit import Service
 
-from mvsink.config import S3Settings
-from mvsink.ct_demo import (
+from mvsink.core.frontier import Frontier
+from mvsink.core.rows import parse_row_schema
+from mvsink.core.settings import Timing
+from mvsink.core.updates import part_schema
+from mvsink.io.config import S3Settings
+from mvsink.io.ct_definition import Definition, definition_from_toml, load_definition
+from mvsink.shard import Appended, Shard, open_shard
+from mvsink.tools.ct_demo import (
     EVALUATIONS,
     ORDERS,
     History,
@@ -35,12 +41,6 @@ from mvsink.ct_demo import (
     example_task,
     mismatches,
 )
-from mvsink.frontier import Frontier
-from mvsink.rows import parse_row_schema
-from mvsink.settings import Timing
-from mvsink.shard import Appended, Shard, open_shard
-from mvsink.updates import part_schema
-from services.ct.definition import Definition, definition_from_toml, load_definition
 from services.ct.shell import ContinualTask
 
 pytestmark = pytest.mark.integration

@@ -9,8 +9,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from mvsink.config import S3Settings
-from mvsink.frontier import Frontier
+from mvsink.core.frontier import Frontier
+from mvsink.io.config import S3Settings
 from mvsink.shard import Shard, open_shard
 from services.ct.sink import truncating_compare_and_append
 

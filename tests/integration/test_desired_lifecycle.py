@@ -27,13 +27,13 @@ from sinkkit import (
     wait_until,
 )
 
-from mvsink.config import S3Settings
-from mvsink.frontier import Frontier
-from mvsink.kafka import delete_below, last_record, read_compacted, watermarks
-from mvsink.messages import Progress, SinkRepair
-from mvsink.producer import DesiredProducer
-from mvsink.rows import parse_row_schema
+from mvsink.core.frontier import Frontier
+from mvsink.core.messages import Progress, SinkRepair
+from mvsink.core.rows import parse_row_schema
+from mvsink.io.config import S3Settings
+from mvsink.io.kafka import delete_below, last_record, read_compacted, watermarks
 from mvsink.stack.procs import free_ports
+from mvsink.upstream.producer import DesiredProducer
 
 pytestmark = pytest.mark.integration
 F = Frontier.at

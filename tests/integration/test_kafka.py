@@ -11,10 +11,12 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource
 
-from mvsink import codec, kafka
-from mvsink.config import Config, S3Settings, Topics
-from mvsink.frontier import Frontier
-from mvsink.kafka import (
+from mvsink.core import codec
+from mvsink.core.frontier import Frontier
+from mvsink.core.messages import DesiredProgress, ShardUpper
+from mvsink.io import kafka
+from mvsink.io.config import Config, S3Settings, Topics
+from mvsink.io.kafka import (
     ProvisionError,
     TopicSpec,
     client_config,
@@ -26,8 +28,7 @@ from mvsink.kafka import (
     sink_topics,
     tail_consumer,
 )
-from mvsink.messages import DesiredProgress, ShardUpper
-from mvsink.smoke import contract_samples, roundtrip
+from mvsink.tools.smoke import contract_samples, roundtrip
 
 pytestmark = pytest.mark.integration
 
@@ -233,7 +234,7 @@ def test_a_stalled_reader_reads_on_with_a_new_consumer_but_never_past_an_open_tr
 
     commit(b"a", b"b")
     reader = tail_consumer(kafka_bootstrap, topic)
-    caplog.set_level(logging.WARNING, logger="mvsink.kafka")
+    caplog.set_level(logging.WARNING, logger="mvsink.io.kafka")
     try:
         assert _read(reader, 2, 30) == [b"a", b"b"]
         # An open transaction: its records are past the high watermark, not the stable offset.

@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from mvsink.config import S3Settings
-from mvsink.s3 import (
+from mvsink.io.config import S3Settings
+from mvsink.io.s3 import (
     IndefiniteWrite,
     PreconditionFailed,
     Written,

@@ -21,18 +21,18 @@ from typing import Any
 import pytest
 from sinkkit import Service, Sink, Upstream, converged, probe, start, wait_status, wait_until
 
-from mvsink.codec import decode_message
-from mvsink.config import S3Settings, Secret, cache_dir, load_config
-from mvsink.demo import ROW_SCHEMA, ViewJob
-from mvsink.kafka import poll_message, tail_consumer
-from mvsink.messages import UpdatesArrow
-from mvsink.provision import provision
-from mvsink.rows import parse_row_schema
-from mvsink.s3 import ensure_bucket, s3_client
+from mvsink.core.codec import decode_message
+from mvsink.core.messages import UpdatesArrow
+from mvsink.core.rows import parse_row_schema
+from mvsink.core.updates import updates_from_ipc
+from mvsink.io.config import S3Settings, Secret, cache_dir, load_config
+from mvsink.io.kafka import poll_message, tail_consumer
+from mvsink.io.s3 import ensure_bucket, s3_client
 from mvsink.stack.manager import Stack
 from mvsink.stack.procs import free_ports
 from mvsink.stack.state import load_records
-from mvsink.updates import updates_from_ipc
+from mvsink.tools.demo import ROW_SCHEMA, ViewJob
+from mvsink.tools.provision import provision
 
 pytestmark = pytest.mark.integration
 

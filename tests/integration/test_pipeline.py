@@ -26,13 +26,13 @@ from sinkkit import (
     wait_until,
 )
 
-from mvsink.config import S3Settings
-from mvsink.frontier import Frontier
-from mvsink.kafka import client_config, poll_message, produce, read_compacted, tail_consumer
-from mvsink.messages import Update, Updates, UpdatesArrow
-from mvsink.rows import parse_row_schema, row_encoder
+from mvsink.core.frontier import Frontier
+from mvsink.core.messages import Update, Updates, UpdatesArrow
+from mvsink.core.rows import parse_row_schema, row_encoder
+from mvsink.core.updates import normalize_updates, updates_to_ipc
+from mvsink.io.config import S3Settings
+from mvsink.io.kafka import client_config, poll_message, produce, read_compacted, tail_consumer
 from mvsink.shard import Timing, open_shard
-from mvsink.updates import normalize_updates, updates_to_ipc
 
 pytestmark = pytest.mark.integration
 F = Frontier.at
@@ -156,7 +156,7 @@ def test_kill_9_of_each_service_then_restart_converges_without_leaks(
     assert merges > 0, "compaction never ran"
 
 
-#: Bounds short enough to pause past (`mvsink.settings.Timing` checks their order).
+#: Bounds short enough to pause past (`mvsink.core.settings.Timing` checks their order).
 PAUSE_SHARD = {"MVSINK_SHARD_MAX_ATTEMPT_AGE": "2", "MVSINK_SHARD_MAX_PART_AGE": "4",
                "MVSINK_SHARD_MIN_GRACE": "8", "MVSINK_SHARD_PART_GRACE": "2",
                "MVSINK_SHARD_VERSION_GRACE": "6", "MVSINK_SHARD_REQUEST_TIMEOUT": "2"}  # fmt: skip
@@ -362,7 +362,7 @@ def test_bench_pipeline_prints_measured_figures_and_baseline(
 
 def test_the_view_job_alone_publishes_ticks(sink: Sink) -> None:
     """`mvsink view` (compose's upstream): ticks of desired updates and progress."""
-    from mvsink.demo import ROW_SCHEMA
+    from mvsink.tools.demo import ROW_SCHEMA
 
     env = {**sink.env(), "MVSINK_ROW_SCHEMA": ROW_SCHEMA}
     view = subprocess.run([sys.executable, "-m", "mvsink.cli", "view", "--ticks", "2",

@@ -19,15 +19,17 @@ import pytest
 from confluent_kafka import KafkaException, Producer
 from sinkkit import Service, Sink, contents, start, wait_until
 
-from mvsink.codec import decode_message
-from mvsink.config import S3Settings
-from mvsink.errors import ContractError, InvalidUsage
-from mvsink.frontier import Frontier
-from mvsink.kafka import client_config, poll_message, read_compacted, tail_consumer
-from mvsink.messages import DesiredProgress, Progress, Updates, UpdatesArrow
-from mvsink.partitioning import partition_of, partitions_of
-from mvsink.producer import DesiredProducer
-from mvsink.publish import (
+from mvsink.core.codec import decode_message
+from mvsink.core.errors import ContractError, InvalidUsage
+from mvsink.core.frontier import Frontier
+from mvsink.core.messages import DesiredProgress, Progress, Updates, UpdatesArrow
+from mvsink.core.partitioning import partition_of, partitions_of
+from mvsink.core.rows import parse_row_schema, row_decoder, row_encoder
+from mvsink.core.updates import normalize_updates, updates_from_ipc
+from mvsink.io.config import S3Settings
+from mvsink.io.kafka import client_config, poll_message, read_compacted, tail_consumer
+from mvsink.upstream.producer import DesiredProducer
+from mvsink.upstream.publish import (
     _PRODUCERS,
     PublishSpec,
     _markers,
@@ -35,8 +37,6 @@ from mvsink.publish import (
     _task_keys,
     publish_dataframe,
 )
-from mvsink.rows import parse_row_schema, row_decoder, row_encoder
-from mvsink.updates import normalize_updates, updates_from_ipc
 
 pytestmark = pytest.mark.integration
 F = Frontier.at
@@ -292,7 +292,7 @@ def test_a_kept_producer_another_worker_superseded_is_dropped_before_it_produces
     _PRODUCERS.clear()
     _PRODUCERS.update(worker_a)  # worker A's turn again
     events.clear()
-    with caplog.at_level(logging.DEBUG, logger="mvsink.publish"):
+    with caplog.at_level(logging.DEBUG, logger="mvsink.upstream.publish"):
         assert _publish_partition(spec(2), 0, rows(2)) == (1, False)
     assert "another Python worker of this executor took" in caplog.text
     assert "was fenced" not in caplog.text  # no transaction of the fenced producer

@@ -14,9 +14,9 @@ import pytest
 from confluent_kafka import Producer
 from sinkkit import Service, Sink, WriteRole, start, wait_until
 
-from mvsink.frontier import Frontier
-from mvsink.kafka import client_config, poll_message, read_compacted, tail_consumer
-from mvsink.messages import ShardUpper
+from mvsink.core.frontier import Frontier
+from mvsink.core.messages import ShardUpper
+from mvsink.io.kafka import client_config, poll_message, read_compacted, tail_consumer
 
 pytestmark = pytest.mark.integration
 F = Frontier.at

@@ -12,10 +12,11 @@ from dataclasses import replace
 import pyarrow as pa
 import pytest
 
-from mvsink.config import S3Settings
-from mvsink.frontier import Frontier
-from mvsink.messages import BatchId, StagedBatch
-from mvsink.partitioning import partitions_of
+from mvsink.core.frontier import Frontier
+from mvsink.core.messages import BatchId, StagedBatch
+from mvsink.core.partitioning import partitions_of
+from mvsink.core.updates import normalize_updates
+from mvsink.io.config import S3Settings
 from mvsink.shard import (
     Appended,
     InvalidUsage,
@@ -30,7 +31,6 @@ from mvsink.shard import (
     open_shard,
 )
 from mvsink.shard.state import ShardState
-from mvsink.updates import normalize_updates
 
 pytestmark = pytest.mark.integration
 

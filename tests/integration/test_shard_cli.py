@@ -13,8 +13,8 @@ import pyarrow as pa
 import pytest
 from sinkkit import cli_env
 
-from mvsink.config import S3Settings
-from mvsink.frontier import Frontier
+from mvsink.core.frontier import Frontier
+from mvsink.io.config import S3Settings
 from mvsink.shard import open_shard
 
 pytestmark = pytest.mark.integration

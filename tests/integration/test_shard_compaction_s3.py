@@ -16,9 +16,10 @@ import pyarrow as pa
 import pytest
 from minio.error import S3Error
 
-from mvsink.frontier import Frontier
-from mvsink.partitioning import partitions_of
-from mvsink.settings import CompactionPolicy, S3Settings, Timing
+from mvsink.core.frontier import Frontier
+from mvsink.core.partitioning import partitions_of
+from mvsink.core.settings import CompactionPolicy, S3Settings, Timing
+from mvsink.core.updates import normalize_updates, part_schema
 from mvsink.shard import (
     Appended,
     AsOfBeforeSince,
@@ -33,7 +34,6 @@ from mvsink.shard import (
 from mvsink.shard.compact import compact_once, shard_table_bytes
 from mvsink.shard.parts import consolidate_at
 from mvsink.shard.spark import read_shard
-from mvsink.updates import normalize_updates, part_schema
 
 pytestmark = pytest.mark.integration
 
@@ -303,7 +303,7 @@ def test_the_compactor_collects_garbage_while_its_merges_fail(
 ) -> None:
     """The write driver's compactor thread: a merge that keeps failing (a lost Spark job) is
     logged once and does not stop the deletion of what an earlier merge replaced."""
-    from mvsink.config import Config, Topics
+    from mvsink.io.config import Config, Topics
     from services.write import compactor as module
 
     shard_id = f"c-{uuid.uuid4().hex[:10]}"

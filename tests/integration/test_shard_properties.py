@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mvsink.config import S3Settings
-from mvsink.frontier import Frontier
+from mvsink.core.frontier import Frontier
+from mvsink.io.config import S3Settings
 from mvsink.shard import Appended, Shard, Timing, UpperMismatch, open_shard
 from mvsink.shard.spark import read_shard
 

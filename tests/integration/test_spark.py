@@ -10,9 +10,9 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from mvsink.config import S3Settings
-from mvsink.s3 import get_bytes, s3_client
-from mvsink.spark import (
+from mvsink.io.config import S3Settings
+from mvsink.io.s3 import get_bytes, s3_client
+from mvsink.io.spark import (
     live_executors,
     read_parquet_parts,
     run_pinned,

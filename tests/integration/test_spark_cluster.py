@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from sinkkit import Service, Sink, Upstream, cli_env, contents, converged, start, wait_until
 
-from mvsink.config import S3Settings, cache_dir
+from mvsink.io.config import S3Settings, cache_dir
 from mvsink.stack.manager import Stack
 from mvsink.stack.state import load_records
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from mvsink.config import cache_dir
-from mvsink.errors import StackError
+from mvsink.core.errors import StackError
+from mvsink.io.config import cache_dir
 from mvsink.stack import minio, procs
 from mvsink.stack.manager import Stack
 from mvsink.stack.state import load_records

@@ -12,11 +12,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from mvsink.config import S3Settings
-from mvsink.frontier import Frontier
-from mvsink.rows import parse_row_schema
-from mvsink.s3 import ensure_bucket, s3_client
-from mvsink.updates import normalize_updates
+from mvsink.core.frontier import Frontier
+from mvsink.core.rows import parse_row_schema
+from mvsink.core.updates import normalize_updates
+from mvsink.io.config import S3Settings
+from mvsink.io.s3 import ensure_bucket, s3_client
 from services.write import checkpoint
 
 pytestmark = pytest.mark.integration

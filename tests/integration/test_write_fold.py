@@ -13,11 +13,11 @@ import pyarrow as pa
 import pytest
 from sinkkit import Sink
 
-from mvsink.config import S3Settings
-from mvsink.errors import MvsinkError
-from mvsink.frontier import Frontier
-from mvsink.producer import DesiredProducer
-from mvsink.rows import parse_row_schema
+from mvsink.core.errors import MvsinkError
+from mvsink.core.frontier import Frontier
+from mvsink.core.rows import parse_row_schema
+from mvsink.io.config import S3Settings
+from mvsink.upstream.producer import DesiredProducer
 from services.write import checkpoint, fold
 from services.write.fold import fold_desired
 

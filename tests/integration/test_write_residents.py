@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from mvsink.config import S3Settings
-from mvsink.desired import decode_desired
-from mvsink.frontier import Frontier
-from mvsink.messages import Progress
-from mvsink.rows import parse_row_schema
-from mvsink.spark import executor_dir, run_pinned
+from mvsink.core.frontier import Frontier
+from mvsink.core.messages import Progress
+from mvsink.core.rows import parse_row_schema
+from mvsink.io.config import S3Settings
+from mvsink.io.spark import executor_dir, run_pinned
+from mvsink.upstream.desired import decode_desired
 from services.write import checkpoint, fold, task
 from services.write.resident import Crew, Work
 from services.write.task import TaskResult, TaskSpec, run_tasks

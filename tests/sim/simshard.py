@@ -27,9 +27,10 @@ from collections.abc import Callable
 import pyarrow as pa
 from simworld import START, Actor, Faults, SimBlob, World
 
-from mvsink.frontier import Frontier
-from mvsink.partitioning import CURRENT
-from mvsink.settings import CompactionPolicy, S3Settings, Secret, Timing
+from mvsink.core.frontier import Frontier
+from mvsink.core.partitioning import CURRENT
+from mvsink.core.settings import CompactionPolicy, S3Settings, Secret, Timing
+from mvsink.core.updates import DIFF, TIME
 from mvsink.shard import (
     Appended,
     AsOfBeforeSince,
@@ -41,7 +42,6 @@ from mvsink.shard import (
 )
 from mvsink.shard.compact import compact_once, merge_on
 from mvsink.shard.parts import decode_part
-from mvsink.updates import DIFF, TIME
 from services.write import checkpoint
 from services.write.fold import SincePassed, fold_persist
 

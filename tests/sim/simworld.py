@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from mvsink.s3 import ConditionalResult, IndefiniteWrite, PreconditionFailed, Written
+from mvsink.io.s3 import ConditionalResult, IndefiniteWrite, PreconditionFailed, Written
 from mvsink.shard.blob import Listed
 
 START = 1_800_000_000.0
@@ -249,7 +249,7 @@ class SimBlob:
     def create(self, key: str, data: bytes, timeout: float | None = None) -> ConditionalResult:
         def apply() -> ConditionalResult:
             found = self.world.objects.get(key)
-            if found is not None:  # settled by content, as mvsink.s3.conditional_put does
+            if found is not None:  # settled by content, as mvsink.io.s3.conditional_put does
                 return Written(found.etag) if found.data == data else PreconditionFailed(found.etag)
             return Written(self._write(key, data))
 

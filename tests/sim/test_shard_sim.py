@@ -27,7 +27,7 @@ from simshard import (
 )
 from simworld import Faults, SimBlob, World
 
-from mvsink.frontier import Frontier
+from mvsink.core.frontier import Frontier
 from mvsink.shard import Shard, ShardState, UpperMismatch
 
 #: The sweep `./run test` runs: seeds and store calls per seed (a few minutes on 2 cores).

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from mvsink.frontier import Frontier
-from mvsink.messages import BatchDescription, BatchId, Part, StagedBatch
+from mvsink.core.frontier import Frontier
+from mvsink.core.messages import BatchDescription, BatchId, Part, StagedBatch
 from services.append.state import Append, Appended, AppendState, DeleteStaged, Mismatch
 
 F = Frontier.at

@@ -13,7 +13,7 @@ import pytest
 from mvsink.bench.compare import percentile
 from mvsink.bench.contenders import OffsetSystem
 from mvsink.bench.workload import Workload
-from mvsink.config import load_config
+from mvsink.io.config import load_config
 
 
 @pytest.mark.parametrize(("keys", "change", "ticks"), [(10, 0.1, 5), (1000, 0.1, 4), (50, 1.0, 3)])

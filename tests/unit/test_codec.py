@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mvsink import codec
-from mvsink.errors import ContractError, DecodeError
-from mvsink.frontier import MAX_TIME, Frontier
-from mvsink.messages import (
+from mvsink.core import codec
+from mvsink.core.errors import ContractError, DecodeError
+from mvsink.core.frontier import MAX_TIME, Frontier
+from mvsink.core.messages import (
     BatchDescription,
     BatchId,
     DesiredProgress,

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from mvsink.compose import engine
-from mvsink.compose.verify import (
+from mvsink.io.config import REPO_ROOT
+from mvsink.tools.compose import engine
+from mvsink.tools.compose.verify import (
     APPEND_WORK,
     LOG_LINE,
     SCALE,
@@ -21,7 +22,6 @@ from mvsink.compose.verify import (
     last_lines,
     spread,
 )
-from mvsink.config import REPO_ROOT
 
 WRITE_LOGS = {
     "v-write-1": [

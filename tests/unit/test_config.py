@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from mvsink.config import Secret, Topics, load_config
-from mvsink.errors import ConfigError
+from mvsink.core.errors import ConfigError
+from mvsink.io.config import Secret, Topics, load_config
 
 ENDPOINTS = {
     "MVSINK_KAFKA_BOOTSTRAP": "127.0.0.1:9092",
@@ -141,7 +141,7 @@ def test_missing_config_file(env: dict[str, str], tmp_path: Path) -> None:
 
 def test_config_env_loads_back_the_same_config(env: dict[str, str]) -> None:
     """Every setting reaches a child process (services started by the demo and the benches)."""
-    from mvsink.config import config_env
+    from mvsink.io.config import config_env
 
     config = load_config(env={**env, "MVSINK_RETAIN_HISTORY": "7", "MVSINK_SHARD_COMPACTION": "false",
                               "MVSINK_SHARD_PART_GRACE": "2.5", "MVSINK_PARTITIONS": "3"})  # fmt: skip

@@ -10,8 +10,8 @@ import pyarrow as pa
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mvsink.frontier import Frontier
-from mvsink.updates import normalize_updates
+from mvsink.core.frontier import Frontier
+from mvsink.core.updates import normalize_updates
 from services.write.correction import Correction
 
 ROWS = pa.schema([("k", pa.string())])

@@ -1,4 +1,4 @@
-"""Continual task definitions (`services.ct.definition`): the examples load, and every kind of
+"""Continual task definitions (`mvsink.io.ct_definition`): the examples load, and every kind of
 bad definition is refused with an error that names what is wrong."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from mvsink.ct_demo import EVALUATIONS, EXAMPLES
-from mvsink.errors import ConfigError
-from services.ct.definition import definition_from_toml, load_definition
+from mvsink.core.errors import ConfigError
+from mvsink.io.ct_definition import definition_from_toml, load_definition
+from mvsink.tools.ct_demo import EVALUATIONS, EXAMPLES
 
 GOOD = """
 name = "t"

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mvsink.frontier import Frontier
+from mvsink.core.frontier import Frontier
 from services.ct.state import SinkState, TimesReduce, step_forward, times_extract
 
 F = Frontier.at

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mvsink.errors import FrontierError
-from mvsink.frontier import MAX_TIME, Frontier, advance, meet_all
+from mvsink.core.errors import FrontierError
+from mvsink.core.frontier import MAX_TIME, Frontier, advance, meet_all
 
 E = Frontier.empty()
 F0, F1, F5 = Frontier.at(0), Frontier.at(1), Frontier.at(5)

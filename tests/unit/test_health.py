@@ -1,4 +1,4 @@
-"""`mvsink.health`: which errors are transient, the backoff's bounds, and liveness/readiness
+"""`mvsink.io.health`: which errors are transient, the backoff's bounds, and liveness/readiness
 verdicts as dependencies go away and come back and the frontier stalls."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from confluent_kafka import KafkaError, KafkaException
 from minio.error import S3Error
 from urllib3.exceptions import MaxRetryError, NewConnectionError
 
-from mvsink import health
-from mvsink.errors import ConfigError, ContractError, MvsinkError
-from mvsink.health import Backoff, Health, transient
-from mvsink.s3 import IndefiniteWrite, S3RequestError
+from mvsink.core.errors import ConfigError, ContractError, MvsinkError
+from mvsink.io import health
+from mvsink.io.health import Backoff, Health, transient
+from mvsink.io.s3 import IndefiniteWrite, S3RequestError
 
 
 class Py4JJavaError(Exception):
@@ -63,7 +63,9 @@ def _wrapped(cause: BaseException) -> MvsinkError:
         (ValueError("a bug"), False),
         (Py4JJavaError("Job aborted ... urllib3.exceptions.MaxRetryError: ... refused"), True),
         (
-            Py4JJavaError("Job aborted ... mvsink.errors.ContractError: MaxRetryError in text"),
+            Py4JJavaError(
+                "Job aborted ... mvsink.core.errors.ContractError: MaxRetryError in text"
+            ),
             False,
         ),
         (Py4JJavaError("Job aborted ... ZeroDivisionError"), False),

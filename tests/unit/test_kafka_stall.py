@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mvsink.kafka import STUCK_AFTER, Stall
+from mvsink.io.kafka import STUCK_AFTER, Stall
 
 #: (position, low, last stable offset, seconds since the first look) per look at partition 0.
 Look = tuple[int, int, int, float]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mvsink.frontier import Frontier
-from mvsink.messages import BatchDescription, BatchId
+from mvsink.core.frontier import Frontier
+from mvsink.core.messages import BatchDescription, BatchId
 from services.mint.state import MintState
 
 F = Frontier.at

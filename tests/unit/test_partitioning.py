@@ -18,11 +18,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mvsink import partitioning
-from mvsink.errors import ContractError
-from mvsink.partitioning import error_key, hashes_v2, partition_of, partitions_of
-from mvsink.rows import avro_row_schema, parse_row_schema, row_encoder
-from mvsink.updates import normalize_updates
+from mvsink.core import partitioning
+from mvsink.core.errors import ContractError
+from mvsink.core.partitioning import error_key, hashes_v2, partition_of, partitions_of
+from mvsink.core.rows import avro_row_schema, parse_row_schema, row_encoder
+from mvsink.core.updates import normalize_updates
 
 ROWS = parse_row_schema("k string, v long")
 WIDE = parse_row_schema(
@@ -169,8 +169,8 @@ def test_v2_agrees_across_processes() -> None:
     here = partitions_of(_table(rows, [None] * len(rows)), ROWS, 13).to_pylist()
     script = (
         "import json, sys, pyarrow as pa\n"
-        "from mvsink.partitioning import partitions_of\n"
-        "from mvsink.rows import parse_row_schema\n"
+        "from mvsink.core.partitioning import partitions_of\n"
+        "from mvsink.core.rows import parse_row_schema\n"
         "rows = json.loads(sys.stdin.read())\n"
         "t = pa.table({'k': [r[0] for r in rows], 'v': pa.array([r[1] for r in rows], pa.int64()),"
         " '_err': pa.nulls(len(rows), pa.string())})\n"

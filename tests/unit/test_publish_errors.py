@@ -1,11 +1,11 @@
-"""Which errors of a kept transactional producer mean it was fenced (`mvsink.publish`)."""
+"""Which errors of a kept transactional producer mean it was fenced (`mvsink.upstream.publish`)."""
 
 from __future__ import annotations
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from mvsink.publish import is_fenced
+from mvsink.upstream.publish import is_fenced
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mvsink.frontier import Frontier
-from mvsink.partitioning import CURRENT, partitions_of
-from mvsink.settings import CompactionPolicy
+from mvsink.core.frontier import Frontier
+from mvsink.core.partitioning import CURRENT, partitions_of
+from mvsink.core.settings import CompactionPolicy
+from mvsink.core.updates import normalize_updates, part_schema
 from mvsink.shard.parts import consolidate_at, merge_updates
 from mvsink.shard.state import (
     AsOfBeforeSince,
@@ -37,7 +38,6 @@ from mvsink.shard.state import (
     select_parts,
     settle,
 )
-from mvsink.updates import normalize_updates, part_schema
 
 ROWS = pa.schema([("k", pa.string()), ("v", pa.int64())])
 F = Frontier.at
@@ -210,7 +210,7 @@ def test_a_merge_whose_inputs_are_gone_is_refused() -> None:
 def test_merge_outputs_must_fit_the_merged_bounds(
     outputs: tuple[PartRef, ...], message: str
 ) -> None:
-    from mvsink.errors import InvalidUsage
+    from mvsink.core.errors import InvalidUsage
 
     state = chain(1, 1, 1, 1)
     request = MergeRequest(state.batches[0:2], state.since, P, "a")

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mvsink.errors import ContractError, InvalidUsage
-from mvsink.frontier import Frontier
+from mvsink.core.errors import ContractError, InvalidUsage
+from mvsink.core.frontier import Frontier
+from mvsink.core.updates import normalize_updates
 from mvsink.shard.parts import (
     UpdateBeyondUpper,
     UpdateNotBeyondLower,
@@ -32,7 +33,6 @@ from mvsink.shard.state import (
     links,
     staged_at,
 )
-from mvsink.updates import normalize_updates
 
 ROWS = pa.schema([("k", pa.string()), ("v", pa.int64())])
 F = Frontier.at

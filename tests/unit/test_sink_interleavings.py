@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from mvsink.frontier import Frontier
-from mvsink.messages import BatchDescription, Part, StagedBatch
+from mvsink.core.frontier import Frontier
+from mvsink.core.messages import BatchDescription, Part, StagedBatch
 from services.append.state import (
     Append,
     Appended,

@@ -1,4 +1,4 @@
-"""`mvsink.spark.each_on_a_thread`: a task's independent pieces of work side by side, results
+"""`mvsink.io.spark.each_on_a_thread`: a task's independent pieces of work side by side, results
 in order, the first error raised only once every piece has ended."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from mvsink.spark import each_on_a_thread
+from mvsink.io.spark import each_on_a_thread
 
 
 def test_the_calls_run_side_by_side_and_the_results_keep_their_order() -> None:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from mvsink import codec
-from mvsink.errors import ContractError, DecodeError
-from mvsink.messages import UpdatesArrow
-from mvsink.rows import parse_row_schema
-from mvsink.updates import describe_ipc, normalize_updates, updates_from_ipc, updates_to_ipc
+from mvsink.core import codec
+from mvsink.core.errors import ContractError, DecodeError
+from mvsink.core.messages import UpdatesArrow
+from mvsink.core.rows import parse_row_schema
+from mvsink.core.updates import describe_ipc, normalize_updates, updates_from_ipc, updates_to_ipc
 
 SCHEMA = parse_row_schema("key string not null, value long")
 
@@ -103,8 +103,8 @@ def test_whatever_reading_a_payload_raises_is_a_decode_error(
 def test_every_failure_to_decode_a_desired_record_is_a_decode_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from mvsink import desired
-    from mvsink.rows import updates_decoder
+    from mvsink.core.rows import updates_decoder
+    from mvsink.upstream import desired
 
     record = UpdatesArrow(updates_to_ipc(normalize_updates(_table(), SCHEMA)))
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from mvsink.frontier import Frontier
-from mvsink.messages import BatchDescription, BatchId
+from mvsink.core.frontier import Frontier
+from mvsink.core.messages import BatchDescription, BatchId
 from services.write.state import StageJob, WriteState
 
 F = Frontier.at

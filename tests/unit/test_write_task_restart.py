@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from mvsink.errors import MvsinkError
+from mvsink.core.errors import MvsinkError
 from services.write import checkpoint, task
 from services.write.fold import SincePassed
 

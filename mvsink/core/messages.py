@@ -2,16 +2,16 @@
 
 A message that exists is a valid message: constructors raise `ContractError` naming the record
 and the offending field, so a bad record is rejected at the edge (decode) and never travels
-further. `mvsink.codec` maps these to and from the Avro schemas in `schemas/`.
+further. `mvsink.core.codec` maps these to and from the Avro schemas in `schemas/`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mvsink.errors import ContractError
-from mvsink.frontier import MAX_TIME, Frontier
-from mvsink.updates import describe_ipc
+from mvsink.core.errors import ContractError
+from mvsink.core.frontier import MAX_TIME, Frontier
+from mvsink.core.updates import describe_ipc
 
 INT32_MAX = 2**31 - 1
 
@@ -75,9 +75,9 @@ class UpdatesArrow:
     """A chunk of updates for one desired partition as one Arrow IPC stream (DesiredRecord v2).
 
     The columns are the sink's row columns (nullable), `_err`, `_time` and `_diff`; what they must
-    hold is checked against the sink's row schema by `mvsink.updates.updates_from_ipc`, the one
+    hold is checked against the sink's row schema by `mvsink.core.updates.updates_from_ipc`, the one
     decoder, because only the sink knows its schema. `partitioning` names the function that
-    chose the record's partition (`mvsink.partitioning`; v3, absent in v2 records: 1).
+    chose the record's partition (`mvsink.core.partitioning`; v3, absent in v2 records: 1).
     """
 
     ipc: bytes
@@ -178,7 +178,7 @@ class BatchDescription:
 class Part:
     """One staged Parquet part. `partition` is `None` for a foreign writer's part; its rows all
     hash to `partition` under P = `partitions_total` and function `partitioning`
-    (`mvsink.partitioning`; StagedBatch v2, absent in v1 records: 1)."""
+    (`mvsink.core.partitioning`; StagedBatch v2, absent in v1 records: 1)."""
 
     key: str
     partition: int | None

@@ -13,12 +13,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, Message, TopicPartition
 
-from mvsink.codec import decode_message
-from mvsink.errors import DecodeError, MvsinkError
-from mvsink.kafka import NO_RESET, READ_TO_END, consumer_config, poll_message
-from mvsink.messages import Progress, Updates, UpdatesArrow
-from mvsink.rows import updates_decoder
-from mvsink.updates import TIME, advance_times, consolidate, part_schema, updates_from_ipc
+from mvsink.core.codec import decode_message
+from mvsink.core.errors import DecodeError, MvsinkError
+from mvsink.core.messages import Progress, Updates, UpdatesArrow
+from mvsink.core.rows import updates_decoder
+from mvsink.core.updates import TIME, advance_times, consolidate, part_schema, updates_from_ipc
+from mvsink.io.kafka import NO_RESET, READ_TO_END, consumer_config, poll_message
 
 
 def decode_desired(message: Message, row_schema: pa.Schema,

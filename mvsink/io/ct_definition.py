@@ -45,9 +45,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from mvsink.config import ID, read_toml
-from mvsink.errors import ConfigError
-from mvsink.rows import parse_row_schema
+from mvsink.core.errors import ConfigError
+from mvsink.core.rows import parse_row_schema
+from mvsink.io.config import ID, read_toml
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _INSERT = re.compile(r"^\s*INSERT\s+INTO\s+([A-Za-z_][A-Za-z0-9_]*)\s+(.+?)\s*;?\s*$",

@@ -36,7 +36,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mvsink.errors import ContractError
+from mvsink.core.errors import ContractError
+from mvsink.core.rows import row_encoder
 
 #: Partitioning functions a reader knows; new producers use `CURRENT`.
 KNOWN = (1, 2)
@@ -188,8 +189,18 @@ def partitions_of(
     if partitioning == 2:
         hashes = hashes_v2(table, schema) % _U64(partitions)
         return pa.array(hashes.astype(np.int32), pa.int32())
-    from mvsink.rows import partition_keys  # version 1 encodes rows as Avro, row by row
-
     return pa.array(
         [partition_of(key, partitions) for key in partition_keys(table, schema)], pa.int32()
     )
+
+
+def partition_keys(table: pa.Table, schema: pa.Schema) -> list[bytes]:
+    """The partitioning key of every update in `table` (row columns of `schema` plus `_err`):
+    the Avro-encoded row, or `error_key(err)`. Encodes row by row."""
+    encode = row_encoder(schema)
+    rows = table.select(schema.names).to_pylist()
+    errs = table.column("_err").to_pylist()
+    return [
+        error_key(err) if err is not None else encode(row)
+        for row, err in zip(rows, errs, strict=True)
+    ]

@@ -2,7 +2,7 @@
 shard equal to (`<sink>.desired` + desired progress in `frontiers`, docs/design.md §3.1).
 
 * `send(updates)`: an Arrow table of `(row columns..., _time, _diff[, _err])`; each update is
-  hashed to its desired partition (`mvsink.partitioning.partitions_of`, under the sink's
+  hashed to its desired partition (`mvsink.core.partitioning.partitions_of`, under the sink's
   `partitioning`) and the updates of a partition go out in chunks: `UpdatesArrow` records
   (DesiredRecord v3, one Arrow IPC stream each stamped with the partitioning, the default
   `wire="arrow"`), or `Updates` records with one Avro row per update (`wire="avro"`, the v1
@@ -28,11 +28,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Producer
 
-from mvsink.config import Config
-from mvsink.errors import ContractError
-from mvsink.frontier import Frontier, meet_all
-from mvsink.kafka import client_config, init_transactions, produce, read_compacted
-from mvsink.messages import (
+from mvsink.core.errors import ContractError
+from mvsink.core.frontier import Frontier, meet_all
+from mvsink.core.messages import (
     DesiredProgress,
     Progress,
     Update,
@@ -40,11 +38,12 @@ from mvsink.messages import (
     UpdatesArrow,
     desired_progress_key,
 )
-from mvsink.partitioning import partition_of, partitions_of, split_by_partition
-from mvsink.rows import partition_keys
-from mvsink.updates import DIFF, ERR, TIME, normalize_updates, updates_to_ipc
+from mvsink.core.partitioning import partition_keys, partition_of, partitions_of, split_by_partition
+from mvsink.core.updates import DIFF, ERR, TIME, normalize_updates, updates_to_ipc
+from mvsink.io.config import Config
+from mvsink.io.kafka import client_config, init_transactions, produce, read_compacted
 
-log = logging.getLogger("mvsink.producer")
+log = logging.getLogger("mvsink.upstream.producer")
 #: Upper bound on one record's bytes: below Kafka's default `message.max.bytes` (1 MiB).
 MAX_RECORD_BYTES = 900_000
 #: Updates in one desired record at most.

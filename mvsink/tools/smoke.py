@@ -13,11 +13,10 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from mvsink import Say, codec
-from mvsink.config import Config
-from mvsink.frontier import Frontier
-from mvsink.kafka import client_config, consumer_config, init_transactions, poll_message, produce
-from mvsink.messages import (
+from mvsink import Say
+from mvsink.core import codec
+from mvsink.core.frontier import Frontier
+from mvsink.core.messages import (
     BatchDescription,
     BatchId,
     DesiredProgress,
@@ -34,7 +33,9 @@ from mvsink.messages import (
     desired_progress_key,
     shard_upper_key,
 )
-from mvsink.s3 import PreconditionFailed, Written, conditional_put, s3_client
+from mvsink.io.config import Config
+from mvsink.io.kafka import client_config, consumer_config, init_transactions, poll_message, produce
+from mvsink.io.s3 import PreconditionFailed, Written, conditional_put, s3_client
 
 
 @dataclass(frozen=True)

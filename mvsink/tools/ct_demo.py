@@ -25,13 +25,13 @@ from typing import Any
 import pyarrow as pa
 
 from mvsink import Say
-from mvsink.config import REPO_ROOT, Config, state_dir
-from mvsink.demo import start_service, stop_services, wait_upper
-from mvsink.errors import MvsinkError
-from mvsink.frontier import Frontier
-from mvsink.rows import parse_row_schema
+from mvsink.core.errors import MvsinkError
+from mvsink.core.frontier import Frontier
+from mvsink.core.rows import parse_row_schema
+from mvsink.io.config import REPO_ROOT, Config, state_dir
+from mvsink.io.ct_definition import load_definition
 from mvsink.shard import Appended, Shard, open_shard
-from services.ct.definition import load_definition
+from mvsink.tools.demo import start_service, stop_services, wait_upper
 
 EXAMPLES = REPO_ROOT / "examples" / "ct"
 ORDERS = parse_row_schema("order_id long not null, customer string not null, amount long not null")

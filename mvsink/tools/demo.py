@@ -5,7 +5,7 @@
 3. run the view job: random order events per tick into `<sink>.orders`; a PySpark job reads
    each tick's events back and maintains per-customer order count and total, publishing the
    changes (retraction of the old row, insertion of the new) from its executors
-   (`mvsink.publish.publish_dataframe`);
+   (`mvsink.upstream.publish.publish_dataframe`);
 4. show progress while the shard converges, then the shard's contents at its upper next to
    the view computed directly by Spark over every event (they must match);
 5. append junk to the shard as a foreign writer and show the sink correcting it.
@@ -28,15 +28,15 @@ import pyarrow as pa
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from mvsink import Say
-from mvsink.config import Config, Topics, config_env
-from mvsink.errors import MvsinkError
-from mvsink.frontier import Frontier
-from mvsink.kafka import TopicSpec, client_config, consumer_config, ensure_topics, poll_message
-from mvsink.producer import DesiredProducer
-from mvsink.provision import provision
-from mvsink.publish import publish_dataframe
-from mvsink.rows import parse_row_schema
+from mvsink.core.errors import MvsinkError
+from mvsink.core.frontier import Frontier
+from mvsink.core.rows import parse_row_schema
+from mvsink.io.config import Config, Topics, config_env
+from mvsink.io.kafka import TopicSpec, client_config, consumer_config, ensure_topics, poll_message
 from mvsink.shard import Appended, Shard, open_shard
+from mvsink.tools.provision import provision
+from mvsink.upstream.producer import DesiredProducer
+from mvsink.upstream.publish import publish_dataframe
 
 ROW_SCHEMA = "customer string not null, orders long, total double"
 KEYS = ["customer"]
@@ -121,7 +121,7 @@ class ViewJob:
 
     def tick(self, orders: int) -> int:
         """One tick: events in, view maintained in Spark, changes published from the executors
-        (`mvsink.publish`); the new frontier. The view's state changes only once the tick is
+        (`mvsink.upstream.publish`); the new frontier. The view's state changes only once the tick is
         published.
 
         A tick a failed attempt left carried events for publishes exactly those events and no
@@ -264,7 +264,7 @@ def wait_upper(shard: Shard, frontier: int, say: Say, timeout: float = 240) -> N
 
 def run_demo(config: Config, say: Say, ticks: int = 8, orders: int = 200) -> None:
     """See the module docs. Raises `MvsinkError` if the shard does not end up equal to the view."""
-    from mvsink.spark import spark_session
+    from mvsink.io.spark import spark_session
 
     run = f"demo-{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:4]}"
     config = replace(config, sink_id=run, shard_id=run, row_schema=ROW_SCHEMA,
@@ -318,11 +318,11 @@ def run_view(config: Config, say: Say, ticks: int, orders: int, interval: float,
     """The view job alone, for the configured sink (services run elsewhere, e.g. compose):
     `ticks` ticks (0 = until stopped), one every `interval` seconds; the ticks run.
 
-    An unavailable Kafka is ridden through as the services do (`mvsink.health`): the tick is
+    An unavailable Kafka is ridden through as the services do (`mvsink.io.health`): the tick is
     retried by a new `ViewJob` after a capped, jittered backoff, with one line when the outage
     starts and one when it ends; any other error stops the job."""
-    from mvsink.health import Backoff, transient
-    from mvsink.spark import spark_session
+    from mvsink.io.health import Backoff, transient
+    from mvsink.io.spark import spark_session
 
     if config.row_schema and config.row_schema != ROW_SCHEMA:
         raise MvsinkError(f"the demo view publishes rows ({ROW_SCHEMA}), not ({config.row_schema})")

@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import Gauge
 
 if TYPE_CHECKING:
-    from mvsink.config import Config
+    from mvsink.io.config import Config
 
-log = logging.getLogger("mvsink.health")
+log = logging.getLogger("mvsink.io.health")
 
 #: Seconds between probes of Kafka and S3, and each probe's timeout.
 PROBE_INTERVAL, PROBE_TIMEOUT = 2.0, 2.0
@@ -86,8 +86,8 @@ def transient(error: BaseException) -> bool:
     from minio.error import S3Error
     from urllib3.exceptions import HTTPError
 
-    from mvsink.errors import ConfigError, ContractError, FrontierError, InvalidUsage
-    from mvsink.s3 import IndefiniteWrite, S3RequestError
+    from mvsink.core.errors import ConfigError, ContractError, FrontierError, InvalidUsage
+    from mvsink.io.s3 import IndefiniteWrite, S3RequestError
 
     for cause in _chain(error):
         if isinstance(cause, ConfigError | ContractError | FrontierError | InvalidUsage):
@@ -305,8 +305,8 @@ def dependency_probes(config: Config) -> dict[str, Callable[[], Any]]:
     import urllib3
     from confluent_kafka.admin import AdminClient
 
-    from mvsink.kafka import client_config
-    from mvsink.s3 import s3_client
+    from mvsink.io.kafka import client_config
+    from mvsink.io.s3 import s3_client
 
     admin = AdminClient(client_config(config.kafka_bootstrap, **{"socket.timeout.ms": 2000}))
     http = urllib3.PoolManager(timeout=urllib3.Timeout(connect=PROBE_TIMEOUT, read=PROBE_TIMEOUT),
@@ -318,7 +318,7 @@ def dependency_probes(config: Config) -> dict[str, Callable[[], Any]]:
     }
 
 
-#: The process's health (set by `mvsink.service.run_service`); a service body reports to it.
+#: The process's health (set by `mvsink.io.service.run_service`); a service body reports to it.
 _current: Health | None = None
 
 

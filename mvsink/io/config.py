@@ -24,14 +24,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mvsink.errors import ConfigError, ContractError
-from mvsink.partitioning import KNOWN as KNOWN_PARTITIONINGS
-from mvsink.settings import CompactionPolicy, S3Settings, Secret, Timing
+from mvsink.core.errors import ConfigError, ContractError
+from mvsink.core.partitioning import KNOWN as KNOWN_PARTITIONINGS
+from mvsink.core.settings import CompactionPolicy, S3Settings, Secret, Timing
 
 __all__ = ["FIELDS", "ID", "MEANINGS", "REPO_ROOT", "CompactionPolicy", "Config", "S3Settings", "Secret", "Timing", "Topics",
            "cache_dir", "config_env", "load_config", "read_toml", "settings_help", "state_dir"]  # fmt: skip
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The shard library's own defaults are the configuration's.
 _TIMING, _POLICY = Timing(), CompactionPolicy()
 #: A valid sink, shard or task id.
@@ -97,7 +97,7 @@ class Config:
     spark_master: str
     #: The sink's row schema (`"name type[ not null], ..."`); "" = take the shard's.
     row_schema: str = ""
-    #: The desired partitioning function (`mvsink.partitioning`): producers hash with it, write
+    #: The desired partitioning function (`mvsink.core.partitioning`): producers hash with it, write
     #: tasks refuse desired records hashed otherwise.
     partitioning: int = 2
     #: Where a service serves Prometheus metrics; port 0 picks a free one (logged).
@@ -106,7 +106,7 @@ class Config:
     log_level: str = "INFO"
     #: Identity of this process in part keys and logs; "" = `<service>-<host>-<pid>`.
     writer_id: str = ""
-    #: Health (`mvsink.health`): not live when the loop is silent longer than `live_bound`; not
+    #: Health (`mvsink.io.health`): not live when the loop is silent longer than `live_bound`; not
     #: ready when Kafka or S3 does not answer, or the frontier is behind its target and has not
     #: moved for longer than `ready_bound` (seconds).
     live_bound: float = 300.0
@@ -137,7 +137,7 @@ class Config:
     #: Whether the write service runs its steps in resident Spark tasks (`services.write.resident`)
     #: instead of a Spark job per step; off where executors cannot connect back to the driver.
     spark_residents: bool = True
-    #: The continual task service's task definition file (`services.ct.definition`).
+    #: The continual task service's task definition file (`mvsink.io.ct_definition`).
     ct_task: str = ""
 
     def shard_timing(self) -> Timing:
@@ -188,7 +188,7 @@ class Config:
         except ContractError as error:
             raise ConfigError(f"compaction: {error}") from error
         if self.row_schema:
-            from mvsink.rows import parse_row_schema
+            from mvsink.core.rows import parse_row_schema
 
             parse_row_schema(self.row_schema)  # raises ConfigError naming the bad column
 

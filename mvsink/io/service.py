@@ -1,6 +1,6 @@
 """What every service process shares: logging with frontiers, graceful shutdown on SIGTERM,
 the metrics and health endpoint (`/metrics`, `/healthz`, `/readyz`), riding through Kafka and S3
-outages (`mvsink.health`), and one entry point that turns errors into clear exits.
+outages (`mvsink.io.health`), and one entry point that turns errors into clear exits.
 
 Exit codes: 0 clean stop (SIGTERM/SIGINT, or a mint fenced by a newer one), 2 configuration
 or contract error, 1 anything unexpected (with its traceback in the log). An unavailable Kafka
@@ -23,9 +23,9 @@ from types import FrameType
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from mvsink.config import Config, load_config, settings_help
-from mvsink.errors import MvsinkError
-from mvsink.health import Backoff, Health, beat, dependency_probes, install, transient
+from mvsink.core.errors import MvsinkError
+from mvsink.io.config import Config, load_config, settings_help
+from mvsink.io.health import Backoff, Health, beat, dependency_probes, install, transient
 
 
 class Stopping:
@@ -72,7 +72,7 @@ def configure_logging(service: str, level: str) -> None:
 
 
 def quiet_retries() -> None:
-    """One line per outage (`mvsink.health`), not one per retry: drop urllib3's retry warnings
+    """One line per outage (`mvsink.io.health`), not one per retry: drop urllib3's retry warnings
     and librdkafka's reconnect failures."""
     logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
     librdkafka = logging.getLogger("mvsink.librdkafka")
@@ -136,6 +136,18 @@ EXIT_CODES = """exit codes: 0 stopped by SIGTERM/SIGINT (or a mint fenced by a n
 (its traceback is in the log). An unavailable Kafka or S3 is retried with backoff, never an
 exit; /healthz (liveness) and /readyz (readiness, the reason in the body) are served next to
 /metrics."""
+
+
+def run_command(command: Callable[[], int]) -> int:
+    """Run an operator command's body: its exit status; a `MvsinkError` is printed as one
+    `mvsink: error:` line (2), an interrupt is 130."""
+    try:
+        return command()
+    except MvsinkError as error:
+        print(f"mvsink: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
 
 
 def service_parser(name: str, doc: str | None) -> argparse.ArgumentParser:

@@ -79,20 +79,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from mvsink.errors import ContractError, DecodeError, InvalidUsage
-from mvsink.frontier import Frontier
-from mvsink.kafka import client_config, init_transactions, last_record, produce
-from mvsink.messages import DesiredProgress, Progress
-from mvsink.partitioning import partitions_of, split_by_partition
-from mvsink.producer import DesiredProducer, arrow_records
-from mvsink.service import quiet_retries
-from mvsink.spark import each_on_a_thread, executor_dir, task_slots, trim_worker_path
-from mvsink.updates import DIFF, TIME, normalize_updates, part_schema, updates_to_ipc
+from mvsink.core.errors import ContractError, DecodeError, InvalidUsage
+from mvsink.core.frontier import Frontier
+from mvsink.core.messages import DesiredProgress, Progress
+from mvsink.core.partitioning import partitions_of, split_by_partition
+from mvsink.core.updates import DIFF, TIME, normalize_updates, part_schema, updates_to_ipc
+from mvsink.io.kafka import client_config, init_transactions, last_record, produce
+from mvsink.io.service import quiet_retries
+from mvsink.io.spark import each_on_a_thread, executor_dir, task_slots, trim_worker_path
+from mvsink.upstream.producer import DesiredProducer, arrow_records
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-log = logging.getLogger("mvsink.publish")
+log = logging.getLogger("mvsink.upstream.publish")
 
 # Executors import this module to run the publishing tasks: a task of an untrimmed Python
 # worker re-reads PySpark's zips first (~0.1 s each; `trim_worker_path`).

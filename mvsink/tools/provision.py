@@ -8,14 +8,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from mvsink.config import Config
-from mvsink.kafka import ensure_topics, sink_topics
-from mvsink.s3 import ensure_bucket, s3_client
+from mvsink.io.config import Config
+from mvsink.io.kafka import ensure_topics, sink_topics
+from mvsink.io.s3 import ensure_bucket, s3_client
 
 if TYPE_CHECKING:
     from mvsink.shard import Shard
 
-log = logging.getLogger("mvsink.provision")
+log = logging.getLogger("mvsink.tools.provision")
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ def provision(config: Config, frontiers_config: Mapping[str, str] | None = None)
     bucket_created = ensure_bucket(s3_client(config.s3), config.s3.bucket)
     upper = None
     if config.row_schema:
-        from mvsink.rows import parse_row_schema
+        from mvsink.core.rows import parse_row_schema
         from mvsink.shard import open_shard
 
         shard = open_shard(config.shard_id, parse_row_schema(config.row_schema), config.s3,

@@ -32,8 +32,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mvsink import Say
-from mvsink.config import REPO_ROOT
-from mvsink.errors import StackError
+from mvsink.core.errors import StackError
+from mvsink.io.config import REPO_ROOT
 from mvsink.stack import procs
 
 COMPOSE_MODULE = "github.com/docker/compose/v2"

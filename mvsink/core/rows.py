@@ -2,7 +2,7 @@
 
 Contract (docs/design.md §3.1): an update's row travels as Avro binary under `avro_row_schema(schema)`
 of the sink's Arrow row schema (the v1 `Updates` wire form, and the key of partitioning version
-1, `mvsink.partitioning`).
+1, `mvsink.core.partitioning`).
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ from typing import TYPE_CHECKING, Any, cast
 import fastavro
 import pyarrow as pa
 
-from mvsink.errors import ContractError
-from mvsink.partitioning import error_key
-from mvsink.updates import DIFF, ERR, TIME, check_updates, part_schema
+from mvsink.core.errors import ContractError
+from mvsink.core.updates import DIFF, ERR, TIME, check_updates, part_schema
 
 if TYPE_CHECKING:
-    from mvsink.messages import Updates
+    from mvsink.core.messages import Updates
 
 _TYPES: dict[str, pa.DataType] = {
     "string": pa.string(), "int32": pa.int32(), "int": pa.int32(), "int64": pa.int64(),
@@ -36,7 +35,7 @@ def parse_row_schema(text: str) -> pa.Schema:
     Raises:
         ConfigError: naming the column that does not parse.
     """
-    from mvsink.errors import ConfigError
+    from mvsink.core.errors import ConfigError
 
     fields = []
     for column in (c.strip() for c in text.split(",")):
@@ -103,7 +102,7 @@ def row_encoder(schema: pa.Schema) -> Callable[[dict[str, Any]], bytes]:
 
 def row_decoder(schema: pa.Schema) -> Callable[[bytes], dict[str, Any]]:
     """A function decoding one Avro-encoded row; corrupt bytes raise `DecodeError`."""
-    from mvsink.errors import DecodeError
+    from mvsink.core.errors import DecodeError
 
     parsed = fastavro.parse_schema(avro_row_schema(schema), named_schemas={})
 
@@ -136,15 +135,3 @@ def updates_decoder(schema: pa.Schema) -> Callable[[Updates], pa.Table]:
         return table
 
     return decode
-
-
-def partition_keys(table: pa.Table, schema: pa.Schema) -> list[bytes]:
-    """The partitioning key of every update in `table` (row columns of `schema` plus `_err`):
-    the Avro-encoded row, or `error_key(err)`. Encodes row by row."""
-    encode = row_encoder(schema)
-    rows = table.select(schema.names).to_pylist()
-    errs = table.column("_err").to_pylist()
-    return [
-        error_key(err) if err is not None else encode(row)
-        for row, err in zip(rows, errs, strict=True)
-    ]

@@ -3,7 +3,7 @@
 Phases, each timed and printed:
 
 1. **engine**: a Docker engine and the compose v2 plugin, provided where missing
-   (`mvsink.compose.engine`);
+   (`mvsink.tools.compose.engine`);
 2. **base**: `debian:bookworm-slim`, pulled or made with debootstrap;
 3. **build**: `docker compose build` of every image (cached layers make a rebuild quick);
 4. **up**: `docker compose up -d --scale write=2 --scale append=2 --scale spark-worker=2` as a
@@ -56,14 +56,14 @@ from pathlib import Path
 from typing import Any
 
 from mvsink import Say
-from mvsink.compose import engine
-from mvsink.config import Config, load_config
-from mvsink.desired import read_desired
-from mvsink.errors import MvsinkError
-from mvsink.rows import parse_row_schema
+from mvsink.core.errors import MvsinkError
+from mvsink.core.rows import parse_row_schema
+from mvsink.core.updates import DIFF
+from mvsink.io.config import Config, load_config
 from mvsink.shard import Shard, open_shard
 from mvsink.stack.procs import free_ports
-from mvsink.updates import DIFF
+from mvsink.tools.compose import engine
+from mvsink.upstream.desired import read_desired
 
 #: Times the upper must move past a fault before the shard counts as converged again.
 ADVANCE = 3

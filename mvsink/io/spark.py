@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from mvsink.settings import S3Settings
+from mvsink.core.settings import S3Settings
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -111,7 +111,7 @@ def code_zip(directory: Path | None = None) -> Path:
     `directory` (default: the temporary directory)."""
     import importlib
 
-    from mvsink.codec import SCHEMAS_DIR
+    from mvsink.core.codec import SCHEMAS_DIR
 
     trees = [(name, Path(importlib.import_module(name).__file__ or "").parent, "*.py")
              for name in CODE_PACKAGES]  # fmt: skip
@@ -254,7 +254,7 @@ def write_parquet_parts(
     executors; the `(key, rows, bytes)` of each object written (empty partitions write none)."""
 
     def write(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from mvsink.s3 import put_bytes, s3_client
+        from mvsink.io.s3 import put_bytes, s3_client
 
         table = pa.Table.from_batches(list(batches))
         if table.num_rows == 0:
@@ -286,7 +286,7 @@ def map_objects(
     picklable values)."""
 
     def read(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from mvsink.s3 import get_bytes, s3_client
+        from mvsink.io.s3 import get_bytes, s3_client
 
         client = s3_client(settings)
         for batch in batches:

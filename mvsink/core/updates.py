@@ -8,7 +8,7 @@ columns, for an error update). The same table is a staged part's content (Parque
 (DesiredRecord v2): `updates_to_ipc` writes it, `updates_from_ipc` is the one reader and checks
 it against the sink's row schema. Everything here is vectorised Arrow; nothing loops over rows.
 
-This module sits below `mvsink.messages` and `mvsink.shard` (it imports neither).
+This module sits below `mvsink.core.messages` and `mvsink.shard` (it imports neither).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mvsink.errors import ContractError, DecodeError, InvalidUsage
-from mvsink.frontier import MAX_TIME
+from mvsink.core.errors import ContractError, DecodeError, InvalidUsage
+from mvsink.core.frontier import MAX_TIME
 
 #: Columns every update carries besides the row columns.
 TIME, DIFF, ERR = "_time", "_diff", "_err"

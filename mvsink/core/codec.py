@@ -1,4 +1,4 @@
-"""Avro codecs for the records of docs/design.md §3.1: one module maps `schemas/` to `mvsink.messages`.
+"""Avro codecs for the records of docs/design.md §3.1: one module maps `schemas/` to `mvsink.core.messages`.
 
 Wire format of every value we produce::
 
@@ -30,9 +30,9 @@ from typing import Any, Protocol, TypeVar, cast
 
 import fastavro
 
-from mvsink.errors import DecodeError, MvsinkError
-from mvsink.frontier import Frontier
-from mvsink.messages import (
+from mvsink.core.errors import DecodeError, MvsinkError
+from mvsink.core.frontier import Frontier
+from mvsink.core.messages import (
     BatchDescription,
     BatchId,
     DesiredProgress,
@@ -69,8 +69,8 @@ _KIND_IDS = {name: kind for kind, name in KINDS.items()}
 
 def _schemas_dir() -> Traversable:
     """`schemas/` beside the package: a folder, or inside the zip a Spark driver shipped to its
-    executors (`mvsink.spark.code_zip`)."""
-    root = Path(__file__).resolve().parent.parent
+    executors (`mvsink.io.spark.code_zip`)."""
+    root = Path(__file__).resolve().parents[2]
     return zipfile.Path(root, "schemas/") if zipfile.is_zipfile(root) else root / "schemas"
 
 

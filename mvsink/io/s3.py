@@ -27,8 +27,8 @@ import urllib3
 from minio import Minio
 from minio.error import S3Error
 
-from mvsink.errors import MvsinkError
-from mvsink.settings import S3Settings
+from mvsink.core.errors import MvsinkError
+from mvsink.core.settings import S3Settings
 
 _TIMEOUT = urllib3.Timeout(connect=5.0, read=30.0)
 _http = urllib3.PoolManager(retries=False, timeout=_TIMEOUT, maxsize=16)

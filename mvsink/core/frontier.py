@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from mvsink.errors import FrontierError
+from mvsink.core.errors import FrontierError
 
 #: Largest time we accept: a `u64` that also fits Avro `long` (signed 64-bit) on the wire.
 MAX_TIME = 2**63 - 1

@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from confluent_kafka import (
@@ -33,10 +33,10 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     NewTopic,
 )
 
-from mvsink import codec
-from mvsink.config import Config
-from mvsink.errors import DecodeError, MvsinkError
-from mvsink.messages import Record
+from mvsink.core import codec
+from mvsink.core.errors import DecodeError, MvsinkError
+from mvsink.core.messages import Record
+from mvsink.io.config import Config, Topics
 
 COMPACTED = {"cleanup.policy": "compact"}
 #: For a consumer that reads to the end *now*: report the end, and don't let a fetch there wait
@@ -46,7 +46,7 @@ READ_TO_END = {"enable.partition.eof": True, "fetch.wait.max.ms": 10}
 #: For a reader of desired that must not miss a record: an offset out of range (records deleted
 #: below it) is an error, never a reset to whatever is left.
 NO_RESET = {"auto.offset.reset": "error"}
-log = logging.getLogger("mvsink.kafka")
+log = logging.getLogger("mvsink.io.kafka")
 
 
 class ProvisionError(MvsinkError):
@@ -54,7 +54,7 @@ class ProvisionError(MvsinkError):
 
 
 #: librdkafka's own log lines go through Python logging under this name (not straight to
-#: stderr), so services filter them: `mvsink.service.configure_logging` drops the connection
+#: stderr), so services filter them: `mvsink.io.service.configure_logging` drops the connection
 #: failures librdkafka logs at every reconnect attempt (the health probes log an outage once).
 LIBRDKAFKA = logging.getLogger("mvsink.librdkafka")
 
@@ -533,3 +533,19 @@ def read_compacted(bootstrap: str, topic: str, timeout: float = 30.0) -> dict[st
         return latest
     finally:
         consumer.close()
+
+
+def sink_config(config: Config, sink: str, shard: str = "") -> Config:
+    """`config` for sink `sink` (its topics, its desired partition count as the topic has it)
+    and shard `shard` (the configured one if empty), for tools acting on a sink by its id.
+
+    Raises:
+        MvsinkError: the sink's desired topic does not exist.
+    """
+    topics = Topics.for_sink(sink, config.topics.frontiers)
+    metadata = AdminClient(client_config(config.kafka_bootstrap)).list_topics(timeout=30)
+    if topics.desired not in metadata.topics:
+        raise MvsinkError(f"sink {sink}: its desired topic {topics.desired} does not exist")
+    partitions = len(metadata.topics[topics.desired].partitions)
+    return replace(config, sink_id=sink, topics=topics, partitions=partitions,
+                   shard_id=shard or config.shard_id)  # fmt: skip

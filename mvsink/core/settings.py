@@ -1,12 +1,16 @@
-"""Settings shared by the configuration (`mvsink.config`) and the libraries it configures
-(`mvsink.s3`, `mvsink.shard`): plain validated dataclasses, one floor below both, so neither
+"""Settings shared by the configuration (`mvsink.io.config`) and the libraries it configures
+(`mvsink.io.s3`, `mvsink.shard`): plain validated dataclasses, one floor below both, so neither
 imports the other."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mvsink.errors import ContractError
+from mvsink.core.errors import ContractError
+
+#: Seconds between the write service's folds of the shard's read-back when it has nothing to
+#: stage (a read-only or idle driver), keeping its memory bounded; a bench waits one for it.
+FOLD_INTERVAL = 10.0
 
 
 @dataclass(frozen=True)
