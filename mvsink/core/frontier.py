@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from mvsink.core.errors import FrontierError
 
@@ -140,6 +140,30 @@ def advance(frontier: Frontier, new: Frontier) -> Advanced:
     if frontier.less_than(new):
         return Advanced(new, True)
     return Advanced(frontier, False)
+
+
+class TracksPersistFrontier(Protocol):
+    """A state machine that keeps the shard's upper as last observed (`persist_frontier`) and
+    traces its frontiers (mint's and write's)."""
+
+    persist_frontier: Frontier
+
+    def trace(self, message: str) -> None:
+        """Log `message` with every frontier."""
+
+
+def advance_persist(state: TracksPersistFrontier, frontier: Frontier) -> bool:
+    """`state.advance_persist_frontier`: move `state.persist_frontier` to the shard's upper
+    `frontier` if that is greater, tracing the move; whether it moved.
+
+    A regressing or repeated upper (a stale `ShardUpper`, a re-read of the shard) leaves it as
+    it is, so the persist frontier never regresses.
+    """
+    result = advance(state.persist_frontier, frontier)
+    state.persist_frontier = result.frontier
+    if result.moved:
+        state.trace("advanced `persist` frontier")
+    return result.moved
 
 
 def meet_all(frontiers: Sequence[Frontier]) -> Frontier:

@@ -176,9 +176,11 @@ class BatchDescription:
 
 @dataclass(frozen=True, slots=True)
 class Part:
-    """One staged Parquet part. `partition` is `None` for a foreign writer's part; its rows all
-    hash to `partition` under P = `partitions_total` and function `partitioning`
-    (`mvsink.core.partitioning`; StagedBatch v2, absent in v1 records: 1)."""
+    """One staged Parquet part as a `StagedBatch` carries it (its bounds and writer are the
+    batch's; `mvsink.shard.state.PartRef` is the part with them). `partition` is `None` for a
+    foreign writer's part; its rows all hash to `partition` under P = `partitions_total` and
+    function `partitioning` (`mvsink.core.partitioning`; StagedBatch v2, absent in v1 records: 1).
+    """
 
     key: str
     partition: int | None
@@ -249,8 +251,11 @@ class RepairedPartition:
     def __post_init__(self) -> None:
         _require(self.partition >= 0, self, "partition must be >= 0")
         _require(self.frontier.time is not None, self, "the trusted frontier must not be closed")
-        _require(min(self.folded_offset, self.log_start, self.version, self.ahead) >= 0, self,
-                 "offsets, versions and counts must be >= 0")  # fmt: skip
+        _require(
+            min(self.folded_offset, self.log_start, self.version, self.ahead) >= 0,
+            self,
+            "offsets, versions and counts must be >= 0",
+        )
 
 
 @dataclass(frozen=True, slots=True)

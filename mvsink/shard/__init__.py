@@ -97,6 +97,8 @@ from mvsink.io.s3 import s3_client
 from mvsink.shard.gc import DeleteResult, GcResult, SweepResult
 from mvsink.shard.parts import UpdateBeyondUpper, UpdateNotBeyondLower, consolidate_at
 from mvsink.shard.state import (
+    Appended,
+    AppendResult,
     AsOfBeforeSince,
     BatchRecord,
     CriticalHold,
@@ -107,17 +109,15 @@ from mvsink.shard.state import (
     SchemaMismatch,
     SelectedPart,
     ShardState,
+    UpperMismatch,
 )
 from mvsink.shard.store import (
-    Appended,
-    AppendResult,
     IndefiniteAppend,
     Merged,
     MergeRefused,
     MergeResult,
     PartGone,
     Shard,
-    UpperMismatch,
 )
 
 __all__ = [

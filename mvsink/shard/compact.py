@@ -117,8 +117,15 @@ def merge_on(shard: Shard, task: MergeTask) -> MergeTaskResult:
     merged = merge_updates(table, shard.schema, request.advance_before)
     if merged.num_rows == 0:
         return MergeTaskResult(None)
-    part = shard.stage(merged, request.lower, request.upper, task.writer_id, partition,
-                       total if partition is not None else None, partitioning)  # fmt: skip
+    part = shard.stage(
+        merged,
+        request.lower,
+        request.upper,
+        task.writer_id,
+        partition,
+        total if partition is not None else None,
+        partitioning,
+    )
     return MergeTaskResult(part)
 
 
@@ -129,9 +136,8 @@ MERGE_NICENESS = 19
 
 def _lower_priority() -> None:
     """Run this thread only when no other wants the CPU: Linux's `SCHED_IDLE` (threads are
-    scheduled as tasks), else nice `MERGE_NICENESS`; elsewhere, or without permission, a no-op.
-    In `mvsink bench` two busy loops beside the sink cost its throughput ~25% at nice 19 and
-    ~15% under `SCHED_IDLE` (a woken pipeline thread takes the CPU from them at once)."""
+    scheduled as tasks; a woken pipeline thread takes the CPU from it at once), else nice
+    `MERGE_NICENESS`; elsewhere, or without permission, a no-op."""
     tid = threading.get_native_id()
     with contextlib.suppress(AttributeError, OSError):
         os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
@@ -165,8 +171,9 @@ def merge_tasks(shard: Shard, request: MergeRequest, writer_id: str) -> list[Mer
         raise InvalidUsage("merges need a shard opened with its S3 settings (open_shard)")
     total = request.partitions_total
     targets: list[int | None] = [None] if total is None else list(range(total))
-    return [MergeTask(shard.shard_id, shard.s3, shard.timing, request, p, writer_id)
-            for p in targets]  # fmt: skip
+    return [
+        MergeTask(shard.shard_id, shard.s3, shard.timing, request, p, writer_id) for p in targets
+    ]
 
 
 def compact_once(
@@ -204,8 +211,9 @@ def compact_once(
         result = shard.compare_and_merge(request, parts)
     bytes_out = sum(p.bytes for p in parts) if isinstance(result, Merged) else 0
     updates_out = sum(p.updates for p in parts) if isinstance(result, Merged) else 0
-    return CompactionOutcome(request, result, request.bytes, bytes_out, updates_out,
-                             time.monotonic() - started, where)  # fmt: skip
+    return CompactionOutcome(
+        request, result, request.bytes, bytes_out, updates_out, time.monotonic() - started, where
+    )
 
 
 def shard_table_bytes(shard: Shard) -> tuple[int, int]:

@@ -89,26 +89,17 @@ class AsOfBeforeSince(InvalidUsage):
     compacted away (persist's `SnapshotErr::AsOfHistoricalDistinctionsLost`)."""
 
 
-@dataclass(frozen=True, slots=True)
-class PartRef:
-    """A staged Parquet part as the state records it.
-
-    `partition`/`partitions_total` are the desired partition all its rows hash to, under P =
-    `partitions_total` and function `partitioning` (`mvsink.core.partitioning`; absent in states
-    written before it existed: 1); both `None` for a part of unknown partitioning (a foreign
-    writer).
-    `lower`/`upper` are the bounds it was staged for (its batch's, in a state version).
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PartRef(Part):
+    """A staged part as a shard records it: the `Part` record (validated as one) with the bounds
+    `[lower, upper)` it was staged for and its writer, which a `StagedBatch` carries once for
+    all its parts. In a state version the bounds are its batch's, so the JSON form leaves them
+    out; a `Part` without `partitioning` (states written before it existed) reads as 1.
     """
 
-    key: str
     lower: Frontier
     upper: Frontier
     writer_id: str
-    updates: int
-    bytes: int
-    partition: int | None = None
-    partitions_total: int | None = None
-    partitioning: int = 1
 
     def to_json(self) -> dict[str, Any]:
         """JSON form inside a state version (the bounds are the batch's)."""
@@ -137,22 +128,31 @@ class PartRef:
     def from_transmittable(cls, part: Part, batch: StagedBatch) -> PartRef:
         """The part as staged, from its `StagedBatch` (the seed's
         `batch_from_transmittable_batch`)."""
-        return cls(part.key, batch.lower, batch.upper, batch.writer_id, part.updates, part.bytes,
-                   part.partition, part.partitions_total, part.partitioning)  # fmt: skip
+        return cls(
+            part.key,
+            part.partition,
+            part.partitions_total,
+            part.updates,
+            part.bytes,
+            part.partitioning,
+            lower=batch.lower,
+            upper=batch.upper,
+            writer_id=batch.writer_id,
+        )
 
     @classmethod
     def from_json(cls, raw: dict[str, Any], lower: Frontier, upper: Frontier) -> PartRef:
         """Inverse of `to_json`, in a batch `[lower, upper)`."""
         return cls(
-            key=raw["key"],
+            raw["key"],
+            raw["partition"],
+            raw["partitions_total"],
+            raw["updates"],
+            raw["bytes"],
+            raw.get("partitioning", 1),
             lower=lower,
             upper=upper,
             writer_id=raw["writer_id"],
-            updates=raw["updates"],
-            bytes=raw["bytes"],
-            partition=raw["partition"],
-            partitions_total=raw["partitions_total"],
-            partitioning=raw.get("partitioning", 1),
         )
 
 
@@ -190,10 +190,13 @@ class BatchRecord:
         lower = Frontier.from_elements(raw["lower"])
         upper = Frontier.from_elements(raw["upper"])
         parts = tuple(
-            PartRef.from_json(p, Frontier.from_elements(p.get("lower", raw["lower"])),
-                              Frontier.from_elements(p.get("upper", raw["upper"])))
+            PartRef.from_json(
+                p,
+                Frontier.from_elements(p.get("lower", raw["lower"])),
+                Frontier.from_elements(p.get("upper", raw["upper"])),
+            )
             for p in raw["parts"]
-        )  # fmt: skip
+        )
         return cls(lower, upper, raw["seqno"], parts)
 
 
@@ -208,8 +211,11 @@ class ReaderLease:
 
     def to_json(self) -> dict[str, Any]:
         """JSON form inside a state version."""
-        return {"reader_id": self.reader_id, "since": self.since.elements(),
-                "expires_at": self.expires_at}  # fmt: skip
+        return {
+            "reader_id": self.reader_id,
+            "since": self.since.elements(),
+            "expires_at": self.expires_at,
+        }
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> ReaderLease:
@@ -413,8 +419,15 @@ def initial_state(
     """Version 0: `upper = since = {0}`, no batches."""
     check_row_schema(schema)
     _check_retain(retain_history)
-    return ShardState(shard_id, 0, Frontier.minimum(), Frontier.minimum(), schema, nonce=nonce,
-                      retain_history=retain_history)  # fmt: skip
+    return ShardState(
+        shard_id,
+        0,
+        Frontier.minimum(),
+        Frontier.minimum(),
+        schema,
+        nonce=nonce,
+        retain_history=retain_history,
+    )
 
 
 # -- since ------------------------------------------------------------------------------------
@@ -445,8 +458,15 @@ def settle(state: ShardState, now: float) -> ShardState:
 def _successor(
     state: ShardState, change: str, nonce: str, now: float, **changes: Any
 ) -> ShardState:
-    following = replace(state, seqno=state.seqno + 1, change=change, appended=None, nonce=nonce,
-                        prev=state.nonce, **changes)  # fmt: skip
+    following = replace(
+        state,
+        seqno=state.seqno + 1,
+        change=change,
+        appended=None,
+        nonce=nonce,
+        prev=state.nonce,
+        **changes,
+    )
     return settle(following, now)
 
 
@@ -459,6 +479,27 @@ def links(older_nonce: str, older_prev: str, newer_prev: str) -> bool:
 
 
 # -- changes ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Appended:
+    """The append happened: the shard's upper is now `new_upper`, at version `seqno`."""
+
+    new_upper: Frontier
+    seqno: int
+
+
+@dataclass(frozen=True)
+class UpperMismatch:
+    """The shard's upper was `current` (at version `seqno`), not the expected upper: another
+    writer moved it first (an expected outcome under concurrent writers, not an error)."""
+
+    current: Frontier
+    seqno: int
+
+
+#: The outcome of a compare-and-append (`Shard.compare_and_append`).
+AppendResult = Appended | UpperMismatch
 
 
 def apply_append(
@@ -509,8 +550,10 @@ def apply_merge(
         return None
     for part in parts:
         if (part.lower, part.upper) != (request.lower, request.upper):
-            raise InvalidUsage(f"merge output {part.key} was staged for [{part.lower}, "
-                               f"{part.upper}), not [{request.lower}, {request.upper})")  # fmt: skip
+            raise InvalidUsage(
+                f"merge output {part.key} was staged for [{part.lower}, "
+                f"{part.upper}), not [{request.lower}, {request.upper})"
+            )
     keys = [p.key for p in parts]
     if len(set(keys)) != len(keys) or state.part_keys & set(keys):
         raise InvalidUsage(f"a merge output reuses a part key: {sorted(keys)}")
@@ -528,8 +571,10 @@ def _check_horizon(state: ShardState, parts: tuple[PartRef, ...]) -> None:
         return
     for part in parts:
         if staged_at(part.key) < state.sweep_horizon:
-            raise PartTooOld(f"part {part.key} was staged before the shard's sweep horizon "
-                             f"{state.sweep_horizon:.3f}: the sweeper may delete it")  # fmt: skip
+            raise PartTooOld(
+                f"part {part.key} was staged before the shard's sweep horizon "
+                f"{state.sweep_horizon:.3f}: the sweeper may delete it"
+            )
 
 
 def apply_sweep_horizon(state: ShardState, horizon: float, nonce: str, now: float) -> ShardState:
@@ -578,12 +623,17 @@ def apply_lease(
     if current is not None:
         wanted = current.since.join(wanted)
     if not settled.since.less_equal(wanted):
-        raise AsOfBeforeSince(f"reader {reader_id} cannot hold {wanted}: shard {state.shard_id} "
-                              f"is compacted to since {settled.since}")  # fmt: skip
-    readers = (*(r for r in settled.readers if r.reader_id != reader_id),
-               ReaderLease(reader_id, wanted, expires_at))  # fmt: skip
-    return _successor(settled, "lease", nonce, now, readers=readers,
-                      holds=_moved_holds(settled, holds or {}))  # fmt: skip
+        raise AsOfBeforeSince(
+            f"reader {reader_id} cannot hold {wanted}: shard {state.shard_id} "
+            f"is compacted to since {settled.since}"
+        )
+    readers = (
+        *(r for r in settled.readers if r.reader_id != reader_id),
+        ReaderLease(reader_id, wanted, expires_at),
+    )
+    return _successor(
+        settled, "lease", nonce, now, readers=readers, holds=_moved_holds(settled, holds or {})
+    )
 
 
 def _moved_holds(state: ShardState, moves: Mapping[str, Frontier]) -> tuple[CriticalHold, ...]:
@@ -610,11 +660,18 @@ def apply_set_holds(
         if not holder_id:
             raise InvalidUsage("a critical hold needs a holder id")
         if not settled.since.less_equal(frontier):
-            raise AsOfBeforeSince(f"{holder_id} cannot hold {frontier}: shard {state.shard_id} "
-                                  f"is compacted to since {settled.since}")  # fmt: skip
+            raise AsOfBeforeSince(
+                f"{holder_id} cannot hold {frontier}: shard {state.shard_id} "
+                f"is compacted to since {settled.since}"
+            )
     held = {h.holder_id: h.since for h in settled.holds} | dict(holds)
-    return _successor(settled, "lease", nonce, now,
-                      holds=tuple(CriticalHold(h, f) for h, f in sorted(held.items())))  # fmt: skip
+    return _successor(
+        settled,
+        "lease",
+        nonce,
+        now,
+        holds=tuple(CriticalHold(h, f) for h, f in sorted(held.items())),
+    )
 
 
 def apply_release_holds(
@@ -671,8 +728,11 @@ def select_parts(
     for part in (p for b in batches for p in b.parts):
         if partition is None:
             selected.append(SelectedPart(part, needs_filter=False))
-        elif (part.partition is None or part.partitions_total != partitions_total
-              or part.partitioning != partitioning):  # fmt: skip
+        elif (
+            part.partition is None
+            or part.partitions_total != partitions_total
+            or part.partitioning != partitioning
+        ):
             selected.append(SelectedPart(part, needs_filter=True))
         elif part.partition == partition:
             selected.append(SelectedPart(part, needs_filter=False))
@@ -706,12 +766,9 @@ def maybe_merge(state: ShardState, policy: CompactionPolicy) -> MergeRequest | N
     3. count: more than `max_batches` -> merge the adjacent run of the smallest total size that
        brings the count back to `max_batches`.
 
-    Rules 1 and 2 wait for `since`: a write driver's lease trails its folds by about a second
-    (`services.write.shell.HOLD_INTERVAL`). In `mvsink bench` (20% of the view changed per
-    tick), merging all batches as soon as they held `max_amplification` x the oldest put
-    40-60% of a merge's input past `since`: merges of 1.6M updates produced 1.6M. Waiting,
-    every merge collapses to the view (the table took 36 MiB at the end instead of 40-47) and
-    the sink's throughput went from ~1.1-1.2M to ~1.3M updates/s.
+    Rules 1 and 2 wait for `since` (a write driver's lease trails its folds by about a second,
+    `services.write.shell.HOLD_INTERVAL`): a merge consolidates only the times it advances, so
+    input past `since` is rewritten as it is; waiting, every merge collapses churn to the view.
     """
     batches = state.batches
     if len(batches) < 2:

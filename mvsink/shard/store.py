@@ -29,6 +29,8 @@ from mvsink.shard import parts as partio
 from mvsink.shard.blob import SYSTEM, Blob, Clock, MinioBlob, unquoted
 from mvsink.shard.gc import DeleteResult, GcResult, SweepResult
 from mvsink.shard.state import (
+    Appended,
+    AppendResult,
     AsOfBeforeSince,
     BatchRecord,
     MergeRequest,
@@ -38,6 +40,7 @@ from mvsink.shard.state import (
     SchemaMismatch,
     SelectedPart,
     ShardState,
+    UpperMismatch,
     apply_append,
     apply_lease,
     apply_merge,
@@ -59,25 +62,6 @@ _INDEFINITE_RETRIES = 5
 _Outcome = TypeVar("_Outcome")
 #: How often a read starts over from the latest version when a merge replaced its parts.
 _READ_ATTEMPTS = 5
-
-
-@dataclass(frozen=True)
-class Appended:
-    """The append happened: the shard's upper is now `new_upper`, at version `seqno`."""
-
-    new_upper: Frontier
-    seqno: int
-
-
-@dataclass(frozen=True)
-class UpperMismatch:
-    """The shard's upper was `current` (at version `seqno`), not the expected upper."""
-
-    current: Frontier
-    seqno: int
-
-
-AppendResult = Appended | UpperMismatch
 
 
 @dataclass(frozen=True)
@@ -253,15 +237,30 @@ class Shard:
             raise InvalidUsage(f"writer id {writer_id!r} must be non-empty without '/'")
         table = normalize_updates(updates, self.schema)
         partio.check_bounds(table, lower, upper)
-        data = partio.encode_part(table, {
-            "mvsink.lower": str(lower.elements()), "mvsink.upper": str(upper.elements()),
-            "mvsink.partition": str(partition), "mvsink.partitions_total": str(partitions_total),
-            "mvsink.partitioning": str(partitioning), "mvsink.writer_id": writer_id,
-        })  # fmt: skip
+        data = partio.encode_part(
+            table,
+            {
+                "mvsink.lower": str(lower.elements()),
+                "mvsink.upper": str(upper.elements()),
+                "mvsink.partition": str(partition),
+                "mvsink.partitions_total": str(partitions_total),
+                "mvsink.partitioning": str(partitioning),
+                "mvsink.writer_id": writer_id,
+            },
+        )
         key = self._part_key(writer_id)
         self.blob.put(key, data, PARQUET)
-        return PartRef(key, lower, upper, writer_id, table.num_rows, len(data),
-                       partition, partitions_total, partitioning)  # fmt: skip
+        return PartRef(
+            key,
+            partition,
+            partitions_total,
+            table.num_rows,
+            len(data),
+            partitioning,
+            lower=lower,
+            upper=upper,
+            writer_id=writer_id,
+        )
 
     def compare_and_append(
         self, parts: Iterable[PartRef], expected_upper: Frontier, new_upper: Frontier
@@ -312,8 +311,9 @@ class Shard:
         outcome = self._compare_and_set(change)
         if isinstance(outcome, ShardState):
             batch = next((b for b in outcome.batches if b.seqno == outcome.seqno), None)
-            return Merged(batch or BatchRecord(request.lower, request.upper, outcome.seqno, ()),
-                          outcome.seqno)  # fmt: skip
+            return Merged(
+                batch or BatchRecord(request.lower, request.upper, outcome.seqno, ()), outcome.seqno
+            )
         self.delete_staged(parts)
         return outcome
 
@@ -458,8 +458,9 @@ class Shard:
                 if not self._proven(state, etag):
                     return False
             except Exception as error:
-                raise IndefiniteAppend(f"created {key} but could not check it: {error!r}; read "
-                                       "the state to settle it") from error  # fmt: skip
+                raise IndefiniteAppend(
+                    f"created {key} but could not check it: {error!r}; read the state to settle it"
+                ) from error
             self._remember(state, etag)
             self._latest, self._latest_etag = state.seqno, etag
             return True
@@ -480,8 +481,9 @@ class Shard:
         reads only the newest key) and the collector deletes it (`gc`); the caller starts
         over from the latest version, where a change that did land shows.
         """
-        listed = self.blob.list(f"{self.prefix}/state/",
-                                start_after=self.state_key(state.seqno - 1))  # fmt: skip
+        listed = self.blob.list(
+            f"{self.prefix}/state/", start_after=self.state_key(state.seqno - 1)
+        )
         if not listed or (listed[0].key, listed[0].etag) != (self.state_key(state.seqno), etag):
             return False
         if len(listed) == 1:
@@ -505,8 +507,9 @@ class Shard:
         clock: Clock = SYSTEM,
     ) -> Shard:
         """See `open_shard` (`blob` and `clock`: the simulation's, `mvsink.shard.blob`)."""
-        probe = cls(client, bucket, shard_id, schema or pa.schema([]), timing, blob=blob,
-                    clock=clock)  # fmt: skip
+        probe = cls(
+            client, bucket, shard_id, schema or pa.schema([]), timing, blob=blob, clock=clock
+        )
         existing = probe.retained_seqnos()
         if not existing:
             if schema is None:
@@ -648,8 +651,9 @@ class Shard:
             self.check_readable(state, frontier)
             selected: list[SelectedPart] = []
             for partition in sorted(partitions) if partitions is not None else [None]:
-                found = self.parts_for(partition, Frontier.minimum(), frontier, partitions_total,
-                                       state, partitioning)  # fmt: skip
+                found = self.parts_for(
+                    partition, Frontier.minimum(), frontier, partitions_total, state, partitioning
+                )
                 selected.extend(
                     s for s in found if s.part.key not in {c.part.key for c in selected}
                 )

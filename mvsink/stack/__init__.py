@@ -1,4 +1,5 @@
 """The embedded stack: Kafka (KRaft, from Maven Central), MinIO (from its Go module), a Spark
 standalone cluster and Toxiproxy, built from package registries and run as local processes
-(`manager`), with their record on disk (`state`). Built on `mvsink.core` alone.
+(`manager`; each a `component.Component`), with their record on disk (`state`). Built on
+`mvsink.core` alone.
 """

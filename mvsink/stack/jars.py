@@ -18,8 +18,7 @@ MAVEN = Path(__file__).resolve().parent / "maven"
 SETTINGS = MAVEN / "settings.xml"
 
 
-def resolve(pom: str, libs: Path, say: procs.Say, what: str,
-            options: Sequence[str] = ()) -> Path:  # fmt: skip
+def resolve(pom: str, libs: Path, say: procs.Say, what: str, options: Sequence[str] = ()) -> Path:
     """The directory `libs` holding the runtime jars of `maven/<pom>`, resolving them first if
     it is not complete yet. `options` are extra `-D` settings (versions, artifact filters)."""
     libs = libs.resolve()  # Maven resolves relative paths against the POM's directory
@@ -31,12 +30,22 @@ def resolve(pom: str, libs: Path, say: procs.Say, what: str,
     say(f"resolving {what} from Maven Central into {libs} ...")
     libs.mkdir(parents=True, exist_ok=True)
     procs.run_checked(
-        [mvn, "-B", "-q", "-s", str(SETTINGS), "-f", str(MAVEN / pom),
-         "dependency:copy-dependencies", f"-DoutputDirectory={libs}", "-DincludeScope=runtime",
-         *options],
+        [
+            mvn,
+            "-B",
+            "-q",
+            "-s",
+            str(SETTINGS),
+            "-f",
+            str(MAVEN / pom),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={libs}",
+            "-DincludeScope=runtime",
+            *options,
+        ],
         log=libs.parent / f"{libs.name}.mvn.log",
         what=f"resolving {what} with Maven",
-    )  # fmt: skip
+    )
     if not any(libs.glob("*.jar")):
         raise StackError(f"resolving {what} produced no jars in {libs}")
     marker.write_text(" ".join(options))

@@ -18,33 +18,30 @@ from pathlib import Path
 
 from mvsink.core.errors import StackError
 from mvsink.stack import jars, procs
+from mvsink.stack.component import Component
 
 KAFKA_VERSION = "4.1.1"
 
 
 def ensure_libs(cache: Path, say: procs.Say) -> Path:
     """The directory of broker jars, resolving them from Maven Central if not cached yet."""
-    return jars.resolve("kafka.pom.xml", cache / "kafka" / KAFKA_VERSION / "libs", say,
-                        f"Kafka {KAFKA_VERSION} broker jars")  # fmt: skip
+    return jars.resolve(
+        "kafka.pom.xml",
+        cache / "kafka" / KAFKA_VERSION / "libs",
+        say,
+        f"Kafka {KAFKA_VERSION} broker jars",
+    )
 
 
 @dataclass
-class KafkaNode:
-    """One combined broker+controller under `home` (config, data and log live there)."""
+class KafkaNode(Component):
+    """One combined broker+controller: clients bootstrap from its `address` (`port`); the
+    controller listens on `controller_port`."""
 
-    home: Path
-    port: int
+    PORTS = ("port", "controller_port")
+    LOG = "kafka.log"
+
     controller_port: int
-
-    @property
-    def bootstrap(self) -> str:
-        """`bootstrap.servers` for clients."""
-        return f"{procs.LOOPBACK}:{self.port}"
-
-    @property
-    def log(self) -> Path:
-        """The broker's log file."""
-        return self.home / "kafka.log"
 
     def start(self, libs: Path, say: procs.Say) -> int:
         """Configure, format (first start only) and launch the broker; its pid (not yet ready)."""
@@ -57,26 +54,40 @@ class KafkaNode:
             cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
             procs.run_checked(
                 # `=` form: a random id may start with "-" and must not parse as an option.
-                [java, "-cp", classpath, "kafka.tools.StorageTool", "format",
-                 f"--cluster-id={cluster_id}", f"--config={props}"],
+                [
+                    java,
+                    "-cp",
+                    classpath,
+                    "kafka.tools.StorageTool",
+                    "format",
+                    f"--cluster-id={cluster_id}",
+                    f"--config={props}",
+                ],
                 log=self.home / "format.log",
                 what="formatting Kafka KRaft storage",
-            )  # fmt: skip
-        say(f"starting Kafka on {self.bootstrap} ...")
+            )
+        say(f"starting Kafka on {self.address} ...")
         return procs.spawn(
             [
-                java, "-Xms256m", "-Xmx768m", "-XX:+UseG1GC", "-Djava.awt.headless=true",
+                java,
+                "-Xms256m",
+                "-Xmx768m",
+                "-XX:+UseG1GC",
+                "-Djava.awt.headless=true",
                 f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",
-                "-cp", classpath, "kafka.Kafka", str(props),
+                "-cp",
+                classpath,
+                "kafka.Kafka",
+                str(props),
             ],
             log=self.home / "kafka.stdout",
             env=procs.base_env(),
             cwd=self.home,
-        )  # fmt: skip
+        )
 
     def ready(self) -> bool:
         """Whether the broker is ready (`kafka_ready`)."""
-        return kafka_ready(self.bootstrap)
+        return kafka_ready(self.address)
 
     def _write_config(self) -> Path:
         loopback = procs.LOOPBACK
@@ -128,10 +139,22 @@ def topic_bytes(libs: Path, bootstrap: str, topic: str, timeout: float = 60.0) -
     `LogDirsCommand` of the broker jars in `libs`): the bytes of its segments, summed over the
     replicas' log directories."""
     result = subprocess.run(
-        ["java", "-cp", f"{libs}/*", "org.apache.kafka.tools.LogDirsCommand",
-         "--bootstrap-server", bootstrap, "--describe", "--topic-list", topic],
-        capture_output=True, text=True, timeout=timeout, check=False,
-    )  # fmt: skip
+        [
+            "java",
+            "-cp",
+            f"{libs}/*",
+            "org.apache.kafka.tools.LogDirsCommand",
+            "--bootstrap-server",
+            bootstrap,
+            "--describe",
+            "--topic-list",
+            topic,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
     if result.returncode != 0 or not lines:
         raise StackError(f"describing the log dirs of {topic} failed: {result.stderr[-500:]}")

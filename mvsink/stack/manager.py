@@ -80,29 +80,29 @@ class Stack:
         minio_node = self._minio_node(records.get("minio"))
         if not _running(records.get("kafka")):
             pid = kafka_node.start(libs, self.say)
-            records["kafka"] = _record("kafka", pid, kafka_node.bootstrap, kafka_node.log, {
-                "port": kafka_node.port, "controller_port": kafka_node.controller_port})  # fmt: skip
+            records["kafka"] = kafka_node.record("kafka", pid)
             save_records(self.home, records)
         if not _running(records.get("minio")):
             pid = minio_node.start(binary, access_key, secret_key, self.say)
-            records["minio"] = _record("minio", pid, minio_node.endpoint, minio_node.log, {
-                "port": minio_node.port, "console_port": minio_node.console_port})  # fmt: skip
+            records["minio"] = minio_node.record("minio", pid)
             save_records(self.home, records)
-        procs.wait_ready("Kafka", kafka_node.ready, pid=records["kafka"].pid,
-                         log=kafka_node.log, timeout=timeout)  # fmt: skip
-        procs.wait_ready("MinIO", minio_node.ready, pid=records["minio"].pid,
-                         log=minio_node.log, timeout=timeout)  # fmt: skip
+        procs.wait_ready(
+            "Kafka", kafka_node.ready, pid=records["kafka"].pid, log=kafka_node.log, timeout=timeout
+        )
+        procs.wait_ready(
+            "MinIO", minio_node.ready, pid=records["minio"].pid, log=minio_node.log, timeout=timeout
+        )
         if spark_workers is not None:
             self.spark_up(spark_workers, spark_cores, timeout)
         self.say(f"stack up in {time.monotonic() - started:.1f}s")
-        return Endpoints(kafka_node.bootstrap, minio_node.endpoint, access_key, secret_key)
+        return Endpoints(kafka_node.address, minio_node.address, access_key, secret_key)
 
     def _kafka_node(self, record: ComponentRecord | None) -> kafka.KafkaNode:
-        ports = _reuse_ports(record, ("port", "controller_port"))
+        ports = _reuse_ports(record, kafka.KafkaNode.PORTS)
         return kafka.KafkaNode(self.home / "kafka", ports["port"], ports["controller_port"])
 
     def _minio_node(self, record: ComponentRecord | None) -> minio.MinioNode:
-        ports = _reuse_ports(record, ("port", "console_port"))
+        ports = _reuse_ports(record, minio.MinioNode.PORTS)
         return minio.MinioNode(self.home / "minio", ports["port"], ports["console_port"])
 
     def spark_up(self, workers: int, cores: int = 1, timeout: float = 180.0) -> str | None:
@@ -118,31 +118,41 @@ class Stack:
                 self._stop(records.pop(SPARK_MASTER))
             save_records(self.home, records)
             return None
-        ports = _reuse_ports(records.get(SPARK_MASTER), ("port", "ui_port"))
+        ports = _reuse_ports(records.get(SPARK_MASTER), spark.SparkMaster.PORTS)
         master = spark.SparkMaster(self.home / "spark", ports["port"], ports["ui_port"])
         if not _running(records.get(SPARK_MASTER)):
             pid = master.start(self.say)
-            records[SPARK_MASTER] = _record(SPARK_MASTER, pid, master.url, master.log, ports)
+            records[SPARK_MASTER] = master.record(SPARK_MASTER, pid)
             save_records(self.home, records)
-        procs.wait_ready("Spark master", master.ready, pid=records[SPARK_MASTER].pid,
-                         log=master.log, timeout=timeout)  # fmt: skip
+        procs.wait_ready(
+            "Spark master",
+            master.ready,
+            pid=records[SPARK_MASTER].pid,
+            log=master.log,
+            timeout=timeout,
+        )
         memory = spark.worker_memory(workers)
         started = []
         for index in range(1, workers + 1):  # start them all, then wait for each
             name = f"{SPARK_WORKER}{index}"
-            worker = spark.SparkWorker(self.home / "spark" / name, index,
-                                       _reuse_ports(records.get(name), ("port",))["port"],
-                                       master, cores, memory)  # fmt: skip
+            port = _reuse_ports(records.get(name), spark.SparkWorker.PORTS)["port"]
+            worker = spark.SparkWorker(
+                self.home / "spark" / name, port, index, master, cores, memory
+            )
             if not _running(records.get(name)):
                 pid = worker.start(self.say)
-                records[name] = _record(name, pid, f"{procs.LOOPBACK}:{worker.port}",
-                                        worker.log, {"port": worker.port})  # fmt: skip
+                records[name] = worker.record(name, pid)
                 save_records(self.home, records)
             started.append((name, worker))
         for name, worker in started:
-            procs.wait_ready(f"Spark worker {worker.index}", worker.ready,
-                             pid=records[name].pid, log=worker.log, timeout=timeout)  # fmt: skip
-        return master.url
+            procs.wait_ready(
+                f"Spark worker {worker.index}",
+                worker.ready,
+                pid=records[name].pid,
+                log=worker.log,
+                timeout=timeout,
+            )
+        return master.address
 
     def _stop(self, record: ComponentRecord) -> None:
         if record.alive:
@@ -182,10 +192,6 @@ SPARK_WORKER = "spark-worker-"
 
 def _running(record: ComponentRecord | None) -> bool:
     return record is not None and record.alive
-
-
-def _record(name: str, pid: int, address: str, log: Path, ports: dict[str, int]) -> ComponentRecord:
-    return ComponentRecord(name=name, pid=pid, address=address, ports=ports, log=str(log))
 
 
 def _reuse_ports(record: ComponentRecord | None, names: tuple[str, ...]) -> dict[str, int]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mvsink.stack import procs
+from mvsink.stack.component import Component
 
 MINIO_MODULE = "github.com/minio/minio"
 #: Commit 7aac2a2c5b7c of 2026-02-12 (after RELEASE.2025-10-15T17-29-55Z).
@@ -20,29 +21,21 @@ MINIO_VERSION = "v0.0.0-20260212201848-7aac2a2c5b7c"
 
 
 def ensure_binary(cache: Path, say: procs.Say) -> Path:
-    """The `minio` executable, built with `go install` into the cache if not there yet (a few
-    minutes on 2 cores)."""
-    return procs.go_install(MINIO_MODULE, MINIO_VERSION, "minio", cache / "minio" / MINIO_VERSION,
-                            say, "MinIO")  # fmt: skip
+    """The `minio` executable, built with `go install` into the cache if not there yet."""
+    return procs.go_install(
+        MINIO_MODULE, MINIO_VERSION, "minio", cache / "minio" / MINIO_VERSION, say, "MinIO"
+    )
 
 
 @dataclass
-class MinioNode:
-    """One single-drive MinIO server under `home`."""
+class MinioNode(Component):
+    """One single-drive MinIO server: the S3 API on its `address` (`port`), the console on
+    `console_port`."""
 
-    home: Path
-    port: int
+    PORTS = ("port", "console_port")
+    LOG = "minio.log"
+
     console_port: int
-
-    @property
-    def endpoint(self) -> str:
-        """`host:port` of the S3 API."""
-        return f"{procs.LOOPBACK}:{self.port}"
-
-    @property
-    def log(self) -> Path:
-        """The server's log file."""
-        return self.home / "minio.log"
 
     def start(self, binary: Path, access_key: str, secret_key: str, say: procs.Say) -> int:
         """Launch the server; its pid (not yet ready)."""
@@ -56,21 +49,26 @@ class MinioNode:
             MINIO_UPDATE="off",
             MINIO_CI_CD="1",
         )
-        say(f"starting MinIO on http://{self.endpoint} ...")
+        say(f"starting MinIO on http://{self.address} ...")
         return procs.spawn(
             [
-                str(binary), "server", str(data), "--quiet",
-                "--address", self.endpoint,
-                "--console-address", f"{procs.LOOPBACK}:{self.console_port}",
+                str(binary),
+                "server",
+                str(data),
+                "--quiet",
+                "--address",
+                self.address,
+                "--console-address",
+                f"{procs.LOOPBACK}:{self.console_port}",
             ],
             log=self.log,
             env=env,
             cwd=self.home,
-        )  # fmt: skip
+        )
 
     def ready(self) -> bool:
         """Whether the server is ready (`minio_ready`)."""
-        return minio_ready(self.endpoint)
+        return minio_ready(self.address)
 
 
 def minio_ready(endpoint: str) -> bool:

@@ -107,8 +107,12 @@ def go_install(module: str, version: str, binary: str, bindir: Path, say: Say, w
     say(f"building {what} {version} with `go install` into {bindir} (first run only) ...")
     bindir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, GOBIN=str(bindir), CGO_ENABLED="0", GOFLAGS="-buildvcs=false")
-    run_checked([go, "install", f"{module}@{version}"], log=bindir / "go-install.log", env=env,
-                what=f"building {what} with go install")  # fmt: skip
+    run_checked(
+        [go, "install", f"{module}@{version}"],
+        log=bindir / "go-install.log",
+        env=env,
+        what=f"building {what} with go install",
+    )
     if not path.exists():
         raise StackError(f"go install finished but {path} is missing")
     return path

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from mvsink.core.errors import StackError
 from mvsink.stack import procs
+from mvsink.stack.component import Component
 
 
 def spark_home() -> Path:
@@ -67,36 +68,40 @@ def alive_worker_ports(ui_port: int) -> set[int]:
 
 
 @dataclass
-class SparkMaster:
-    """The standalone master under `home`."""
+class SparkMaster(Component):
+    """The standalone master: RPC on `port`, web UI on `ui_port`."""
 
-    home: Path
-    port: int
+    PORTS = ("port", "ui_port")
+    LOG = "master.log"
+
     ui_port: int
 
     @property
-    def url(self) -> str:
-        """The master URL drivers connect to."""
+    def address(self) -> str:
+        """The master URL drivers connect to (`spark://host:port`)."""
         return f"spark://{procs.LOOPBACK}:{self.port}"
-
-    @property
-    def log(self) -> Path:
-        """The master's log."""
-        return self.home / "master.log"
 
     def start(self, say: procs.Say) -> int:
         """Launch the master; its pid (not yet ready)."""
         props = self.home / "master.properties"
         self.home.mkdir(parents=True, exist_ok=True)
         props.write_text("spark.master.rest.enabled=false\n")
-        say(f"starting Spark master on {self.url} (web UI port {self.ui_port}) ...")
+        say(f"starting Spark master on {self.address} (web UI port {self.ui_port}) ...")
         return _spark_class(
             self.home,
             "org.apache.spark.deploy.master.Master",
-            ["--host", procs.LOOPBACK, "--port", str(self.port),
-             "--webui-port", str(self.ui_port), "--properties-file", str(props)],
+            [
+                "--host",
+                procs.LOOPBACK,
+                "--port",
+                str(self.port),
+                "--webui-port",
+                str(self.ui_port),
+                "--properties-file",
+                str(props),
+            ],
             self.log,
-        )  # fmt: skip
+        )
 
     def ready(self) -> bool:
         """Whether the master is the ALIVE leader."""
@@ -104,20 +109,16 @@ class SparkMaster:
 
 
 @dataclass
-class SparkWorker:
-    """Standalone worker `index` under `home`, registered with `master`."""
+class SparkWorker(Component):
+    """Standalone worker `index`, registered with `master` (its executors log under
+    `home/work/`)."""
 
-    home: Path
+    LOG = "worker.log"
+
     index: int
-    port: int
     master: SparkMaster
     cores: int
     memory: str
-
-    @property
-    def log(self) -> Path:
-        """The worker's log (its executors log under `work/`)."""
-        return self.home / "worker.log"
 
     def start(self, say: procs.Say) -> int:
         """Launch the worker; its pid (not yet ready)."""
@@ -127,11 +128,23 @@ class SparkWorker:
         return _spark_class(
             self.home,
             "org.apache.spark.deploy.worker.Worker",
-            ["--host", procs.LOOPBACK, "--port", str(self.port), "--webui-port", "0",
-             "--cores", str(self.cores), "--memory", self.memory, "--work-dir", str(work),
-             self.master.url],
+            [
+                "--host",
+                procs.LOOPBACK,
+                "--port",
+                str(self.port),
+                "--webui-port",
+                "0",
+                "--cores",
+                str(self.cores),
+                "--memory",
+                self.memory,
+                "--work-dir",
+                str(work),
+                self.master.address,
+            ],
             self.log,
-        )  # fmt: skip
+        )
 
     def ready(self) -> bool:
         """Whether the master lists this worker ALIVE."""

@@ -11,12 +11,14 @@ shard equal to (`<sink>.desired` + desired progress in `frontiers`, docs/design.
   `DesiredProgress` to `frontiers` for every partition, and commits everything sent since the
   last advance in one Kafka transaction. Readers use `read_committed`, so a crash before the
   commit publishes nothing of it.
-* Updates at a time before the frontier already advanced to are refused (`ContractError`): the
-  in-band contract is that after `Progress(f)` no update with `time < f` follows.
+* Updates at a time before the frontier already advanced to are refused, and so is a frontier
+  that moves back (`ContractError`, `publishable` and `check_advance`, which
+  `mvsink.upstream.publish` applies too): the in-band contract is that after `Progress(f)` no
+  update with `time < f` follows.
 
 With partitioning 2 nothing here touches rows one by one: the hash runs on the Arrow columns,
 the table is sorted by partition once and sliced, and each slice is one IPC stream.
-Partitioning 1 encodes every row as Avro to hash it (~0.3M updates/s).
+Partitioning 1 encodes every row as Avro to hash it.
 """
 
 from __future__ import annotations
@@ -59,20 +61,31 @@ class DesiredProducer:
     the first, so a restarted upstream never interleaves with its dead predecessor.
     """
 
-    def __init__(self, config: Config, row_schema: pa.Schema, producer_id: str,
-                 chunk: int = CHUNK, wire: str = "arrow") -> None:  # fmt: skip
+    def __init__(
+        self,
+        config: Config,
+        row_schema: pa.Schema,
+        producer_id: str,
+        chunk: int = CHUNK,
+        wire: str = "arrow",
+    ) -> None:
         if wire not in ("arrow", "avro"):
             raise ContractError(f"desired wire form {wire!r}: use 'arrow' (v2) or 'avro' (v1)")
         if wire == "avro" and config.partitioning != 1:
-            raise ContractError("the v1 wire form (wire='avro') implies partitioning 1: use "
-                                f"wire='arrow' or partitioning 1, not {config.partitioning}")  # fmt: skip
+            raise ContractError(
+                "the v1 wire form (wire='avro') implies partitioning 1: use "
+                f"wire='arrow' or partitioning 1, not {config.partitioning}"
+            )
         self.config = config
         self.producer_id = producer_id
         self.row_schema = row_schema
         self.chunk = chunk
         self.wire = wire
-        self.producer = Producer(client_config(config.kafka_bootstrap, **{
-            "transactional.id": producer_id, "linger.ms": 20}))  # fmt: skip
+        self.producer = Producer(
+            client_config(
+                config.kafka_bootstrap, **{"transactional.id": producer_id, "linger.ms": 20}
+            )
+        )
         self.frontier = Frontier.minimum()
         self.in_transaction = False
 
@@ -83,9 +96,10 @@ class DesiredProducer:
         mine = [
             record.frontier
             for p in range(self.config.partitions)
-            if isinstance(record := latest.get(desired_progress_key(self.config.sink_id, p)),
-                          DesiredProgress)
-        ]  # fmt: skip
+            if isinstance(
+                record := latest.get(desired_progress_key(self.config.sink_id, p)), DesiredProgress
+            )
+        ]
         if len(mine) == self.config.partitions:
             self.frontier = meet_all(mine)
         log.info("desired producer for %s at frontier %s", self.config.sink_id, self.frontier)
@@ -112,26 +126,20 @@ class DesiredProducer:
         Raises:
             ContractError: an update before the current frontier, or columns that do not fit.
         """
-        table = normalize_updates(updates, self.row_schema)
-        nonzero = pc.not_equal(table.column(DIFF), 0)
-        if not pc.all(nonzero).as_py():  # a copy of every column: only when there are zeros
-            table = table.filter(nonzero)
+        normalized = normalize_updates(updates, self.row_schema)
+        table = publishable(normalized, self.frontier, self.config.sink_id)
         if table.num_rows == 0:
             return [], 0
-        low = pc.min(table.column(TIME)).as_py()
-        if not self.frontier.less_equal_time(low):
-            raise ContractError(
-                f"update at time {low} is before the frontier {self.frontier} of sink "
-                f"{self.config.sink_id}: it was already advanced past"
-            )
         if self.wire == "avro":  # v1 sends the Avro rows it hashes
             keys = partition_keys(table, self.row_schema)
             table = table.append_column(_AVRO_ROW, pa.array(keys, pa.binary()))
-            partitions = pa.array([partition_of(k, self.config.partitions) for k in keys],
-                                  pa.int32())  # fmt: skip
+            partitions = pa.array(
+                [partition_of(k, self.config.partitions) for k in keys], pa.int32()
+            )
         else:
-            partitions = partitions_of(table, self.row_schema, self.config.partitions,
-                                       self.config.partitioning)  # fmt: skip
+            partitions = partitions_of(
+                table, self.row_schema, self.config.partitions, self.config.partitioning
+            )
         records = [
             (partition, record)
             for partition, rows in split_by_partition(table, partitions, self.config.partitions)
@@ -170,8 +178,13 @@ class DesiredProducer:
         return [*self._avro_record(table.slice(0, half)), *self._avro_record(table.slice(half))]
 
     def _avro_updates(self, table: pa.Table) -> list[Update]:
-        columns = zip(table.column(_AVRO_ROW).to_pylist(), table.column(ERR).to_pylist(),
-                      table.column(TIME).to_pylist(), table.column(DIFF).to_pylist(), strict=True)  # fmt: skip
+        columns = zip(
+            table.column(_AVRO_ROW).to_pylist(),
+            table.column(ERR).to_pylist(),
+            table.column(TIME).to_pylist(),
+            table.column(DIFF).to_pylist(),
+            strict=True,
+        )
         return [
             Update.ok(row, time_, diff) if err is None else Update.error(err, time_, diff)
             for row, err, time_, diff in columns
@@ -183,8 +196,7 @@ class DesiredProducer:
         Raises:
             ContractError: `frontier` is before the current one.
         """
-        if not self.frontier.less_equal(frontier):
-            raise ContractError(f"cannot move the frontier back from {self.frontier} to {frontier}")
+        check_advance(self.frontier, frontier)
         self._begin()
         for topic, partition, record in self.progress(frontier):
             key = str(partition) if isinstance(record, Progress) else record.key
@@ -197,6 +209,38 @@ class DesiredProducer:
         if not self.in_transaction:
             self.producer.begin_transaction()
             self.in_transaction = True
+
+
+def publishable(table: pa.Table, frontier: Frontier, sink_id: str) -> pa.Table:
+    """The updates of `table` (part schema) a producer at `frontier` may publish for sink
+    `sink_id`: all of them but the zero diffs, which change nothing.
+
+    Raises:
+        ContractError: an update at a time before `frontier` (`Progress(frontier)` is published:
+            no update before it may follow).
+    """
+    nonzero = pc.not_equal(table.column(DIFF), 0)
+    if not pc.all(nonzero).as_py():  # a copy of every column: only when there are zeros
+        table = table.filter(nonzero)
+    if table.num_rows == 0:
+        return table
+    low = pc.min(table.column(TIME)).as_py()
+    if not frontier.less_equal_time(low):
+        raise ContractError(
+            f"update at time {low} is before the frontier {frontier} of sink {sink_id}: it was "
+            "already advanced past"
+        )
+    return table
+
+
+def check_advance(current: Frontier, frontier: Frontier) -> None:
+    """Refuse to move a producer's frontier from `current` back to `frontier`.
+
+    Raises:
+        ContractError: `frontier` is before `current`.
+    """
+    if not current.less_equal(frontier):
+        raise ContractError(f"cannot move the frontier back from {current} to {frontier}")
 
 
 def arrow_records(table: pa.Table, partitioning: int, chunk: int = CHUNK) -> Iterator[UpdatesArrow]:

@@ -1,5 +1,5 @@
-"""Publishing a Spark DataFrame as desired updates from the executors, at the speed Spark
-produces them: no update passes through the driver.
+"""Publishing a Spark DataFrame as desired updates from the executors: no update passes
+through the driver.
 
 ```text
  driver      publish_dataframe(df, producer, frontier)
@@ -14,53 +14,41 @@ produces them: no update passes through the driver.
  driver      producer.frontier = frontier
 ```
 
-Exactly once per desired partition and publish, through a task killed at any point and Spark's
-retry of it (or a speculative twin): `init_transactions` with the partition's own
-transactional id aborts whatever an earlier attempt left open and fences it from committing
-later, and only then does the task look at the partition's last committed record. Every
-committed transaction on a desired partition ends with that partition's `Progress` (here and in
-`DesiredProducer.advance_to`), so `Progress(g)` with `g >= frontier` there means an earlier
-attempt (or the dead predecessor of a restarted upstream) committed this partition's updates
-for the publish: they are skipped. A partition's updates and its progress become visible
-together, to read_committed readers, and partitions commit independently: a write task may fold
-partition 0's tick while partition 1's is still being produced, as with any slow partition.
+Contract
+--------
+`DesiredProducer`'s (docs/design.md §3.1), checked by the same functions
+(`mvsink.upstream.producer.publishable`, `check_advance`): an update before the producer's
+frontier fails its task with `ContractError` and nothing of that partition is committed; the
+records are `UpdatesArrow` stamped with the sink's partitioning. A publish must also move the
+frontier forward, because a partition whose progress reached it counts as published.
 
-A Python worker keeps its producers between publishes (Spark reuses the workers), each with the
-progress its last commit carried: a kept producer skips the init and the check, because if any
-other attempt took its transactional id since its last commit it is fenced and cannot commit,
-and otherwise that commit is the partition's last, so a publish at or below its progress (the
-caller retrying a publish whose other partitions failed, in this same worker) is skipped as
-after the check. The task holds each partition's updates until its commit, so a kept producer
-found fenced is replaced by a new one (init, check) and the partition published again; a task's
-memory holds its share of the publish. Each publish must move the producer's frontier forward
-(`ContractError` otherwise): a partition that reached it counts as published.
+Exactly once per desired partition and publish
+----------------------------------------------
+Through a task killed at any point and Spark's retry of it (or a speculative twin):
 
-Spark picks any idle Python worker for a task, so a partition moves between an executor's
-workers from publish to publish (in `mvsink bench`'s upstream, every few publishes), each move
-fencing the other worker's kept producer. So a new producer records itself as its transactional
-id's newest in the executor's directory (`_claim`), and a kept producer that another worker of
-the executor has superseded there is dropped before it produces (`_superseded`), instead of
-finding out from a transaction that fails (~20 ms into it, with librdkafka's fatal-error
-lines). Its replacement pays the init and the check (~0.1 s). The record only ever drops a
-producer, which is always safe; one fenced from another executor is found out as before.
+1. `init_transactions` with the partition's own transactional id aborts whatever an earlier
+   attempt left open and fences it from committing later;
+2. only then does the task read the partition's last committed record. Every committed
+   transaction on a desired partition ends with its `Progress` (here and in
+   `DesiredProducer.advance_to`), so `Progress(g)` with `g >= frontier` means an earlier attempt
+   (or the dead predecessor of a restarted upstream) committed it: the partition is skipped;
+3. otherwise one transaction holds the partition's updates and its progress, which become
+   visible together to read_committed readers. Partitions commit independently: a reader may
+   see one partition's publish before another's, as with any slow partition.
 
-Between the two stages, each input batch's updates travel as one Arrow IPC payload per desired
-partition (`_split`), not row by row: Spark converts a handful of binary rows between the JVM
-and Python instead of every update twice. A row goes to the shuffle partition of its desired
-partition's task key (`_task_keys`: for each `p`, a key Spark's hash partitioning sends to
-shuffle partition `p % tasks`), so the partitions spread evenly over one wave of tasks, as many
-as the executors run at once (hashing `p` itself put 3 of 4 partitions in one task). Which task
-holds which partition changes only the speed: a task publishes every partition its rows name.
+A Python worker keeps its producers between publishes; a kept producer skips steps 1-2 and
+decides by the progress its own last commit carried, which is the partition's last unless
+another attempt took its transactional id since. Then it is fenced and cannot commit, so it is
+replaced (steps 1-2) and the partition, whose updates the task holds until the commit,
+published again. Spark runs tasks on any idle
+Python worker of an executor, so the newest producer of each transactional id is recorded in
+the executor's directory (`_claim`), and a kept producer superseded there is dropped before it
+produces (`_superseded`) instead of failing a transaction; dropping a producer is always safe.
 
-An input of more partitions than the executors' task slots is coalesced to the slots first
-(`DataFrame.coalesce`: no shuffle; a task computes and splits several of the input's
-partitions in turn, so the input's last stage runs in one wave of tasks as many as the slots):
-a Python task costs ~70 ms of Spark's here besides its work. In `mvsink bench`'s upstream (4
-partitions a tick on 2 cores) the median publish of 200k updates went from 0.59 to 0.52 s.
-
-The contract is `DesiredProducer`'s (docs/design.md §3.1): updates at times before the
-producer's frontier are refused (the task fails with `ContractError`, and nothing of that
-partition is committed), the records are `UpdatesArrow` stamped with the sink's partitioning.
+Layout: updates cross between the stages as one Arrow IPC payload per desired partition and
+input batch (`_split`), not row by row; task keys (`_task_keys`) spread the desired partitions
+evenly over one wave of tasks, and an input of more partitions than the executors' task slots
+is coalesced to the slots first (no shuffle): each Python task has a fixed cost in Spark.
 """
 
 from __future__ import annotations
@@ -76,18 +64,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from mvsink.core.errors import ContractError, DecodeError, InvalidUsage
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import DesiredProgress, Progress
 from mvsink.core.partitioning import partitions_of, split_by_partition
-from mvsink.core.updates import DIFF, TIME, normalize_updates, part_schema, updates_to_ipc
+from mvsink.core.updates import normalize_updates, part_schema, updates_to_ipc
 from mvsink.io.kafka import client_config, init_transactions, last_record, produce
 from mvsink.io.service import quiet_retries
 from mvsink.io.spark import each_on_a_thread, executor_dir, task_slots, trim_worker_path
-from mvsink.upstream.producer import DesiredProducer, arrow_records
+from mvsink.upstream.producer import DesiredProducer, arrow_records, check_advance, publishable
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -95,7 +82,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("mvsink.upstream.publish")
 
 # Executors import this module to run the publishing tasks: a task of an untrimmed Python
-# worker re-reads PySpark's zips first (~0.1 s each; `trim_worker_path`).
+# worker re-reads PySpark's zips first (`trim_worker_path`).
 trim_worker_path()
 PARTITION, TASK_KEY, PAYLOAD = "_partition", "_task_key", "_updates"
 SPLIT_SCHEMA = f"{PARTITION} int, {TASK_KEY} int, {PAYLOAD} binary"
@@ -155,20 +142,30 @@ def publish_dataframe(
     """
     if producer.in_transaction:
         raise InvalidUsage("publish_dataframe after send(): advance_to() first")
-    if not producer.frontier.less_equal(frontier):
-        raise ContractError(f"cannot move the frontier back from {producer.frontier} to {frontier}")
+    check_advance(producer.frontier, frontier)
     if producer.frontier == frontier:  # a partition at `frontier` would count as published
-        raise ContractError(f"publish_dataframe must move the frontier forward from {frontier}: "
-                            "a publish is recognised as done by its partitions' progress")  # fmt: skip
+        raise ContractError(
+            f"publish_dataframe must move the frontier forward from {frontier}: "
+            "a publish is recognised as done by its partitions' progress"
+        )
     config = producer.config
     spec = PublishSpec(
-        config.kafka_bootstrap, config.topics.desired, config.topics.frontiers, config.sink_id,
-        config.partitions, config.partitioning, producer.row_schema, producer.producer_id,
-        producer.frontier, frontier, producer.chunk, hook,
-    )  # fmt: skip
+        config.kafka_bootstrap,
+        config.topics.desired,
+        config.topics.frontiers,
+        config.sink_id,
+        config.partitions,
+        config.partitioning,
+        producer.row_schema,
+        producer.producer_id,
+        producer.frontier,
+        frontier,
+        producer.chunk,
+        hook,
+    )
     spark = df.sparkSession
     # One wave of publishing tasks: a task more than the slots costs a Python task's start
-    # (~0.1-0.15 s on 2 cores) and runs after the others anyway.
+    # and runs after the others anyway.
     try:
         slots = task_slots(spark)
     except Exception:  # no py4j gateway to ask (Spark Connect): a task per partition
@@ -224,9 +221,8 @@ def _task_keys(spark: SparkSession, partitions: int, tasks: int) -> list[int]:
 
 
 def _markers(spark: SparkSession, keys: list[int]) -> DataFrame:
-    """One empty row per desired partition `(p, keys[p], b"")`, made in the JVM in one task.
-    (`createDataFrame` from a Python list made a Python task per slot, ~0.1-0.2 s each, most
-    of a publish's first stage.)"""
+    """One empty row per desired partition `(p, keys[p], b"")`, made in the JVM in one task
+    (no Python task per slot, as `createDataFrame` from a Python list would start)."""
     from pyspark.sql import functions as F
 
     partition = F.col("id").cast("int")
@@ -306,24 +302,22 @@ def _publish_partition(spec: PublishSpec, partition: int, rows: pa.Table) -> tup
     Raises:
         ContractError: an update before the producer's frontier (nothing is produced).
     """
-    rows = rows.filter(pc.not_equal(rows.column(DIFF), 0))
-    if rows.num_rows:
-        low = pc.min(rows.column(TIME)).as_py()
-        if not spec.lower.less_equal_time(low):
-            raise ContractError(
-                f"update at time {low} is before the frontier {spec.lower} of sink {spec.sink_id}"
-            )
+    rows = publishable(rows, spec.lower, spec.sink_id)
     key = (spec.bootstrap, f"{spec.producer_id}.p{partition}")
     while True:
         kept, reused = _PRODUCERS.get(key), True
         if kept is not None and _superseded(key[1], kept.token):
-            log.debug("publish: another Python worker of this executor took desired partition "
-                      "%d's transactional id since this one's last publish", partition)  # fmt: skip
+            log.debug(
+                "publish: another Python worker of this executor took desired partition "
+                "%d's transactional id since this one's last publish",
+                partition,
+            )
             del _PRODUCERS[key]
             kept = None
         if kept is None:
-            producer = Producer(client_config(spec.bootstrap, **{
-                "transactional.id": key[1], "linger.ms": 5}))  # fmt: skip
+            producer = Producer(
+                client_config(spec.bootstrap, **{"transactional.id": key[1], "linger.ms": 5})
+            )
             init_transactions(producer, 60)
             token = _claim(key[1])
             committed = last_progress(spec.bootstrap, spec.desired_topic, partition)
@@ -350,8 +344,11 @@ def _publish_partition(spec: PublishSpec, partition: int, rows: pa.Table) -> tup
             with contextlib.suppress(Exception):
                 producer.abort_transaction(10)
             if reused and is_fenced(error):
-                log.info("publish: the kept producer of desired partition %d was fenced by "
-                         "another attempt since its last publish: a new one takes over", partition)  # fmt: skip
+                log.info(
+                    "publish: the kept producer of desired partition %d was fenced by "
+                    "another attempt since its last publish: a new one takes over",
+                    partition,
+                )
                 continue
             raise
         kept.committed = spec.upper

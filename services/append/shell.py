@@ -41,8 +41,6 @@ from mvsink.io.service import Stopping
 from mvsink.shard import Appended, IndefiniteAppend, PartTooOld, Shard, UpperMismatch, open_shard
 from mvsink.tools.provision import ensure_retention
 from services.append.state import Append, AppendOutcome, AppendState, Command, DeleteStaged, TooOld
-from services.append.state import Appended as StateAppended
-from services.append.state import Mismatch as StateMismatch
 
 log = logging.getLogger("mvsink.append")
 
@@ -100,10 +98,13 @@ class AppendShell:
         topics = self.config.topics
         descs = tail_consumer(self.config.kafka_bootstrap, topics.descs, [0])
         # A short session: after a crash, the partitions of a dead replica move within ~10 s.
-        batches = Consumer(consumer_config(
-            self.config.kafka_bootstrap, group_id=f"{self.config.sink_id}.append",
-            extra={"session.timeout.ms": 10000, "heartbeat.interval.ms": 2000},
-        ))  # fmt: skip
+        batches = Consumer(
+            consumer_config(
+                self.config.kafka_bootstrap,
+                group_id=f"{self.config.sink_id}.append",
+                extra={"session.timeout.ms": 10000, "heartbeat.interval.ms": 2000},
+            )
+        )
         batches.subscribe([topics.batches], on_assign=self._on_assign, on_revoke=self._on_revoke)
         next_commit = 0.0
         try:
@@ -124,13 +125,18 @@ class AppendShell:
     def _report(self) -> None:
         """Health: work is a description an owned worker appends and has not appended yet; it
         is behind from that description's lower to its upper until the append is issued."""
-        waiting = [state.batch_description for state in self.states.values()
-                   if state.batch_description is not None and not state.sealed]  # fmt: skip
+        waiting = [
+            state.batch_description
+            for state in self.states.values()
+            if state.batch_description is not None and not state.sealed
+        ]
         if not waiting:
             report(None, None)
             return
-        report(min(d.lower.time or 0 for d in waiting),
-               max(-1 if d.upper.time is None else d.upper.time for d in waiting))  # fmt: skip
+        report(
+            min(d.lower.time or 0 for d in waiting),
+            max(-1 if d.upper.time is None else d.upper.time for d in waiting),
+        )
 
     def _poll_descs(self, consumer: Reader) -> None:
         for _ in range(100):
@@ -164,8 +170,12 @@ class AppendShell:
         except DecodeError as error:
             log.error("quarantining bad record: %s", error)
             dead = self.config.topics.dead_letter
-            self.producer.produce(dead, key=message.key(), value=message.value(),
-                                  headers=[("mvsink-error", str(error).encode())])  # fmt: skip
+            self.producer.produce(
+                dead,
+                key=message.key(),
+                value=message.value(),
+                headers=[("mvsink-error", str(error).encode())],
+            )
             return None
 
     def _commit(self, consumer: Consumer) -> None:
@@ -199,18 +209,26 @@ class AppendShell:
                 case DeleteStaged():
                     result = self.shard.delete_staged(command.parts)
                     DELETED.labels(self.config.sink_id).inc(len(result.deleted))
-                    log.info("%s: deleted %d staged parts (referenced %d, still appendable %d)",
-                             command.reason, len(result.deleted), len(result.referenced),
-                             len(result.pending))  # fmt: skip
+                    log.info(
+                        "%s: deleted %d staged parts (referenced %d, still appendable %d)",
+                        command.reason,
+                        len(result.deleted),
+                        len(result.referenced),
+                        len(result.pending),
+                    )
                     if result.mismatched:
-                        log.warning("%s: kept parts whose footers say other bounds than their "
-                                    "batch claimed: %s", command.reason,
-                                    list(result.mismatched))  # fmt: skip
+                        log.warning(
+                            "%s: kept parts whose footers say other bounds than their "
+                            "batch claimed: %s",
+                            command.reason,
+                            list(result.mismatched),
+                        )
         if worker in self.states:
             LOWER.labels(self.config.sink_id, str(worker)).set(
-                float("inf") if self.states[worker].lower.time is None
+                float("inf")
+                if self.states[worker].lower.time is None
                 else float(self.states[worker].lower.time or 0)
-            )  # fmt: skip
+            )
 
     def _append(self, append: Append) -> AppendOutcome:
         """Compare-and-append with the seed's retry; publishes the resulting upper."""
@@ -242,14 +260,19 @@ class AppendShell:
         LATENCY.labels(sink).observe(elapsed)
         if isinstance(result, Appended):
             APPENDS.labels(sink, "ok").inc()
-            log.info("appended %d parts for %s (seqno %d) in %.1f ms", len(append.parts), desc,
-                     result.seqno, elapsed * 1000)  # fmt: skip
+            log.info(
+                "appended %d parts for %s (seqno %d) in %.1f ms",
+                len(append.parts),
+                desc,
+                result.seqno,
+                elapsed * 1000,
+            )
             self._publish(result.new_upper, result.seqno)
-            return StateAppended(result.new_upper)
+            return result
         APPENDS.labels(sink, "mismatch").inc()
         log.info("append of %s lost: shard upper is %s", desc, result.current)
         self._publish(result.current, result.seqno)
-        return StateMismatch(result.current)
+        return result
 
     def _publish(self, upper: Frontier, seqno: int) -> None:
         record = ShardUpper(self.config.shard_id, upper, seqno)

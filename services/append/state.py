@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import BatchDescription, Part, StagedBatch
-from mvsink.shard.state import PartRef
+from mvsink.shard.state import Appended, PartRef, UpperMismatch
 
 log = logging.getLogger("mvsink.append")
 
@@ -40,21 +40,6 @@ Command = Append | DeleteStaged
 
 
 @dataclass(frozen=True)
-class Appended:
-    """The shard took the batch; its upper is now `upper`."""
-
-    upper: Frontier
-
-
-@dataclass(frozen=True)
-class Mismatch:
-    """The shard's upper was `current`: another writer got there first (expected under
-    concurrent replicas; the feedback loop corrects it later)."""
-
-    current: Frontier
-
-
-@dataclass(frozen=True)
 class TooOld:
     """The shard refused the parts as staged longer ago than `max_part_age` (the bound that
     lets the sweeper delete never-appended parts): they are garbage, and the description needs
@@ -62,7 +47,9 @@ class TooOld:
     (`services.write.shell.RESTAGE_AFTER`)."""
 
 
-AppendOutcome = Appended | Mismatch | TooOld
+#: How an `Append` ended: the shard's `Appended` or `UpperMismatch` (another writer got there
+#: first: expected under concurrent replicas, the feedback loop corrects it later), or `TooOld`.
+AppendOutcome = Appended | UpperMismatch | TooOld
 
 
 @dataclass
@@ -99,9 +86,15 @@ class AppendState:
         """Log `message` with every frontier (the seed's `trace`)."""
         log.debug(
             "%s | sink=%s worker=%d lower=%s desc=%s covered=%s/%d sealed=%s",
-            message, self.sink_id, self.worker_id, self.lower, self.batch_description,
-            sorted(self.stash), self.partitions, self.sealed,
-        )  # fmt: skip
+            message,
+            self.sink_id,
+            self.worker_id,
+            self.lower,
+            self.batch_description,
+            sorted(self.stash),
+            self.partitions,
+            self.sealed,
+        )
 
     def advance_lower(self, frontier: Frontier) -> list[Command]:
         """Move to a greater `lower`: everything stashed for the old one is outdated."""
@@ -145,8 +138,7 @@ class AppendState:
             )
         duplicates: list[PartRef] = []
         for partition in batch.covers:
-            mine = tuple(p for p, raw in zip(parts, batch.parts, strict=True)
-                         if _belongs(raw, partition, batch))  # fmt: skip
+            mine = tuple(p for p in parts if _belongs(p, partition, batch))
             if partition not in self.stash:
                 self.stash[partition] = mine
             else:  # a redelivery of the kept batch carries the kept parts: never delete those
@@ -180,7 +172,7 @@ class AppendState:
             return [DeleteStaged(append.parts, "too old to append")] if append.parts else []
         if isinstance(outcome, Appended):
             self.trace(f"appended a batch: {append.desc}")
-            new_lower = outcome.upper
+            new_lower = outcome.new_upper
         else:
             self.trace(f"append failed due to `lower` mismatch: {outcome.current}")
             new_lower = outcome.current

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from mvsink.core.frontier import Frontier, advance, meet_all
+from mvsink.core.frontier import Frontier, advance, advance_persist, meet_all
 from mvsink.core.messages import BatchDescription, BatchId
 
 log = logging.getLogger("mvsink.mint")
@@ -59,9 +59,14 @@ class MintState:
         """Log `message` with every frontier (the seed's `trace`)."""
         log.debug(
             "%s | sink=%s desired=%s persist=%s last_lower=%s read_only=%s epoch=%d",
-            message, self.sink_id, self.desired_frontier, self.persist_frontier,
-            self.last_lower, self.read_only, self.epoch,
-        )  # fmt: skip
+            message,
+            self.sink_id,
+            self.desired_frontier,
+            self.persist_frontier,
+            self.last_lower,
+            self.read_only,
+            self.epoch,
+        )
 
     def restore(self, last: BatchDescription | None) -> None:
         """Continue after the last description in `descs` (a restart): keep lowers increasing,
@@ -86,12 +91,8 @@ class MintState:
         return result.moved
 
     def advance_persist_frontier(self, frontier: Frontier) -> bool:
-        """The shard's upper; ignored when it regresses."""
-        result = advance(self.persist_frontier, frontier)
-        self.persist_frontier = result.frontier
-        if result.moved:
-            self.trace("advanced `persist` frontier")
-        return result.moved
+        """The shard's upper; ignored when it regresses (`mvsink.core.frontier.advance_persist`)."""
+        return advance_persist(self, frontier)
 
     def allow_writes(self) -> bool:
         """Leave read-only mode (promotion); whether that changed anything."""

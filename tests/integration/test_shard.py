@@ -35,8 +35,15 @@ from mvsink.shard.state import ShardState
 pytestmark = pytest.mark.integration
 
 ROWS = pa.schema([("customer", pa.string()), ("orders", pa.int64())])
-FAST = Timing(max_attempt_age=1.0, max_part_age=2.0, min_grace=3.5, poll_interval=0.02,
-              part_grace=0.3, version_grace=2.5, request_timeout=1.0)  # fmt: skip
+FAST = Timing(
+    max_attempt_age=1.0,
+    max_part_age=2.0,
+    min_grace=3.5,
+    poll_interval=0.02,
+    part_grace=0.3,
+    version_grace=2.5,
+    request_timeout=1.0,
+)
 F = Frontier.at
 
 OpenShard = Callable[..., Shard]
@@ -110,7 +117,7 @@ def test_compare_and_append_is_the_only_way_forward(new_shard: OpenShard) -> Non
     with pytest.raises(InvalidUsage, match="staged for"):
         shard.compare_and_append([late], F(2), F(4))
     with pytest.raises(InvalidUsage, match="appended twice"):
-        again = PartRef(part.key, F(2), F(4), "w1", 2, part.bytes, 0, 1)
+        again = PartRef(part.key, 0, 1, 2, part.bytes, lower=F(2), upper=F(4), writer_id="w1")
         shard.compare_and_append([again], F(2), F(4))
     state = shard.state()
     assert state.part_keys == {part.key}
@@ -145,8 +152,10 @@ def test_listen_yields_every_version_in_order(new_shard: OpenShard) -> None:
     seen = list(shard.listen(after_seqno=0, idle_timeout=0.2))
     assert [s.seqno for s in seen] == [1, 2, 3]
     assert [(s.appended.lower, s.appended.upper) for s in seen if s.appended] == [
-        (F(0), F(1)), (F(1), F(3)), (F(3), F(4))
-    ]  # fmt: skip
+        (F(0), F(1)),
+        (F(1), F(3)),
+        (F(3), F(4)),
+    ]
     assert [len(s.appended.parts) for s in seen if s.appended] == [1, 0, 1]
     assert list(shard.listen(after_seqno=3, idle_timeout=0.1)) == []
 
@@ -157,13 +166,17 @@ def test_snapshot_consolidates_and_respects_as_of(new_shard: OpenShard) -> None:
     shard.compare_and_append([p1], F(0), F(2))
     p2 = shard.stage(
         updates(("a", 1, 2, -1), ("a", 5, 2, 1), (None, None, 3, 1), err=[None, None, "boom"]),
-        F(2), F(4), "w1",
-    )  # fmt: skip
+        F(2),
+        F(4),
+        "w1",
+    )
     shard.compare_and_append([p2], F(2), F(4))
     assert _rows(shard.snapshot(2)) == [("a", 1, 1, 1, None), ("b", 2, 1, 1, None)]
     assert _rows(shard.snapshot(F(4))) == [
-        (None, None, 3, 1, "boom"), ("a", 5, 3, 1, None), ("b", 2, 3, 1, None)
-    ]  # fmt: skip
+        (None, None, 3, 1, "boom"),
+        ("a", 5, 3, 1, None),
+        ("b", 2, 3, 1, None),
+    ]
     with pytest.raises(InvalidUsage, match="beyond the upper"):
         shard.snapshot(5)
 
@@ -194,8 +207,12 @@ def test_transmittable_parts_round_trip(new_shard: OpenShard) -> None:
     part = shard.stage(updates(("a", 1, 0, 1)), F(0), F(1), "w1", 0, 4)
     batch = StagedBatch(
         desc_id=BatchId(0, 0),
-        lower=F(0), upper=F(1), covers=(0,), parts=(part.to_message(),), writer_id="w1",
-    )  # fmt: skip
+        lower=F(0),
+        upper=F(1),
+        covers=(0,),
+        parts=(part.to_message(),),
+        writer_id="w1",
+    )
     assert PartRef.from_transmittable(batch.parts[0], batch) == part
     assert shard.compare_and_append([PartRef.from_transmittable(batch.parts[0], batch)], F(0), F(1))
 
@@ -224,9 +241,11 @@ def test_crash_between_stage_and_append_leaks_only_unreferenced_parts(
     swept = shard.sweep(grace=FAST.min_grace)
     assert set(swept.parts_deleted) == {p.key for p in crashed}
     remaining = {
-        o.object_name for o in shard.client.list_objects(
-            shard.bucket, prefix=f"{shard.prefix}/parts/", recursive=True)
-    }  # fmt: skip
+        o.object_name
+        for o in shard.client.list_objects(
+            shard.bucket, prefix=f"{shard.prefix}/parts/", recursive=True
+        )
+    }
     assert remaining == {committed.key}
     assert shard.snapshot(1).num_rows == 1
     with pytest.raises(InvalidUsage, match="below the minimum"):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import BatchDescription, BatchId, Part, StagedBatch
-from services.append.state import Append, Appended, AppendState, DeleteStaged, Mismatch
+from mvsink.shard.state import Appended, UpperMismatch
+from services.append.state import Append, AppendState, DeleteStaged
 
 F = Frontier.at
 P = 3
@@ -90,7 +91,7 @@ def test_after_an_append_lower_moves_to_the_new_upper_and_nothing_is_deleted() -
     state, d = worker(), desc(0, 5)
     state.absorb_batch_description(d)
     state.absorb_batch(batch(d, (0, 1, 2)))
-    assert state.absorb_append_outcome(Appended(F(5))) == []
+    assert state.absorb_append_outcome(Appended(F(5), 1)) == []
     assert state.lower == F(5) and state.stash == {}
 
 
@@ -98,7 +99,7 @@ def test_after_a_mismatch_the_parts_are_garbage() -> None:
     state, d = worker(), desc(0, 5)
     state.absorb_batch_description(d)
     [append] = appends(state.absorb_batch(batch(d, (0, 1, 2))))
-    commands = state.absorb_append_outcome(Mismatch(F(7)))
+    commands = state.absorb_append_outcome(UpperMismatch(F(7), 1))
     assert deleted(commands) == {p.key for p in append.parts}
     assert state.lower == F(7)
 
@@ -107,15 +108,15 @@ def test_never_appends_twice_for_one_lower() -> None:
     state, d = worker(), desc(0, 5)
     state.absorb_batch_description(d)
     assert appends(state.absorb_batch(batch(d, (0, 1, 2))))
-    state.absorb_append_outcome(Mismatch(F(0)))  # e.g. the shard is behind: lower stays
+    state.absorb_append_outcome(UpperMismatch(F(0), 1))  # e.g. the shard is behind: lower stays
     late = state.absorb_batch(batch(d, (0, 1, 2), writer="late"))
     assert appends(late) == [] and len(deleted(late)) == 3
     assert appends(state.absorb_batch_description(d)) == []  # a redelivered description
 
 
 def test_a_redelivered_batch_never_deletes_the_parts_it_kept() -> None:
-    """Found by the interleavings: the same StagedBatch delivered twice (uncommitted offset)
-    must not turn its own, kept parts into 'duplicates' to delete."""
+    """The same StagedBatch delivered twice (uncommitted offset) must not turn its own, kept
+    parts into 'duplicates' to delete."""
     state, d = worker(), desc(0, 5)
     first = state.absorb_batch(batch(d, (0, 1, 2)))
     assert state.absorb_batch(batch(d, (0, 1, 2))) == [] and first == []
@@ -137,5 +138,5 @@ def test_parts_too_old_are_dropped_and_fresh_ones_for_the_same_description_appen
     assert again.desc == d and {p.key for p in again.parts} == {
         f"k/fresh/{d.lower}/{p}" for p in range(P)
     }
-    assert appends(state.absorb_append_outcome(Appended(F(5)))) == []
+    assert appends(state.absorb_append_outcome(Appended(F(5), 1))) == []
     assert state.lower == F(5)

@@ -39,14 +39,18 @@ F = Frontier.at
 
 
 def part(key: str, lower: int, upper: int) -> PartRef:
-    return PartRef(key, F(lower), F(upper), "w", 1, 10, 0, 1)
+    return PartRef(key, 0, 1, 1, 10, lower=F(lower), upper=F(upper), writer_id="w")
 
 
 def test_initial_state() -> None:
     state = initial_state("s", ROWS, "n0")
     assert (state.seqno, state.upper, state.since, state.batches, state.appended) == (
-        0, F(0), F(0), (), None
-    )  # fmt: skip
+        0,
+        F(0),
+        F(0),
+        (),
+        None,
+    )
 
 
 def test_apply_append_moves_upper_from_exactly_expected() -> None:
@@ -88,7 +92,10 @@ def test_chains_of_appends_keep_the_invariants(steps: list[tuple[int, int]]) -> 
     for i, (width, count) in enumerate(steps):
         lower = state.upper
         upper = F(lower.time + width)  # type: ignore[operator]
-        parts = tuple(PartRef(f"p{i}.{j}", lower, upper, "w", 1, 1) for j in range(count))
+        parts = tuple(
+            PartRef(f"p{i}.{j}", None, None, 1, 1, lower=lower, upper=upper, writer_id="w")
+            for j in range(count)
+        )
         following = apply_append(state, parts, lower, upper, f"n{i}")
         assert following.seqno == state.seqno + 1  # invariant 1
         assert state.upper.less_than(following.upper)  # invariant 2
@@ -153,8 +160,10 @@ def test_part_encoding_round_trips() -> None:
 def _dictionary_encoded(data: bytes) -> dict[str, bool]:
     """Per column of a part's first row group: whether a dictionary encoding was used."""
     group = pq.ParquetFile(io.BytesIO(data)).metadata.row_group(0)
-    return {group.column(i).path_in_schema: group.column(i).has_dictionary_page
-            for i in range(group.num_columns)}  # fmt: skip
+    return {
+        group.column(i).path_in_schema: group.column(i).has_dictionary_page
+        for i in range(group.num_columns)
+    }
 
 
 def test_a_part_dictionary_encodes_only_the_columns_that_repeat() -> None:
@@ -163,8 +172,13 @@ def test_a_part_dictionary_encodes_only_the_columns_that_repeat() -> None:
     rows = [(f"key-{i:06d}", i % 3, 7, 1 - 2 * (i % 2)) for i in range(3000)]
     table = normalize_updates(_updates(rows), ROWS)
     data = encode_part(table, {})
-    assert _dictionary_encoded(data) == {"k": False, "v": True, "_time": True, "_diff": True,
-                                         "_err": True}  # fmt: skip
+    assert _dictionary_encoded(data) == {
+        "k": False,
+        "v": True,
+        "_time": True,
+        "_diff": True,
+        "_err": True,
+    }
     assert decode_part(data, ROWS).equals(table)
     # Fewer distinct keys than half the sample: a dictionary pays, as for every other column.
     repeating = normalize_updates(_updates([(f"k{i % 400}", 1, 7, 1) for i in range(3000)]), ROWS)
@@ -176,10 +190,11 @@ def test_a_part_dictionary_encodes_only_the_columns_that_repeat() -> None:
 
 
 updates_strategy = st.lists(
-    st.tuples(st.sampled_from(["a", "b", None]), st.integers(0, 2), st.integers(0, 6),
-              st.integers(-3, 3)),
+    st.tuples(
+        st.sampled_from(["a", "b", None]), st.integers(0, 2), st.integers(0, 6), st.integers(-3, 3)
+    ),
     max_size=30,
-)  # fmt: skip
+)
 
 
 @given(updates_strategy, st.integers(1, 7))
@@ -203,8 +218,12 @@ def test_a_parts_footer_metadata_reads_from_its_last_bytes() -> None:
     """`delete_staged` reads a part's bounds from its tail, not the whole part."""
     from mvsink.shard.parts import footer_metadata
 
-    table = normalize_updates(pa.table({"k": ["a"] * 5000, "v": list(range(5000)),
-                                        "_time": [3] * 5000, "_diff": [1] * 5000}), ROWS)  # fmt: skip
+    table = normalize_updates(
+        pa.table(
+            {"k": ["a"] * 5000, "v": list(range(5000)), "_time": [3] * 5000, "_diff": [1] * 5000}
+        ),
+        ROWS,
+    )
     data = encode_part(table, {"mvsink.lower": "[3]", "mvsink.upper": "[4]"})
     meta = footer_metadata(data[-4096:])
     assert meta is not None and meta[b"mvsink.lower"] == b"[3]" and meta[b"mvsink.upper"] == b"[4]"
@@ -218,8 +237,16 @@ def test_a_parts_footer_metadata_reads_from_its_last_bytes() -> None:
 
 def staged(at: float, lower: int = 0, upper: int = 3) -> PartRef:
     """A part whose key says it was staged at unix time `at`."""
-    return PartRef(f"shards/s/parts/w/{int(at * 1000)}-u.parquet", F(lower), F(upper), "w", 1, 10,
-                   0, 1)  # fmt: skip
+    return PartRef(
+        f"shards/s/parts/w/{int(at * 1000)}-u.parquet",
+        0,
+        1,
+        1,
+        10,
+        lower=F(lower),
+        upper=F(upper),
+        writer_id="w",
+    )
 
 
 @pytest.mark.parametrize(

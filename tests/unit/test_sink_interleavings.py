@@ -20,22 +20,31 @@ from hypothesis import strategies as st
 
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import BatchDescription, Part, StagedBatch
+from mvsink.shard.state import Appended, UpperMismatch
 from services.append.state import (
     Append,
-    Appended,
     AppendOutcome,
     AppendState,
     Command,
     DeleteStaged,
-    Mismatch,
 )
 from services.mint.state import MintState
 
 F = Frontier.at
 P, A = 3, 2
 
-ACTIONS = ["progress", "mint", "mint_restart", "write", "write_dup", "deliver_desc",
-           "deliver_batch", "redeliver", "append_restart", "foreign"]  # fmt: skip
+ACTIONS = [
+    "progress",
+    "mint",
+    "mint_restart",
+    "write",
+    "write_dup",
+    "deliver_desc",
+    "deliver_batch",
+    "redeliver",
+    "append_restart",
+    "foreign",
+]
 
 
 @dataclass
@@ -72,11 +81,11 @@ class World:
                 self.appended_lowers.append(lower)
                 self.shard_parts |= keys
                 self.shard_upper = upper
-                return Appended(F(upper))
+                return Appended(F(upper), len(self.appended_lowers))
             if self.shard_upper < lower:
                 self.shard_upper = lower  # advance_upper(lower), then retry
                 continue
-            return Mismatch(F(self.shard_upper))
+            return UpperMismatch(F(self.shard_upper), len(self.appended_lowers))
 
     def execute(self, worker: int, commands: list[Command]) -> None:
         for command in commands:
