@@ -62,8 +62,9 @@ def _stack() -> Stack:
 def cmd_stack_up(args: argparse.Namespace) -> int:
     if args.spark_workers is not None and args.spark_workers < 0:
         raise MvsinkError(f"--spark-workers must be >= 0, not {args.spark_workers}")
-    endpoints = _stack().up(timeout=args.timeout, spark_workers=args.spark_workers,
-                            spark_cores=args.spark_cores)  # fmt: skip
+    endpoints = _stack().up(
+        timeout=args.timeout, spark_workers=args.spark_workers, spark_cores=args.spark_cores
+    )
     if not args.no_provision:
         _provision(load_config(args.config))
     cmd_stack_status(args)
@@ -115,8 +116,10 @@ def _provision(config: Config) -> None:
         if result.shard_upper is None
         else f"; shard {config.shard_id} upper {result.shard_upper}"
     )
-    say(f"sink {config.sink_id}: topics created: {created}; "
-        f"bucket {config.s3.bucket}: {'created' if result.bucket_created else 'exists'}{shard}")  # fmt: skip
+    say(
+        f"sink {config.sink_id}: topics created: {created}; "
+        f"bucket {config.s3.bucket}: {'created' if result.bucket_created else 'exists'}{shard}"
+    )
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
@@ -164,30 +167,48 @@ def cmd_ct_show(args: argparse.Namespace) -> int:
         output = None
     read = {name: shard.state() for name, shard in reads.items()}
     progress = meet_all([read[name].upper for name in definition.inputs])
-    rows = [("task", f"{definition.name}  (as_of {definition.as_of}"
-                     f"{', snapshot' if definition.snapshot else ''})")]  # fmt: skip
+    rows = [
+        (
+            "task",
+            f"{definition.name}  (as_of {definition.as_of}"
+            f"{', snapshot' if definition.snapshot else ''})",
+        )
+    ]
     for name, state in read.items():
         kind = "input" if name in definition.inputs else "reference"
         lease = state.lease(f"ct.{definition.name}")
         held = f"held at {lease.since}" if lease else "no lease"
-        rows.append((kind, f"{name} = {state.shard_id}: upper {state.upper}, since "
-                           f"{state.since} ({held})"))  # fmt: skip
+        rows.append(
+            (kind, f"{name} = {state.shard_id}: upper {state.upper}, since {state.since} ({held})")
+        )
     if output is None:
-        rows.append(("output", f"{definition.output_name} = {definition.output_shard}: "
-                               "not created yet (the task has not run)"))  # fmt: skip
+        rows.append(
+            (
+                "output",
+                f"{definition.output_name} = {definition.output_shard}: "
+                "not created yet (the task has not run)",
+            )
+        )
     else:
         state = output.state()
         lag = "caught up" if state.upper == progress else f"inputs at {progress}"
-        rows.append(("output", f"{definition.output_name} = {output.shard_id}: upper "
-                               f"{state.upper} ({lag}), {len(state.batches)} batches"))  # fmt: skip
+        rows.append(
+            (
+                "output",
+                f"{definition.output_name} = {output.shard_id}: upper "
+                f"{state.upper} ({lag}), {len(state.batches)} batches",
+            )
+        )
     for number, statement in enumerate(definition.logic, 1):
         rows.append((f"logic {number}", statement.text))
     for name, value in rows:
         print(f"{name:<10} {value}")
     if output is not None:
         table = output.snapshot(output.upper())
-        print(f"\n{table.num_rows} rows as of {output.upper()}" +
-              (f", the first {args.limit}:" if table.num_rows > args.limit else ":"))  # fmt: skip
+        print(
+            f"\n{table.num_rows} rows as of {output.upper()}"
+            + (f", the first {args.limit}:" if table.num_rows > args.limit else ":")
+        )
         for row in table.slice(0, args.limit).select(output.schema.names).to_pylist():
             print("  " + ", ".join(f"{k}={v}" for k, v in row.items()))
     return 0
@@ -219,8 +240,13 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     # A sink of its own, so the smoke records never reach a real sink's `descs`/`batches`.
     smoke_id = f"{config.sink_id}-smoke"
-    smoke = replace(config, sink_id=smoke_id, shard_id=smoke_id, row_schema="",
-                    topics=Topics.for_sink(smoke_id, config.topics.frontiers))  # fmt: skip
+    smoke = replace(
+        config,
+        sink_id=smoke_id,
+        shard_id=smoke_id,
+        row_schema="",
+        topics=Topics.for_sink(smoke_id, config.topics.frontiers),
+    )
     _provision(smoke)
     run_smoke(smoke, say)
     return 0
@@ -246,14 +272,21 @@ def cmd_shard_show(args: argparse.Namespace) -> int:
     by_writer = ", ".join(f"{w} {n}" for w, n in sorted(writers.items())) or "-"
     objects, in_bucket = shard_table_bytes(shard)
     now = time.time()
-    leases = ", ".join(f"{r.reader_id} at {r.since} ({r.expires_at - now:.0f}s left)"
-                       for r in state.readers) or "-"  # fmt: skip
+    leases = (
+        ", ".join(
+            f"{r.reader_id} at {r.since} ({r.expires_at - now:.0f}s left)" for r in state.readers
+        )
+        or "-"
+    )
     retain = "all history" if state.retain_history is None else f"{state.retain_history} times"
     sizes = ", ".join(f"{b.updates:,}" for b in state.batches) or "-"
     rows = [
         ("shard", f"{shard.shard_id}  (bucket {shard.bucket})"),
-        ("seqno", f"{state.seqno}  (retained versions {retained[0]}..{retained[-1]}: "
-                  f"{len(retained)}; this one {len(state.to_bytes()):,} bytes, {state.change})"),
+        (
+            "seqno",
+            f"{state.seqno}  (retained versions {retained[0]}..{retained[-1]}: "
+            f"{len(retained)}; this one {len(state.to_bytes()):,} bytes, {state.change})",
+        ),
         ("upper", str(state.upper)),
         ("since", f"{state.since}  (retain {retain}; leases: {leases})"),
         ("holds", ", ".join(f"{h.holder_id} at {h.since}" for h in state.holds) or "-"),
@@ -261,9 +294,12 @@ def cmd_shard_show(args: argparse.Namespace) -> int:
         ("batches", f"{len(state.batches)} live  (updates each, oldest first: {sizes})"),
         ("parts", f"{len(state.parts())} live  (by writer: {by_writer})"),
         ("updates", f"{state.total_updates():,} live"),
-        ("bytes", f"{state.total_bytes():,} live; {in_bucket:,} in the bucket under the shard "
-                  f"({objects} objects: live parts, retained versions, garbage not yet collected)"),
-    ]  # fmt: skip
+        (
+            "bytes",
+            f"{state.total_bytes():,} live; {in_bucket:,} in the bucket under the shard "
+            f"({objects} objects: live parts, retained versions, garbage not yet collected)",
+        ),
+    ]
     for name, value in rows:
         print(f"{name:<8} {value}")
     return 0
@@ -282,21 +318,30 @@ def cmd_shard_compact(args: argparse.Namespace) -> int:
         runner = spark_runner(spark_session("mvsink-compact", config.spark_master))
     merges = 0
     while merges < args.max_merges:
-        outcome = compact_once(shard, config.compaction_policy(), f"compact-{os.getpid()}",
-                               runner, force=args.all and merges == 0)  # fmt: skip
+        outcome = compact_once(
+            shard,
+            config.compaction_policy(),
+            f"compact-{os.getpid()}",
+            runner,
+            force=args.all and merges == 0,
+        )
         if outcome is None:
             break
         merges += 1
         request = outcome.request
         verdict = "merged" if isinstance(outcome.result, Merged) else "refused (inputs gone)"
-        say(f"{verdict}: {len(request.inputs)} batches [{request.lower}, {request.upper}) at "
+        say(
+            f"{verdict}: {len(request.inputs)} batches [{request.lower}, {request.upper}) at "
             f"since {request.since} ({request.reason}): {request.updates:,} -> "
             f"{outcome.updates_out:,} updates, {outcome.bytes_in:,} -> {outcome.bytes_out:,} "
-            f"bytes in {outcome.seconds:.2f}s")  # fmt: skip
+            f"bytes in {outcome.seconds:.2f}s"
+        )
     collected = shard.collect_garbage()
-    say(f"{merges} merges; {len(shard.state().batches)} live batches; garbage collected: "
+    say(
+        f"{merges} merges; {len(shard.state().batches)} live batches; garbage collected: "
         f"{len(collected.parts_deleted)} replaced parts, {len(collected.states_pruned)} versions "
-        f"(replaced parts live {shard.timing.part_grace:.0f}s more: run again to delete them)")  # fmt: skip
+        f"(replaced parts live {shard.timing.part_grace:.0f}s more: run again to delete them)"
+    )
     return 0
 
 
@@ -385,8 +430,10 @@ def cmd_sink_release(args: argparse.Namespace) -> int:
     for hold in held:
         say(f"{hold.holder_id} holds since at {hold.since}")
     if not args.yes:
-        raise MvsinkError("releasing them lets since pass the sink's checkpoints (a dropped "
-                          "sink's are no longer needed): run it again with --yes")  # fmt: skip
+        raise MvsinkError(
+            "releasing them lets since pass the sink's checkpoints (a dropped "
+            "sink's are no longer needed): run it again with --yes"
+        )
     state = shard.release_holds(h.holder_id for h in held)
     say(f"released {len(held)} holds of sink {args.sink}; since is now {state.since}")
     return 0
@@ -411,8 +458,11 @@ def _desired_producer(args: argparse.Namespace) -> DesiredProducer:
     from mvsink.upstream.producer import DesiredProducer
 
     config = load_config(args.config)
-    schema = (parse_row_schema(config.row_schema) if config.row_schema
-              else open_shard(config.shard_id, None, config.s3).schema)  # fmt: skip
+    schema = (
+        parse_row_schema(config.row_schema)
+        if config.row_schema
+        else open_shard(config.shard_id, None, config.s3).schema
+    )
     producer = DesiredProducer(config, schema, args.producer_id or f"cli.{config.sink_id}")
     producer.start()
     return producer
@@ -460,8 +510,10 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
         tuple(int(n) for n in args.spark_workers.split(",")) if args.spark_workers else ()
     )
     if spark_workers and (args.no_stack or args.spark_master or min(spark_workers) < 0):
-        raise MvsinkError("--spark-workers takes sizes >= 0 of the embedded cluster: not with "
-                          "--no-stack or --spark-master")  # fmt: skip
+        raise MvsinkError(
+            "--spark-workers takes sizes >= 0 of the embedded cluster: not with "
+            "--no-stack or --spark-master"
+        )
     if not args.no_stack:
         _stack().up()
     keys, ticks = (
@@ -477,9 +529,19 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
     workload = Workload(keys, args.change, ticks, args.partitions)
     stack = _stack()
     try:
-        figures = run(load_config(args.config), workload, Path(args.out), say, args.in_flight,
-                      systems, args.append_workers, args.wire, args.spark_master, spark_workers,
-                      lambda n: stack.spark_up(n))  # fmt: skip
+        figures = run(
+            load_config(args.config),
+            workload,
+            Path(args.out),
+            say,
+            args.in_flight,
+            systems,
+            args.append_workers,
+            args.wire,
+            args.spark_master,
+            spark_workers,
+            lambda n: stack.spark_up(n),
+        )
     finally:
         if spark_workers:
             stack.spark_up(0)
@@ -514,17 +576,25 @@ def cmd_bench_soak(args: argparse.Namespace) -> int:
 def cmd_bench_faults(args: argparse.Namespace) -> int:
     from mvsink.bench.faults import run_faults
 
-    figures = run_faults(args.config, [f for f in args.faults.split(",") if f],
-                         args.outage, args.keys, args.change, args.interval, Path(args.out),
-                         say)  # fmt: skip
+    figures = run_faults(
+        args.config,
+        [f for f in args.faults.split(",") if f],
+        args.outage,
+        args.keys,
+        args.change,
+        args.interval,
+        Path(args.out),
+        say,
+    )
     return 0 if figures["passed"] else 1
 
 
 def cmd_compose_verify(args: argparse.Namespace) -> int:
     from mvsink.tools.compose.verify import run_verify
 
-    figures = run_verify(state_dir() / "compose", cache_dir(), say, keep=args.keep,
-                         timeout=args.timeout)  # fmt: skip
+    figures = run_verify(
+        state_dir() / "compose", cache_dir(), say, keep=args.keep, timeout=args.timeout
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "compose.json").write_text(json.dumps(figures, indent=2, default=str))
@@ -536,13 +606,26 @@ def cmd_bench_readonly(args: argparse.Namespace) -> int:
 
     if not args.no_stack:
         _stack().up()
-    run_readonly(load_config(args.config), args.keys, args.change, args.minutes, args.interval,
-                 args.partitions, Path(args.out), say)  # fmt: skip
+    run_readonly(
+        load_config(args.config),
+        args.keys,
+        args.change,
+        args.minutes,
+        args.interval,
+        args.partitions,
+        Path(args.out),
+        say,
+    )
     return 0
 
 
-def _demo_arguments(parser: argparse.ArgumentParser, func: Callable[[argparse.Namespace], int],
-                    ticks: int, orders: int, orders_help: str) -> None:  # fmt: skip
+def _demo_arguments(
+    parser: argparse.ArgumentParser,
+    func: Callable[[argparse.Namespace], int],
+    ticks: int,
+    orders: int,
+    orders_help: str,
+) -> None:
     parser.add_argument("--timeout", type=float, default=180.0)
     parser.add_argument("--ticks", type=int, default=ticks, help="ticks of order events")
     parser.add_argument("--orders", type=int, default=orders, help=orders_help)
@@ -561,11 +644,15 @@ def build_parser() -> argparse.ArgumentParser:
     up = stack_commands.add_parser("up", help="build what is missing, start, provision")
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait per component")
     up.add_argument("--no-provision", action="store_true", help="do not create sink topics")
-    up.add_argument("--spark-workers", type=int, metavar="N",
-                    help="also run a Spark standalone master with N workers (0 stops it; "
-                         "another N scales it)")  # fmt: skip
-    up.add_argument("--spark-cores", type=int, default=1, metavar="C",
-                    help="cores per Spark worker (default 1)")  # fmt: skip
+    up.add_argument(
+        "--spark-workers",
+        type=int,
+        metavar="N",
+        help="also run a Spark standalone master with N workers (0 stops it; another N scales it)",
+    )
+    up.add_argument(
+        "--spark-cores", type=int, default=1, metavar="C", help="cores per Spark worker (default 1)"
+    )
     up.set_defaults(func=cmd_stack_up)
     stack_commands.add_parser("down", help="stop what `up` started").set_defaults(
         func=cmd_stack_down
@@ -601,10 +688,11 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.set_defaults(func=cmd_shard_sweep)
 
     bench = commands.add_parser(
-        "bench", help="benchmarks against same-run baselines",
+        "bench",
+        help="benchmarks against same-run baselines",
         description="Without WHAT: mvsink vs the Structured Streaming peer vs the raw limit on "
-                    "one workload (see mvsink.bench.compare); WHAT runs a narrower benchmark.",
-    )  # fmt: skip
+        "one workload (see mvsink.bench.compare); WHAT runs a narrower benchmark.",
+    )
     bench.add_argument("--quick", action="store_true", help="100k keys, 6 ticks (< 5 min)")
     bench.add_argument("--out", default="bench-out", help="directory for bench.json, bench.png")
     bench.add_argument("--keys", type=int, default=0, help="view size (default 1M, quick 100k)")
@@ -625,9 +713,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="desired records: v2 UpdatesArrow (default) or v1 Avro rows",
     )
     bench.add_argument("--spark-master", help="mvsink's write service runs on this Spark master")
-    bench.add_argument("--spark-workers", metavar="N,N,...",
-                       help="mvsink once per size of the embedded Spark cluster, e.g. 0,1,2 "
-                            "(0: local[*]), side by side")  # fmt: skip
+    bench.add_argument(
+        "--spark-workers",
+        metavar="N,N,...",
+        help="mvsink once per size of the embedded Spark cluster, e.g. 0,1,2 "
+        "(0: local[*]), side by side",
+    )
     bench.add_argument("--no-stack", action="store_true", help="use configured endpoints")
     bench.set_defaults(func=cmd_bench_compare)
     bench_commands = bench.add_subparsers(dest="bench_command", required=False, metavar="WHAT")
@@ -641,15 +732,22 @@ def build_parser() -> argparse.ArgumentParser:
     bench_pipeline.add_argument("--seconds", type=float, default=30.0)
     bench_pipeline.add_argument("--keys", type=int, default=10_000)
     bench_pipeline.add_argument("--change", type=float, default=0.1, help="share changed per tick")
-    bench_pipeline.add_argument("--interval", type=float, default=0.0,
-                                help="seconds between ticks (0: as fast as the producer can)")  # fmt: skip
+    bench_pipeline.add_argument(
+        "--interval",
+        type=float,
+        default=0.0,
+        help="seconds between ticks (0: as fast as the producer can)",
+    )
     bench_pipeline.add_argument("--no-stack", action="store_true", help="use configured endpoints")
     bench_pipeline.set_defaults(func=cmd_bench_pipeline)
     faults = bench_commands.add_parser(
         "faults", help="the fault matrix: Kafka, MinIO and each service killed or stalled"
     )
-    faults.add_argument("--faults", default=",".join(FAULTS),
-                        help=f"comma-separated, in order (default all: {','.join(FAULTS)})")  # fmt: skip
+    faults.add_argument(
+        "--faults",
+        default=",".join(FAULTS),
+        help=f"comma-separated, in order (default all: {','.join(FAULTS)})",
+    )
     faults.add_argument("--outage", type=float, default=15.0, help="seconds each fault lasts")
     faults.add_argument("--keys", type=int, default=40)
     faults.add_argument("--change", type=int, default=8, help="keys changed per tick")
@@ -667,25 +765,34 @@ def build_parser() -> argparse.ArgumentParser:
     soak.add_argument("--ticks", type=int, default=600, help="ticks after the initial load")
     soak.add_argument("--keys", type=int, default=10_000)
     soak.add_argument("--change", type=float, default=0.1, help="share changed per tick")
-    soak.add_argument("--early", type=int, default=100,
-                      help="the tick the early window ends at (at most half of --ticks)")  # fmt: skip
+    soak.add_argument(
+        "--early",
+        type=int,
+        default=100,
+        help="the tick the early window ends at (at most half of --ticks)",
+    )
     soak.add_argument("--window", type=int, default=50, help="ticks per window")
-    for sub, func in ((restart, cmd_bench_restart), (readonly, cmd_bench_readonly),
-                      (soak, cmd_bench_soak)):  # fmt: skip
+    for sub, func in (
+        (restart, cmd_bench_restart),
+        (readonly, cmd_bench_readonly),
+        (soak, cmd_bench_soak),
+    ):
         sub.add_argument("--partitions", type=int, default=4, help="P (desired partitions)")
         sub.add_argument("--out", default="bench-out", help="directory for the JSON figures")
         sub.add_argument("--no-stack", action="store_true", help="use configured endpoints")
         sub.set_defaults(func=func)
 
     compose = commands.add_parser("compose", help="the docker compose deployment")
-    compose_commands = compose.add_subparsers(dest="compose_command", required=True,
-                                              metavar="ACTION")  # fmt: skip
+    compose_commands = compose.add_subparsers(
+        dest="compose_command", required=True, metavar="ACTION"
+    )
     verify = compose_commands.add_parser(
         "verify", help="engine, images, up scaled, kill and restart, converge, down (README)"
     )
     verify.add_argument("--keep", action="store_true", help="leave the project running")
-    verify.add_argument("--timeout", type=float, default=300.0,
-                        help="seconds to wait for each convergence")  # fmt: skip
+    verify.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds to wait for each convergence"
+    )
     verify.add_argument("--out", default="bench-out", help="directory for compose.json")
     verify.set_defaults(func=cmd_compose_verify)
 
@@ -724,8 +831,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     repair.add_argument("sink", help="sink id")
     repair.add_argument("--shard", default="", help="shard id (default: the configured one)")
-    repair.add_argument("--partition", type=int, action="append",
-                        help="re-seed this partition (repeatable; default: those that need it)")  # fmt: skip
+    repair.add_argument(
+        "--partition",
+        type=int,
+        action="append",
+        help="re-seed this partition (repeatable; default: those that need it)",
+    )
     repair.add_argument("--yes", action="store_true", help="do not ask before acting")
     repair.set_defaults(func=cmd_repair)
     inspect = commands.add_parser("inspect", help="decode and print any mvsink topic")
@@ -756,8 +867,9 @@ def build_parser() -> argparse.ArgumentParser:
     ct_show.add_argument("--limit", type=int, default=10, help="rows of the output to print")
     ct_show.set_defaults(func=cmd_ct_show)
     ct_demo = ct_commands.add_parser("demo", help="stack up + three tasks over demo orders")
-    _demo_arguments(ct_demo, cmd_ct_demo, ticks=12, orders=20,
-                    orders_help="at most this many orders a tick")  # fmt: skip
+    _demo_arguments(
+        ct_demo, cmd_ct_demo, ticks=12, orders=20, orders_help="at most this many orders a tick"
+    )
     smoke = commands.add_parser("smoke", help="stack up + one record of each contract + CAS")
     smoke.add_argument("--timeout", type=float, default=180.0)
     smoke.set_defaults(func=cmd_smoke)

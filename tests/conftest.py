@@ -56,8 +56,14 @@ def _say(message: str) -> None:
 
 def _s3_settings(endpoint: str, access_key: str, secret_key: str) -> S3Settings:
     endpoint = endpoint.replace("localhost", "127.0.0.1")
-    return S3Settings(endpoint, f"test-{uuid.uuid4().hex[:10]}", "us-east-1",
-                      Secret(access_key), Secret(secret_key), secure=False)  # fmt: skip
+    return S3Settings(
+        endpoint,
+        f"test-{uuid.uuid4().hex[:10]}",
+        "us-east-1",
+        Secret(access_key),
+        Secret(secret_key),
+        secure=False,
+    )
 
 
 def _from_env() -> Services | None:
@@ -65,8 +71,9 @@ def _from_env() -> Services | None:
     endpoint = os.environ.get("MVSINK_TEST_S3_ENDPOINT")
     if not (bootstrap and endpoint):
         return None
-    s3 = _s3_settings(endpoint, os.environ["MVSINK_TEST_S3_ACCESS_KEY"],
-                      os.environ["MVSINK_TEST_S3_SECRET_KEY"])  # fmt: skip
+    s3 = _s3_settings(
+        endpoint, os.environ["MVSINK_TEST_S3_ACCESS_KEY"], os.environ["MVSINK_TEST_S3_SECRET_KEY"]
+    )
     return Services(bootstrap, s3, "environment")
 
 
@@ -74,9 +81,12 @@ def _kafka_environment(host_port: int) -> dict[str, str]:
     """The compose file's Kafka settings, its host listener advertised on `host_port` and its
     own listener on `localhost` (a lone container has no `kafka` host name: the broker's
     transaction manager talks to itself through that listener)."""
-    return {k: str(v).replace("${MVSINK_KAFKA_HOST_PORT:-19092}", str(host_port))
-            .replace("PLAINTEXT://kafka:9092", "PLAINTEXT://localhost:9092")
-            for k, v in COMPOSE["kafka"]["environment"].items()}  # fmt: skip
+    return {
+        k: str(v)
+        .replace("${MVSINK_KAFKA_HOST_PORT:-19092}", str(host_port))
+        .replace("PLAINTEXT://kafka:9092", "PLAINTEXT://localhost:9092")
+        for k, v in COMPOSE["kafka"]["environment"].items()
+    }
 
 
 def _from_containers(stack: list[Any]) -> Services:
@@ -100,14 +110,19 @@ def _from_containers(stack: list[Any]) -> Services:
     kafka = _on_loopback(DockerContainer(KAFKA_IMAGE, labels=labels), 19092, kafka_port)
     for name, value in _kafka_environment(kafka_port).items():
         kafka = kafka.with_env(name, value)
-    minio = (_on_loopback(DockerContainer(MINIO_IMAGE, labels=labels), 9000, minio_port)
-             .with_env("MINIO_ROOT_USER", access_key).with_env("MINIO_ROOT_PASSWORD", secret_key))  # fmt: skip
+    minio = (
+        _on_loopback(DockerContainer(MINIO_IMAGE, labels=labels), 9000, minio_port)
+        .with_env("MINIO_ROOT_USER", access_key)
+        .with_env("MINIO_ROOT_PASSWORD", secret_key)
+    )
     for container in (kafka, minio):
         stack.append(container)  # stopped by the fixture even if its start fails half-way
         container.start()
     bootstrap, endpoint = f"127.0.0.1:{kafka_port}", f"127.0.0.1:{minio_port}"
-    for what, ready, container in (("Kafka", lambda: kafka_ready(bootstrap), kafka),
-                                   ("MinIO", lambda: minio_ready(endpoint), minio)):  # fmt: skip
+    for what, ready, container in (
+        ("Kafka", lambda: kafka_ready(bootstrap), kafka),
+        ("MinIO", lambda: minio_ready(endpoint), minio),
+    ):
         deadline = time.monotonic() + 120
         while not _answers(ready):
             if time.monotonic() > deadline:
@@ -165,8 +180,10 @@ def services(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Services]:
             raise ValueError(f"MVSINK_TEST_SERVICES={choice!r}: auto, containers or embedded")
         found = _from_env()
         if found is None and choice == "containers" and not docker_answers():
-            raise RuntimeError("MVSINK_TEST_SERVICES=containers but no Docker engine answers "
-                               "(`./run compose-test` provides one)")  # fmt: skip
+            raise RuntimeError(
+                "MVSINK_TEST_SERVICES=containers but no Docker engine answers "
+                "(`./run compose-test` provides one)"
+            )
         if found is None and choice != "embedded" and docker_answers():
             found = _from_containers(started)
         if found is None:

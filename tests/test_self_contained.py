@@ -28,8 +28,12 @@ _BINARY = (".png", ".jpg", ".parquet", ".jar", ".whl", ".zip", ".gz")
 
 def tracked_files(root: Path) -> list[Path]:
     """The files of the repository: git's list of tracked and not-ignored files."""
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
-                            cwd=root, capture_output=True, check=True).stdout  # fmt: skip
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=root,
+        capture_output=True,
+        check=True,
+    ).stdout
     return [root / name for name in listed.decode().split("\0") if name]
 
 

@@ -21,8 +21,14 @@ def _run(service: str, *args: str, state: Path, **extra: str) -> subprocess.Comp
     env = {k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")}
     env["MVSINK_STATE_DIR"] = str(state)  # an empty home: no embedded stack to find
     env.update(extra)
-    return subprocess.run([sys.executable, "-m", f"services.{service}", *args], cwd=REPO_ROOT,
-                          env=env, text=True, capture_output=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", f"services.{service}", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("service", SERVICES)
@@ -85,8 +91,10 @@ def test_the_ct_service_names_what_is_wrong_with_its_task(tmp_path: Path) -> Non
     assert result.returncode == 2
     assert "no continual task: set [ct] task or MVSINK_CT_TASK" in result.stderr
     task = tmp_path / "task.toml"
-    task.write_text('name = "t"\nlogic = ["UPDATE out SET a = 1"]\n[inputs]\nsrc = "in"\n'
-                    '[output]\nname = "out"\nshard = "out"\nschema = "a long"\n')  # fmt: skip
+    task.write_text(
+        'name = "t"\nlogic = ["UPDATE out SET a = 1"]\n[inputs]\nsrc = "in"\n'
+        '[output]\nname = "out"\nshard = "out"\nschema = "a long"\n'
+    )
     result = _run("ct", state=tmp_path, MVSINK_CT_TASK=str(task), **endpoints)
     assert result.returncode == 2
     assert f"{task}: logic statement 'UPDATE out SET a = 1': use INSERT INTO out" in result.stderr

@@ -79,9 +79,14 @@ from mvsink.io.config import Config, Topics, state_dir
 from mvsink.tools.provision import provision
 
 SYSTEMS = ("mvsink", "peer", "delta", "raw", "mvsink-e2e", "peer-e2e")
-HEADINGS = {"mvsink": "mvsink", "peer": "peer (Spark SS)", "delta": "Delta MERGE",
-            "raw": "raw limit", "mvsink-e2e": "mvsink end to end",
-            "peer-e2e": "peer end to end"}  # fmt: skip
+HEADINGS = {
+    "mvsink": "mvsink",
+    "peer": "peer (Spark SS)",
+    "delta": "Delta MERGE",
+    "raw": "raw limit",
+    "mvsink-e2e": "mvsink end to end",
+    "peer-e2e": "peer end to end",
+}
 #: Columns fed from the upstream's DataFrames (`DataFrameFeeder`) instead of encoded bytes.
 END_TO_END = "-e2e"
 
@@ -99,8 +104,9 @@ class Variant:
     from_dataframes: bool = False
 
 
-def variants(systems: tuple[str, ...], spark_master: str | None,
-             spark_workers: tuple[int, ...]) -> list[Variant]:  # fmt: skip
+def variants(
+    systems: tuple[str, ...], spark_master: str | None, spark_workers: tuple[int, ...]
+) -> list[Variant]:
     """The columns for `systems`: mvsink once per `spark_workers` size (or on `spark_master`)."""
     found: list[Variant] = []
     for system in systems:
@@ -109,8 +115,10 @@ def variants(systems: tuple[str, ...], spark_master: str | None,
         elif system != "mvsink":
             found.append(Variant(system, system))
         elif spark_workers:
-            found.extend(Variant("mvsink" if i == 0 else f"mvsink-{n}w", "mvsink", None, n)
-                         for i, n in enumerate(spark_workers))  # fmt: skip
+            found.extend(
+                Variant("mvsink" if i == 0 else f"mvsink-{n}w", "mvsink", None, n)
+                for i, n in enumerate(spark_workers)
+            )
         else:
             found.append(Variant("mvsink", "mvsink", spark_master))
     return found
@@ -120,8 +128,14 @@ def variants(systems: tuple[str, ...], spark_master: str | None,
 BLOCK = 0.05
 
 
-def drive(system: System, feeder: Feeder | DataFrameFeeder, ticks: list[EncodedTick], in_flight: int, say: Say,
-          stall: float = 300.0) -> Run:  # fmt: skip
+def drive(
+    system: System,
+    feeder: Feeder | DataFrameFeeder,
+    ticks: list[EncodedTick],
+    in_flight: int,
+    say: Say,
+    stall: float = 300.0,
+) -> Run:
     """Publish the ticks closed-loop and time them (see the module docs). The ticks may start
     at any time (a later segment of a workload): counts are relative to the first one."""
     run = Run(system.name)
@@ -142,8 +156,10 @@ def drive(system: System, feeder: Feeder | DataFrameFeeder, ticks: list[EncodedT
                 return
             system.check_alive()
             if now - last_progress > stall:
-                raise BenchError(f"{system.name} made no progress for {stall:.0f}s at tick {len(reached)} "
-                                 f"(logs in {system.logs})")  # fmt: skip
+                raise BenchError(
+                    f"{system.name} made no progress for {stall:.0f}s at tick {len(reached)} "
+                    f"(logs in {system.logs})"
+                )
 
     started = time.monotonic()
     system.ends[base] = feeder.feed(system.config, ticks[0])
@@ -151,8 +167,10 @@ def drive(system: System, feeder: Feeder | DataFrameFeeder, ticks: list[EncodedT
     last_progress = sent[0]
     wait_for(1)
     run.initial_load_s = reached[0] - started
-    say(f"  {system.name}: initial load of {ticks[0].updates:,} updates durable in {run.initial_load_s:.1f}s "
-        f"(includes process start)")  # fmt: skip
+    say(
+        f"  {system.name}: initial load of {ticks[0].updates:,} updates durable in {run.initial_load_s:.1f}s "
+        f"(includes process start)"
+    )
     steady_start = time.monotonic()
     for tick in ticks[1:]:
         wait_for(tick.time - base - in_flight + 1)
@@ -178,30 +196,50 @@ def percentile(values: list[float], q: float) -> float:
 def sink_config(config: Config, name: str, partitions: int, **changes: Any) -> Config:
     """A benchmark's sink `name`: the workload's rows, its own shard (unless `shard_id` is
     given) and topics, and any other `changes`."""
-    return replace(config, sink_id=name, shard_id=changes.pop("shard_id", name), row_schema=ROW_SCHEMA,
-                   partitions=partitions, topics=Topics.for_sink(name, config.topics.frontiers),
-                   **changes)  # fmt: skip
+    return replace(
+        config,
+        sink_id=name,
+        shard_id=changes.pop("shard_id", name),
+        row_schema=ROW_SCHEMA,
+        partitions=partitions,
+        topics=Topics.for_sink(name, config.topics.frontiers),
+        **changes,
+    )
 
 
 def provisioned(base: Config, sink_id: str, spark_master: str | None = None) -> Config:
     """A sink of the run (`sink_config`), its topics created."""
-    sink = sink_config(base, sink_id, base.partitions,
-                       spark_master=spark_master or base.spark_master)  # fmt: skip
+    sink = sink_config(
+        base, sink_id, base.partitions, spark_master=spark_master or base.spark_master
+    )
     provision(sink)
     return sink
 
 
-def run(config: Config, workload: Workload, out: Path, say: Say, in_flight: int = 2,
-        systems: tuple[str, ...] = SYSTEMS, append_workers: int = 2, wire: str = "arrow",
-        spark_master: str | None = None, spark_workers: tuple[int, ...] = (),
-        scale: Callable[[int], str | None] | None = None) -> dict[str, Any]:  # fmt: skip
+def run(
+    config: Config,
+    workload: Workload,
+    out: Path,
+    say: Say,
+    in_flight: int = 2,
+    systems: tuple[str, ...] = SYSTEMS,
+    append_workers: int = 2,
+    wire: str = "arrow",
+    spark_master: str | None = None,
+    spark_workers: tuple[int, ...] = (),
+    scale: Callable[[int], str | None] | None = None,
+) -> dict[str, Any]:
     """Run the benchmark; the figures (also written to `out/bench.json` and `out/bench.png`).
     `scale(n)` runs the embedded Spark cluster with `n` workers (its master URL)."""
     run_id = f"cmp-{uuid.uuid4().hex[:6]}"
     logs = state_dir() / "bench" / run_id
-    base = replace(config, row_schema=ROW_SCHEMA, partitions=workload.partitions,
-                   append_workers=append_workers,
-                   partitioning=1 if wire == "avro" else config.partitioning)  # fmt: skip
+    base = replace(
+        config,
+        row_schema=ROW_SCHEMA,
+        partitions=workload.partitions,
+        append_workers=append_workers,
+        partitioning=1 if wire == "avro" else config.partitioning,
+    )
     ticks, final, producer_rate = encode_ticks_timed(base, workload, say, wire)
     upstream: DataFrameFeeder | None = None
     if {"peer", "delta"} & set(systems):
@@ -248,8 +286,10 @@ def run(config: Config, workload: Workload, out: Path, say: Say, in_flight: int 
             system.stop()
         result.spark_master = sink.spark_master if variant.system == "mvsink" else None
         runs[name] = result
-        say(f"  {name}: {result.updates_per_s:,.0f} updates/s; freshness p50 {percentile(result.freshness, 50):.2f}s "
-            f"p99 {percentile(result.freshness, 99):.2f}s; {result.detail}")  # fmt: skip
+        say(
+            f"  {name}: {result.updates_per_s:,.0f} updates/s; freshness p50 {percentile(result.freshness, 50):.2f}s "
+            f"p99 {percentile(result.freshness, 99):.2f}s; {result.detail}"
+        )
     if upstream is not None:
         upstream.stop()
     figures = _figures(workload, in_flight, append_workers, runs)
@@ -317,10 +357,15 @@ def _figures(
         figures["mvsink_bytes_read_back"] = runs["mvsink"].bytes_read_back
         figures["mvsink_shard_equals_desired"] = runs["mvsink"].correct
     figures["workload"] = {
-        "keys": workload.keys, "change": workload.change, "ticks": workload.ticks,
-        "updates_per_tick": 2 * workload.changed, "partitions": workload.partitions,
-        "append_workers": append_workers, "in_flight": in_flight, "cores": os.cpu_count(),
-    }  # fmt: skip
+        "keys": workload.keys,
+        "change": workload.change,
+        "ticks": workload.ticks,
+        "updates_per_tick": 2 * workload.changed,
+        "partitions": workload.partitions,
+        "append_workers": append_workers,
+        "in_flight": in_flight,
+        "cores": os.cpu_count(),
+    }
     return figures
 
 
@@ -359,18 +404,26 @@ def _report(figures: dict[str, Any], say: Say) -> None:
     for name in names:
         if f"{name}_peak_rss_mib" in figures:
             say(f"peak RSS {name:<25} {show(figures[f'{name}_peak_rss_mib'], ' MiB')}")
-    say(f"ratio mvsink/peer {show(figures['ratio_vs_peer'])}   ratio mvsink/raw {show(figures['ratio_vs_raw'])}"
-        f"   shard equals desired: {figures.get('mvsink_shard_equals_desired')}")  # fmt: skip
+    say(
+        f"ratio mvsink/peer {show(figures['ratio_vs_peer'])}   ratio mvsink/raw {show(figures['ratio_vs_raw'])}"
+        f"   shard equals desired: {figures.get('mvsink_shard_equals_desired')}"
+    )
     if figures.get("ratio_vs_delta") is not None:
-        say(f"ratio mvsink/Delta MERGE {show(figures['ratio_vs_delta'])}   Delta table equals the "
-            f"view: {figures.get('delta_shard_equals_desired')}")  # fmt: skip
+        say(
+            f"ratio mvsink/Delta MERGE {show(figures['ratio_vs_delta'])}   Delta table equals the "
+            f"view: {figures.get('delta_shard_equals_desired')}"
+        )
     if figures.get("ratio_e2e_vs_peer_e2e") is not None:
-        say(f"end to end (upstream DataFrame -> durable): ratio mvsink/peer "
-            f"{show(figures['ratio_e2e_vs_peer_e2e'])}")  # fmt: skip
+        say(
+            f"end to end (upstream DataFrame -> durable): ratio mvsink/peer "
+            f"{show(figures['ratio_e2e_vs_peer_e2e'])}"
+        )
     if "producer_updates_per_cpu_s" in figures:
-        say(f"producer (partitioning {figures['producer_partitioning']}): "
+        say(
+            f"producer (partitioning {figures['producer_partitioning']}): "
             f"{show(figures['producer_updates_per_cpu_s'])} updates per CPU second, "
-            f"partitioning 1: {show(figures['producer_v1_updates_per_cpu_s'])}")  # fmt: skip
+            f"partitioning 1: {show(figures['producer_v1_updates_per_cpu_s'])}"
+        )
 
 
 def _chart(figures: dict[str, Any], path: Path) -> None:
@@ -379,12 +432,16 @@ def _chart(figures: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [n for n in figures.get("systems", SYSTEMS)
-             if figures.get(f"{n}_updates_per_s") is not None]  # fmt: skip
+    names = [
+        n for n in figures.get("systems", SYSTEMS) if figures.get(f"{n}_updates_per_s") is not None
+    ]
     fig, (rate, fresh, rss) = plt.subplots(1, 3, figsize=(4 + 2.7 * len(names), 3.6))
     palette = {"peer": "#69c", "raw": "#aaa"}
-    rate.bar(names, [figures[f"{n}_updates_per_s"] for n in names],
-             color=[palette.get(n, "#3b6") for n in names])  # fmt: skip
+    rate.bar(
+        names,
+        [figures[f"{n}_updates_per_s"] for n in names],
+        color=[palette.get(n, "#3b6") for n in names],
+    )
     rate.set_title("updates/s (steady ticks)")
     width = 0.38
     xs = np.arange(len(names))
@@ -400,8 +457,10 @@ def _chart(figures: dict[str, Any], path: Path) -> None:
     rss.bar(names, [sum(figures[f"{n}_peak_rss_mib"].values()) for n in names], color="#c96")
     rss.set_title("peak RSS, all processes (MiB)")
     workload = figures["workload"]
-    fig.suptitle(f"mvsink bench: {workload['keys']:,} keys, {workload['updates_per_tick']:,} updates/tick, "
-                 f"P={workload['partitions']}, A={workload['append_workers']}, {workload['cores']} cores")  # fmt: skip
+    fig.suptitle(
+        f"mvsink bench: {workload['keys']:,} keys, {workload['updates_per_tick']:,} updates/tick, "
+        f"P={workload['partitions']}, A={workload['append_workers']}, {workload['cores']} cores"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

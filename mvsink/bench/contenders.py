@@ -79,8 +79,10 @@ class System(ABC):
     def check_alive(self) -> None:
         for label, proc in self.procs.items():
             if proc.poll() is not None:
-                raise BenchError(f"{self.name} process {label} exited with {proc.returncode}; "
-                                 f"log {self.logs / (label + '.log')}")  # fmt: skip
+                raise BenchError(
+                    f"{self.name} process {label} exited with {proc.returncode}; "
+                    f"log {self.logs / (label + '.log')}"
+                )
 
     def stop(self) -> None:
         stop_services(self.procs.values())
@@ -165,12 +167,21 @@ class OffsetSystem(System):
 
     def start(self) -> None:
         prefix = f"bench/{self.config.sink_id}"
-        cmd = [sys.executable, "-m", "mvsink.bench.systems", self.kind, self.config.topics.desired,
-               str(self.config.partitions), prefix, str(self.logs / "work")]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "mvsink.bench.systems",
+            self.kind,
+            self.config.topics.desired,
+            str(self.config.partitions),
+            prefix,
+            str(self.logs / "work"),
+        ]
         self.logs.mkdir(parents=True, exist_ok=True)
         with (self.logs / f"{self.name}.log").open("ab") as err:
-            self.procs[self.name] = subprocess.Popen(cmd, env=service_env(self.config), stdout=subprocess.PIPE,
-                                                     stderr=err)  # fmt: skip
+            self.procs[self.name] = subprocess.Popen(
+                cmd, env=service_env(self.config), stdout=subprocess.PIPE, stderr=err
+            )
         self._lines = threading.Thread(target=self._read, daemon=True)
         self._lines.start()
 
@@ -251,18 +262,23 @@ class DeltaSystem(OffsetSystem):
         if not self.final:
             raise BenchError(f"{self.name} ended without its table; log {self.logs}")
         table = pq.read_table(self.final["final"])
-        expected = set(zip(final.column("key").to_pylist(), final.column("value").to_pylist(),
-                           strict=True))  # fmt: skip
-        got = list(zip(table.column("key").to_pylist(), table.column("value").to_pylist(),
-                       strict=True))  # fmt: skip
+        expected = set(
+            zip(final.column("key").to_pylist(), final.column("value").to_pylist(), strict=True)
+        )
+        got = list(
+            zip(table.column("key").to_pylist(), table.column("value").to_pylist(), strict=True)
+        )
         run.correct = len(got) == len(set(got)) and set(got) == expected
         run.batch_seconds = list(self.batch_seconds)
         run.bytes_written, run.bytes_read_back = self.written, self.read
-        objects, size = prefix_bytes(s3_client(self.config.s3), self.config.s3.bucket,
-                                     f"bench/{self.config.sink_id}/table/")  # fmt: skip
+        objects, size = prefix_bytes(
+            s3_client(self.config.s3), self.config.s3.bucket, f"bench/{self.config.sink_id}/table/"
+        )
         run.table_bytes = size
-        run.detail = (f"Delta table {len(got):,} rows, {objects:,} objects, {size / 2**20:,.1f} MiB "
-                      f"in the bucket")  # fmt: skip
+        run.detail = (
+            f"Delta table {len(got):,} rows, {objects:,} objects, {size / 2**20:,.1f} MiB "
+            f"in the bucket"
+        )
 
 
 class RawSystem(OffsetSystem):

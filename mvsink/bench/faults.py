@@ -69,16 +69,30 @@ ROW_SCHEMA = "key string not null, value long"
 #: can run a little after the services stop. `retain_history` keeps the uppers the checker
 #: reads from being compacted away under it.
 READY_BOUND = 10.0
-SINK: dict[str, Any] = {"ready_bound": READY_BOUND, "retain_history": 1000, "shard_max_attempt_age": 5.0,
-        "shard_max_part_age": 20.0, "shard_min_grace": 30.0, "shard_version_grace": 10.0,
-        "shard_part_grace": 2.0, "shard_reader_lease": 20.0, "shard_request_timeout": 4.0}  # fmt: skip
+SINK: dict[str, Any] = {
+    "ready_bound": READY_BOUND,
+    "retain_history": 1000,
+    "shard_max_attempt_age": 5.0,
+    "shard_max_part_age": 20.0,
+    "shard_min_grace": 30.0,
+    "shard_version_grace": 10.0,
+    "shard_part_grace": 2.0,
+    "shard_reader_lease": 20.0,
+    "shard_request_timeout": 4.0,
+}
 
 
 def pause_seconds(config: Config) -> float:
     """How long a `*-pause` fault stops a service: past the longest of the shard's bounds."""
     timing = config.shard_timing()
-    return 2.0 + max(timing.max_attempt_age, timing.max_part_age, timing.min_grace,
-                     timing.part_grace, timing.version_grace, timing.reader_lease)  # fmt: skip
+    return 2.0 + max(
+        timing.max_attempt_age,
+        timing.max_part_age,
+        timing.min_grace,
+        timing.part_grace,
+        timing.version_grace,
+        timing.reader_lease,
+    )
 
 
 class Ticker(threading.Thread):
@@ -117,12 +131,16 @@ class Ticker(threading.Thread):
             rows.append((key, t, t, 1))
         with self.lock:  # the view includes them before the shard can: before the frontier moves
             self.history.extend(rows)
-        self.producer.send(pa.table({
-            "key": pa.array([f"k{r[0]}" for r in rows], pa.string()),
-            "value": pa.array([r[1] for r in rows], pa.int64()),
-            "_time": pa.array([r[2] for r in rows], pa.int64()),
-            "_diff": pa.array([r[3] for r in rows], pa.int64()),
-        }))  # fmt: skip
+        self.producer.send(
+            pa.table(
+                {
+                    "key": pa.array([f"k{r[0]}" for r in rows], pa.string()),
+                    "value": pa.array([r[1] for r in rows], pa.int64()),
+                    "_time": pa.array([r[2] for r in rows], pa.int64()),
+                    "_diff": pa.array([r[3] for r in rows], pa.int64()),
+                }
+            )
+        )
         self.producer.advance_to(Frontier.at(t + 1))
         self.frontier = t + 1
 
@@ -187,8 +205,9 @@ class Pipeline:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, name: str) -> None:
-        self.procs[name] = start_service(self.config, name, self.logs,
-                                         MVSINK_METRICS_PORT=str(self.ports[name]))  # fmt: skip
+        self.procs[name] = start_service(
+            self.config, name, self.logs, MVSINK_METRICS_PORT=str(self.ports[name])
+        )
 
     def exited(self) -> dict[str, int]:
         return {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
@@ -197,8 +216,16 @@ class Pipeline:
         stop_services(self.procs.values())
 
 
-def run_faults(config_path: str | None, faults: list[str], outage: float, keys: int, change: int,
-               interval: float, out: Path, say: Say) -> dict[str, Any]:  # fmt: skip
+def run_faults(
+    config_path: str | None,
+    faults: list[str],
+    outage: float,
+    keys: int,
+    change: int,
+    interval: float,
+    out: Path,
+    say: Say,
+) -> dict[str, Any]:
     """The fault matrix (module docs) for the sink settings of `config_path` (and the
     environment) on a stack of its own; the figures, also in `out/faults.json`."""
     unknown = set(faults) - set(FAULTS)
@@ -213,19 +240,31 @@ def run_faults(config_path: str | None, faults: list[str], outage: float, keys: 
         endpoints = stack.up()
         proxy.start(toxiproxy.ensure_binary(cache_dir(), say), say)
         s3_endpoint = proxy.proxy("minio", listen_port, endpoints.s3_endpoint)
-        base = load_config(config_path, env={
-            **os.environ, "MVSINK_KAFKA_BOOTSTRAP": endpoints.kafka_bootstrap,
-            "MVSINK_S3_ENDPOINT": s3_endpoint, "MVSINK_S3_SECURE": "false",
-            "MVSINK_S3_ACCESS_KEY": endpoints.s3_access_key,
-            "MVSINK_S3_SECRET_KEY": endpoints.s3_secret_key,
-        })  # fmt: skip
-        config = replace(base, sink_id=run, shard_id=run, row_schema=ROW_SCHEMA,
-                         topics=Topics.for_sink(run, base.topics.frontiers), **SINK)  # fmt: skip
+        base = load_config(
+            config_path,
+            env={
+                **os.environ,
+                "MVSINK_KAFKA_BOOTSTRAP": endpoints.kafka_bootstrap,
+                "MVSINK_S3_ENDPOINT": s3_endpoint,
+                "MVSINK_S3_SECURE": "false",
+                "MVSINK_S3_ACCESS_KEY": endpoints.s3_access_key,
+                "MVSINK_S3_SECRET_KEY": endpoints.s3_secret_key,
+            },
+        )
+        config = replace(
+            base,
+            sink_id=run,
+            shard_id=run,
+            row_schema=ROW_SCHEMA,
+            topics=Topics.for_sink(run, base.topics.frontiers),
+            **SINK,
+        )
         ensure_bucket(s3_client(config.s3), config.s3.bucket)
         provision(config)
         shard = open_shard(config.shard_id, None, config.s3, config.shard_timing())
-        figures = _matrix(config, shard, home, faults, outage, keys, change, interval,
-                          Injector(stack, proxy), say)  # fmt: skip
+        figures = _matrix(
+            config, shard, home, faults, outage, keys, change, interval, Injector(stack, proxy), say
+        )
     finally:
         proxy.stop()
         stack.down()
@@ -242,8 +281,18 @@ class Injector:
     proxy: Toxiproxy
 
 
-def _matrix(config: Config, shard: Shard, home: Path, faults: list[str], outage: float, keys: int,
-            change: int, interval: float, injector: Injector, say: Say) -> dict[str, Any]:  # fmt: skip
+def _matrix(
+    config: Config,
+    shard: Shard,
+    home: Path,
+    faults: list[str],
+    outage: float,
+    keys: int,
+    change: int,
+    interval: float,
+    injector: Injector,
+    say: Say,
+) -> dict[str, Any]:
     pipeline = Pipeline(config, home / "logs")
     ticker = Ticker(config, keys, change, interval)
     checker = Checker(shard, ticker)
@@ -253,8 +302,10 @@ def _matrix(config: Config, shard: Shard, home: Path, faults: list[str], outage:
             pipeline.start(name)
         ticker.start()
         checker.start()
-        say(f"fault matrix {config.sink_id}: {keys} keys, {change} change a tick; services "
-            f"starting ...")  # fmt: skip
+        say(
+            f"fault matrix {config.sink_id}: {keys} keys, {change} change a tick; services "
+            f"starting ..."
+        )
         _wait(lambda: checker.upper >= ticker.frontier > 0, 300, "the first convergence", ticker)
         _all_ready(pipeline, ticker, "at the start")
         say(f"converged at {{{checker.upper}}}; faults of {outage:.0f}s each: {', '.join(faults)}")
@@ -272,13 +323,24 @@ def _matrix(config: Config, shard: Shard, home: Path, faults: list[str], outage:
     swept = shard.sweep(config.shard_min_grace)
     unreferenced = len(_stored_parts(shard) - set(shard.referenced_keys()))
     figures = {
-        "run": config.sink_id, "outage_s": outage, "keys": keys, "change": change,
-        "faults": rows, "uppers_checked": checker.checked, "mismatches": checker.mismatches,
-        "duplicates": checker.duplicates, "final_upper": final,
-        "parts_swept": len(swept.parts_deleted), "unreferenced_after_sweep": unreferenced,
-    }  # fmt: skip
-    figures["passed"] = (not checker.mismatches and not checker.duplicates and unreferenced == 0
-                         and all(not r["exited"] and not r["dangling"] for r in rows))  # fmt: skip
+        "run": config.sink_id,
+        "outage_s": outage,
+        "keys": keys,
+        "change": change,
+        "faults": rows,
+        "uppers_checked": checker.checked,
+        "mismatches": checker.mismatches,
+        "duplicates": checker.duplicates,
+        "final_upper": final,
+        "parts_swept": len(swept.parts_deleted),
+        "unreferenced_after_sweep": unreferenced,
+    }
+    figures["passed"] = (
+        not checker.mismatches
+        and not checker.duplicates
+        and unreferenced == 0
+        and all(not r["exited"] and not r["dangling"] for r in rows)
+    )
     return figures
 
 
@@ -292,8 +354,15 @@ def _wait(predicate: Any, timeout: float, what: str, ticker: Ticker) -> float:
     return time.monotonic() - started
 
 
-def _inject(fault: str, outage: float, injector: Injector, pipeline: Pipeline, ticker: Ticker,
-            checker: Checker, say: Say) -> dict[str, Any]:  # fmt: skip
+def _inject(
+    fault: str,
+    outage: float,
+    injector: Injector,
+    pipeline: Pipeline,
+    ticker: Ticker,
+    checker: Checker,
+    say: Say,
+) -> dict[str, Any]:
     """One fault: inject, hold for `outage`, recover; its row of the table."""
     target, how = fault.split("-")
     killed_service = target in SERVICES and how == "kill"
@@ -343,16 +412,24 @@ def _inject(fault: str, outage: float, injector: Injector, pipeline: Pipeline, t
         pipeline.start(name)
     state = checker.shard.state()
     listed = _stored_parts(checker.shard)
-    row = {"fault": fault, "outage_s": round(recovered - started, 1), "exited": exited,
-           "unready_after_s": unready, "first_append_s": round(first, 1),
-           "converged_s": round(converged, 1), "ready_s": round(ready, 1),
-           "upper": checker.upper,
-           "lost": len(checker.mismatches) + checker.duplicates - lost_before,
-           "dangling": len(state.part_keys - listed)}  # fmt: skip
-    say(f"  {fault:<12} down {row['outage_s']:.1f}s, exited {exited or 'none'}, unready after "
+    row = {
+        "fault": fault,
+        "outage_s": round(recovered - started, 1),
+        "exited": exited,
+        "unready_after_s": unready,
+        "first_append_s": round(first, 1),
+        "converged_s": round(converged, 1),
+        "ready_s": round(ready, 1),
+        "upper": checker.upper,
+        "lost": len(checker.mismatches) + checker.duplicates - lost_before,
+        "dangling": len(state.part_keys - listed),
+    }
+    say(
+        f"  {fault:<12} down {row['outage_s']:.1f}s, exited {exited or 'none'}, unready after "
         f"{unready or '-'}; from recovery: first append {first:.1f}s, converged "
         f"{converged:.1f}s, all ready {ready:.1f}s; lost {row['lost']}, dangling "
-        f"{row['dangling']}")  # fmt: skip
+        f"{row['dangling']}"
+    )
     return row
 
 
@@ -362,8 +439,12 @@ def _stored_parts(shard: Shard) -> set[str]:
 
 
 def _all_ready(pipeline: Pipeline, ticker: Ticker, when: str) -> None:
-    _wait(lambda: all(_ready(p) == 200 for p in pipeline.ports.values()), 120,
-          f"every service ready {when}", ticker)  # fmt: skip
+    _wait(
+        lambda: all(_ready(p) == 200 for p in pipeline.ports.values()),
+        120,
+        f"every service ready {when}",
+        ticker,
+    )
 
 
 def _report(figures: dict[str, Any], say: Say) -> None:
@@ -371,15 +452,21 @@ def _report(figures: dict[str, Any], say: Say) -> None:
     say("seconds: down = fault to recovery; unready = fault to /readyz 503, per service; then,")
     say("from recovery: the first append, convergence (every tick published before recovery")
     say("durable), every service ready again")
-    say(f"{'fault':<13}{'down':>6}  {'services exited':<16}{'unready':<30}"
-        f"{'first append':>13}{'converged':>10}{'ready':>7}{'lost':>6}{'dangling':>9}")  # fmt: skip
+    say(
+        f"{'fault':<13}{'down':>6}  {'services exited':<16}{'unready':<30}"
+        f"{'first append':>13}{'converged':>10}{'ready':>7}{'lost':>6}{'dangling':>9}"
+    )
     for row in figures["faults"]:
         unready = ", ".join(f"{n} {s}" for n, s in row["unready_after_s"].items()) or "-"
         exited = ", ".join(f"{n} rc={rc}" for n, rc in row["exited"].items()) or "none"
-        say(f"{row['fault']:<13}{row['outage_s']:>6.1f}  {exited:<16}{unready:<30}"
+        say(
+            f"{row['fault']:<13}{row['outage_s']:>6.1f}  {exited:<16}{unready:<30}"
             f"{row['first_append_s']:>13.1f}{row['converged_s']:>10.1f}{row['ready_s']:>7.1f}"
-            f"{row['lost']:>6}{row['dangling']:>9}")  # fmt: skip
-    say(f"uppers checked {figures['uppers_checked']}: mismatches {len(figures['mismatches'])}, "
+            f"{row['lost']:>6}{row['dangling']:>9}"
+        )
+    say(
+        f"uppers checked {figures['uppers_checked']}: mismatches {len(figures['mismatches'])}, "
         f"duplicates {figures['duplicates']}; swept {figures['parts_swept']} leaked parts, "
-        f"{figures['unreferenced_after_sweep']} unreferenced after the sweep")  # fmt: skip
+        f"{figures['unreferenced_after_sweep']} unreferenced after the sweep"
+    )
     say(f"fault matrix {'PASSED' if figures['passed'] else 'FAILED'}")

@@ -48,12 +48,24 @@ def _tick(rng: random.Random, values: list[int], tick: int, change: float) -> pa
             rows.append((f"key-{i}", values[i], -1))  # retraction
         values[i] += 1
         rows.append((f"key-{i}", values[i], 1))  # insertion
-    return pa.table({"key": [r[0] for r in rows], "value": [r[1] for r in rows],
-                     "_time": [tick] * len(rows), "_diff": [r[2] for r in rows]})  # fmt: skip
+    return pa.table(
+        {
+            "key": [r[0] for r in rows],
+            "value": [r[1] for r in rows],
+            "_time": [tick] * len(rows),
+            "_diff": [r[2] for r in rows],
+        }
+    )
 
 
-def _publish(config: Config, seconds: float, keys: int, change: float,
-             on_advance: Callable[[int, float], None], interval: float = 0.0) -> tuple[int, int]:  # fmt: skip
+def _publish(
+    config: Config,
+    seconds: float,
+    keys: int,
+    change: float,
+    on_advance: Callable[[int, float], None],
+    interval: float = 0.0,
+) -> tuple[int, int]:
     """Publish ticks for `seconds`, one every `interval` seconds (0: back to back);
     (updates sent, final frontier)."""
     producer = DesiredProducer(config, parse_row_schema(ROW_SCHEMA), f"bench.{config.sink_id}")
@@ -70,13 +82,19 @@ def _publish(config: Config, seconds: float, keys: int, change: float,
     return sent, tick
 
 
-def run(config: Config, seconds: float, keys: int, change: float, say: Say,
-        interval: float = 0.0) -> dict[str, float]:  # fmt: skip
+def run(
+    config: Config, seconds: float, keys: int, change: float, say: Say, interval: float = 0.0
+) -> dict[str, float]:
     """Run the benchmark; the figures. `interval` paces the ticks (0: as fast as possible, so
     freshness then measures backlog; > 0: steady-state freshness at that tick rate)."""
     run_id = f"bench-{uuid.uuid4().hex[:6]}"
-    sink = replace(config, sink_id=run_id, shard_id=run_id, row_schema=ROW_SCHEMA,
-                   topics=Topics.for_sink(run_id, config.topics.frontiers))  # fmt: skip
+    sink = replace(
+        config,
+        sink_id=run_id,
+        shard_id=run_id,
+        row_schema=ROW_SCHEMA,
+        topics=Topics.for_sink(run_id, config.topics.frontiers),
+    )
     baseline = replace(sink, sink_id=f"{run_id}-base", topics=Topics.for_sink(f"{run_id}-base"))
     for each in (sink, baseline):
         provision(each)
@@ -126,8 +144,10 @@ def run(config: Config, seconds: float, keys: int, change: float, say: Say,
     say(
         f"{'sustained updates/s through the pipeline':<44} {figures['pipeline_updates_per_s']:>12,.0f}"
     )
-    say(f"{'baseline: producer alone (same run)':<44} {figures['producer_only_updates_per_s']:>12,.0f}"
-        f"   ratio x{figures['pipeline_updates_per_s'] / figures['producer_only_updates_per_s']:.2f}")  # fmt: skip
+    say(
+        f"{'baseline: producer alone (same run)':<44} {figures['producer_only_updates_per_s']:>12,.0f}"
+        f"   ratio x{figures['pipeline_updates_per_s'] / figures['producer_only_updates_per_s']:.2f}"
+    )
     if interval > 0:
         say(f"(ticks paced at one per {interval}s: the throughput above is the offered load)")
     say(f"{'freshness p50 (desired progress -> upper)':<44} {figures['freshness_p50_s']:>12.2f} s")

@@ -40,18 +40,24 @@ class Figure:
 
     def line(self) -> str:
         ratio = self.measured / self.baseline if self.baseline else float("nan")
-        return (f"{self.name:<34} {self.measured:>12,.1f} {self.unit:<9} "
-                f"{self.baseline_name:<30} {self.baseline:>12,.1f} {self.unit:<9} x{ratio:.2f}")  # fmt: skip
+        return (
+            f"{self.name:<34} {self.measured:>12,.1f} {self.unit:<9} "
+            f"{self.baseline_name:<30} {self.baseline:>12,.1f} {self.unit:<9} x{ratio:.2f}"
+        )
 
 
 def _table(rows: int, time_: int) -> pa.Table:
     index = pa.array(range(rows), pa.int64())
-    return pa.table({
-        "key": pc.binary_join_element_wise("k", pc.cast(pc.bit_wise_and(index, 65535), pa.string()), ""),
-        "value": index,
-        "_time": pa.repeat(pa.scalar(time_, pa.int64()), rows),
-        "_diff": pa.repeat(pa.scalar(1, pa.int64()), rows),
-    })  # fmt: skip
+    return pa.table(
+        {
+            "key": pc.binary_join_element_wise(
+                "k", pc.cast(pc.bit_wise_and(index, 65535), pa.string()), ""
+            ),
+            "value": index,
+            "_time": pa.repeat(pa.scalar(time_, pa.int64()), rows),
+            "_diff": pa.repeat(pa.scalar(1, pa.int64()), rows),
+        }
+    )
 
 
 def _best(runs: int, action: Callable[[], object]) -> float:
@@ -80,16 +86,34 @@ def run(config: Config, rows: int, parts: int, appends: int, say: Say) -> list[F
     raw = _best(
         3, lambda: put_bytes(client, config.s3.bucket, raw_key, data, "application/octet-stream")
     )
-    figures.append(Figure("part write (stage)", "rows/s", per_part / staged, per_part / raw,
-                          "raw put_object, same bytes"))  # fmt: skip
-    figures.append(Figure("part write (stage)", "MB/s", len(data) / staged / 1e6,
-                          len(data) / raw / 1e6, "raw put_object, same bytes"))  # fmt: skip
+    figures.append(
+        Figure(
+            "part write (stage)",
+            "rows/s",
+            per_part / staged,
+            per_part / raw,
+            "raw put_object, same bytes",
+        )
+    )
+    figures.append(
+        Figure(
+            "part write (stage)",
+            "MB/s",
+            len(data) / staged / 1e6,
+            len(data) / raw / 1e6,
+            "raw put_object, same bytes",
+        )
+    )
 
     small = _table(10, 0)
     latencies, raw_latencies = [], []
     for i in range(appends):
-        part = shard.stage(small.set_column(2, "_time", pa.repeat(pa.scalar(i, pa.int64()), 10)),
-                           Frontier.at(i), Frontier.at(i + 1), "bench")  # fmt: skip
+        part = shard.stage(
+            small.set_column(2, "_time", pa.repeat(pa.scalar(i, pa.int64()), 10)),
+            Frontier.at(i),
+            Frontier.at(i + 1),
+            "bench",
+        )
         started = time.perf_counter()
         shard.compare_and_append([part], Frontier.at(i), Frontier.at(i + 1))
         latencies.append(time.perf_counter() - started)
@@ -100,8 +124,15 @@ def run(config: Config, rows: int, parts: int, appends: int, say: Say) -> list[F
     for q, label in ((50, "p50"), (99, "p99")):
         measured = _percentile(latencies, q) * 1000
         baseline = _percentile(raw_latencies, q) * 1000
-        figures.append(Figure(f"compare_and_append latency {label}", "ms", measured, baseline,
-                              "raw If-None-Match PUT of state"))  # fmt: skip
+        figures.append(
+            Figure(
+                f"compare_and_append latency {label}",
+                "ms",
+                measured,
+                baseline,
+                "raw If-None-Match PUT of state",
+            )
+        )
 
     lower = appends
     keys = []
@@ -117,10 +148,24 @@ def run(config: Config, rows: int, parts: int, appends: int, say: Say) -> list[F
     snap = _best(3, lambda: shard.snapshot(lower))
     raw_get = _best(3, lambda: [get_bytes(client, config.s3.bucket, p.key) for p in keys])
     total_rows = per_part * parts + appends * 10
-    figures.append(Figure("snapshot read", "rows/s", total_rows / snap, total_rows / raw_get,
-                          "raw get_object, same parts"))  # fmt: skip
-    figures.append(Figure("snapshot read", "MB/s", total_bytes / snap / 1e6,
-                          total_bytes / raw_get / 1e6, "raw get_object, same parts"))  # fmt: skip
+    figures.append(
+        Figure(
+            "snapshot read",
+            "rows/s",
+            total_rows / snap,
+            total_rows / raw_get,
+            "raw get_object, same parts",
+        )
+    )
+    figures.append(
+        Figure(
+            "snapshot read",
+            "MB/s",
+            total_bytes / snap / 1e6,
+            total_bytes / raw_get / 1e6,
+            "raw get_object, same parts",
+        )
+    )
     say(
         f"{'measured':<34} {'value':>12} {'unit':<9} {'baseline (same run)':<30} {'value':>12} {'unit':<9} ratio"
     )

@@ -68,10 +68,17 @@ from mvsink.tools.demo import service_env, start_service, stop_services
 from mvsink.tools.provision import provision
 
 #: The sink's shard timing: garbage goes within seconds, so bucket bytes show what is kept.
-SOAK_SHARD = {"shard_max_attempt_age": 5.0, "shard_request_timeout": 5.0, "shard_max_part_age": 20.0,
-              "shard_min_grace": 30.0, "shard_part_grace": 1.0, "shard_version_grace": 12.0,
-              "retain_history": 0, "desired_trim_interval": 2.0,
-              "desired_segment_ms": 1000}  # fmt: skip
+SOAK_SHARD = {
+    "shard_max_attempt_age": 5.0,
+    "shard_request_timeout": 5.0,
+    "shard_max_part_age": 20.0,
+    "shard_min_grace": 30.0,
+    "shard_part_grace": 1.0,
+    "shard_version_grace": 12.0,
+    "retain_history": 0,
+    "desired_trim_interval": 2.0,
+    "desired_segment_ms": 1000,
+}
 #: Targets: flat (end within this factor of early), live parts per desired partition, bucket
 #: bytes per byte of the consolidated view, cold restart per read of the shard.
 FLAT, PARTS_PER_PARTITION, VIEW_FACTOR, RESTART_FACTOR = 1.5, 64, 3.0, 2.0
@@ -138,8 +145,9 @@ class Sampler:
     """Samples the shard every `interval` seconds on its own thread (its own shard handle)
     while resumed; `pause` returns once no sample is in progress."""
 
-    def __init__(self, config: Config, say: Say, interval: float = 1.0,
-                 progress_every: int = 50) -> None:  # fmt: skip
+    def __init__(
+        self, config: Config, say: Say, interval: float = 1.0, progress_every: int = 50
+    ) -> None:
         self.config, self.say, self.interval = config, say, interval
         self.progress_every, self._next_progress = progress_every, progress_every
         self.shard = open_shard(config.shard_id, None, config.s3)
@@ -176,10 +184,12 @@ class Sampler:
                     continue
             if sample.tick >= self._next_progress:
                 self._next_progress = sample.tick + self.progress_every
-                self.say(f"  tick {sample.tick} (upper {{{sample.upper}}}): {sample.live_batches} live batches, "
-                         f"{sample.live_parts} live parts, bucket {sample.bucket_bytes / 2**20:.2f} MiB "
-                         f"(parts {sample.part_bytes / 2**20:.2f}, metadata {sample.metadata_bytes / 2**20:.2f}), "
-                         f"state version {sample.state_bytes:,} B")  # fmt: skip
+                self.say(
+                    f"  tick {sample.tick} (upper {{{sample.upper}}}): {sample.live_batches} live batches, "
+                    f"{sample.live_parts} live parts, bucket {sample.bucket_bytes / 2**20:.2f} MiB "
+                    f"(parts {sample.part_bytes / 2**20:.2f}, metadata {sample.metadata_bytes / 2**20:.2f}), "
+                    f"state version {sample.state_bytes:,} B"
+                )
 
     def fill(self, window: tuple[int, int], count: int) -> None:
         """Sample now until `count` samples fall in `window` (a few tries at most). A fast
@@ -224,9 +234,17 @@ class Sampler:
             bucket, prefix=_checkpoints(self.config), recursive=True
         ):
             metadata += obj.size or 0
-        return Sample(at, upper, len(state.to_bytes()),
-                      len(state.batches), len(state.part_keys), state.total_bytes(), parts, metadata,
-                      snapshot_s)  # fmt: skip
+        return Sample(
+            at,
+            upper,
+            len(state.to_bytes()),
+            len(state.batches),
+            len(state.part_keys),
+            state.total_bytes(),
+            parts,
+            metadata,
+            snapshot_s,
+        )
 
 
 def _checkpoints(config: Config) -> str:
@@ -287,17 +305,32 @@ def run_soak(
         sampler.stop()
         system.stop()
     view = _consolidated_view(sink, shard)
-    figures = _figures(sampler.samples, windows, logs / "append.log",
-                       {"early": first.freshness[-window:], "end": rest.freshness[-window:]},
-                       {"early": {**restart_early, **desired_early},
-                        "end": {**restart_end, **desired_end}})  # fmt: skip
-    figures.update(view_bytes=view["bytes"], view_updates=view["updates"], view=view,
-                   correct=checked.correct is True and rechecked.correct is True,
-                   correct_before_restart=checked.correct, correct_after_restart=rechecked.correct,
-                   sampler_errors=sampler.errors, shard_timing=SOAK_SHARD,
-                   workload={"keys": workload.keys, "change": workload.change, "ticks": workload.ticks,
-                             "partitions": workload.partitions, "early": early, "window": window,
-                             "updates_per_tick": 2 * workload.changed})  # fmt: skip
+    figures = _figures(
+        sampler.samples,
+        windows,
+        logs / "append.log",
+        {"early": first.freshness[-window:], "end": rest.freshness[-window:]},
+        {"early": {**restart_early, **desired_early}, "end": {**restart_end, **desired_end}},
+    )
+    figures.update(
+        view_bytes=view["bytes"],
+        view_updates=view["updates"],
+        view=view,
+        correct=checked.correct is True and rechecked.correct is True,
+        correct_before_restart=checked.correct,
+        correct_after_restart=rechecked.correct,
+        sampler_errors=sampler.errors,
+        shard_timing=SOAK_SHARD,
+        workload={
+            "keys": workload.keys,
+            "change": workload.change,
+            "ticks": workload.ticks,
+            "partitions": workload.partitions,
+            "early": early,
+            "window": window,
+            "updates_per_tick": 2 * workload.changed,
+        },
+    )
     figures["targets"] = _targets(figures, workload.partitions)
     figures["not_measured"] = _not_measured(figures)
     figures["measured"] = not figures["not_measured"]
@@ -326,19 +359,22 @@ def _desired_size(config: Config, say: Say) -> dict[str, float]:
     sizes = topic_bytes(libs, config.kafka_bootstrap, topic)
     marks = watermarks(config.kafka_bootstrap, topic, range(config.partitions))
     records = sum(high - low for low, high in marks.values())
-    say(f"  {topic}: {sum(sizes.values()) / 2**20:.2f} MiB on the broker, {records:,} records kept "
-        f"(log starts {[low for low, _ in marks.values()]})")  # fmt: skip
+    say(
+        f"  {topic}: {sum(sizes.values()) / 2**20:.2f} MiB on the broker, {records:,} records kept "
+        f"(log starts {[low for low, _ in marks.values()]})"
+    )
     return {"desired_bytes": float(sum(sizes.values())), "desired_records": float(records)}
 
 
-def _restarts(system: MvsinkSystem, feeder: Feeder, shard: Shard, ticks: list[EncodedTick],
-              say: Say) -> dict[str, float]:  # fmt: skip
+def _restarts(
+    system: MvsinkSystem, feeder: Feeder, shard: Shard, ticks: list[EncodedTick], say: Say
+) -> dict[str, float]:
     """One read of the shard, then a cold restart of the write service publishing `ticks[0]`
     and a repair restart publishing `ticks[1]` (module docs): their first staging jobs' seconds
     (nan if none was logged) and ratios to the read."""
     stop_services([system.procs["write"]])
     # No writer, no compactor: the shard holds still. The median of a few reads, as one read of
-    # a small shard takes tens of milliseconds and varies by half of that.
+    # a small shard is short and noisy.
     reads = [read_once(shard) for _ in range(READS)]
     baseline = {**reads[0], "seconds": statistics.median(r["seconds"] for r in reads)}
     figures = {"read_once_s": baseline["seconds"]}
@@ -348,9 +384,11 @@ def _restarts(system: MvsinkSystem, feeder: Feeder, shard: Shard, ticks: list[En
             _repair(system.config, say)
         seconds = _restart(system, feeder, tick)
         ratio = seconds / baseline["seconds"]
-        say(f"  {case.replace('_', ' ')} at tick {tick.time}: first job {seconds:.2f}s, one read "
+        say(
+            f"  {case.replace('_', ' ')} at tick {tick.time}: first job {seconds:.2f}s, one read "
             f"of the shard {baseline['seconds']:.3f}s ({baseline['parts']:.0f} parts, "
-            f"{baseline['bytes'] / 2**10:,.0f} KiB): x{ratio:.1f}")  # fmt: skip
+            f"{baseline['bytes'] / 2**10:,.0f} KiB): x{ratio:.1f}"
+        )
         figures |= {f"{case}_s": seconds, f"{case}_vs_read_once": ratio}
     return figures
 
@@ -373,9 +411,21 @@ def _repair(config: Config, say: Say) -> None:
         client.remove_object(config.s3.bucket, item.object_name)
     started = time.monotonic()
     partitions = [f"--partition={p}" for p in range(config.partitions)]
-    done = subprocess.run([sys.executable, "-m", "services.write.repair", "repair", config.sink_id,
-                           *partitions, "--yes", "--writer-id=soak-repair"],
-                          env=service_env(config), capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "services.write.repair",
+            "repair",
+            config.sink_id,
+            *partitions,
+            "--yes",
+            "--writer-id=soak-repair",
+        ],
+        env=service_env(config),
+        capture_output=True,
+        text=True,
+    )
     if done.returncode:
         raise BenchError(f"the repair failed: {done.stderr.strip()}")
     say(f"  checkpoints deleted and repaired from the shard in {time.monotonic() - started:.2f}s")
@@ -391,17 +441,29 @@ def _consolidated_view(sink: Config, shard: Shard, attempts: int = 5) -> dict[st
         if len(shard.state().batches) <= 1:
             break
     state = shard.state()
-    return {"bytes": state.total_bytes(), "updates": state.total_updates(),
-            "parts": len(state.part_keys), "batches": len(state.batches),
-            "since": state.since.time, "upper": state.upper.time}  # fmt: skip
+    return {
+        "bytes": state.total_bytes(),
+        "updates": state.total_updates(),
+        "parts": len(state.part_keys),
+        "batches": len(state.batches),
+        "since": state.since.time,
+        "upper": state.upper.time,
+    }
 
 
-def _figures(samples: list[Sample], windows: dict[str, tuple[int, int]], append_log: Path,
-             freshness: dict[str, list[float]], restarts: dict[str, dict[str, float]]) -> dict[str, Any]:  # fmt: skip
+def _figures(
+    samples: list[Sample],
+    windows: dict[str, tuple[int, int]],
+    append_log: Path,
+    freshness: dict[str, list[float]],
+    restarts: dict[str, dict[str, float]],
+) -> dict[str, Any]:
     """Per window: the medians of its samples, its appends' latencies, its ticks' freshness and
     the cold restart after it (`None`: nothing measured)."""
-    appends = [(int(m.group(1)), float(m.group(2)))
-               for m in _APPENDED.finditer(append_log.read_text(errors="replace"))]  # fmt: skip
+    appends = [
+        (int(m.group(1)), float(m.group(2)))
+        for m in _APPENDED.finditer(append_log.read_text(errors="replace"))
+    ]
     out: dict[str, Any] = {}
     for name, (low, high) in windows.items():
         chosen = [s for s in samples if low <= s.tick <= high]
@@ -465,21 +527,37 @@ def _targets(figures: dict[str, Any], partitions: int) -> list[dict[str, Any]]:
     for key, _, _ in FIGURES:
         ratio = end[key] / early[key] if early[key] and end[key] is not None else None
         add(key, f"flat: end <= x{FLAT} early", ratio, FLAT)
-    add("live_parts", f"max <= {PARTS_PER_PARTITION} P", end["live_parts_max"],
-        PARTS_PER_PARTITION * partitions)  # fmt: skip
+    add(
+        "live_parts",
+        f"max <= {PARTS_PER_PARTITION} P",
+        end["live_parts_max"],
+        PARTS_PER_PARTITION * partitions,
+    )
     view = figures["view_bytes"]
-    add("bucket_bytes", f"<= {VIEW_FACTOR:g}x the view", end["bucket_bytes"] / view
-        if view and end["bucket_bytes"] is not None else None, VIEW_FACTOR)  # fmt: skip
+    add(
+        "bucket_bytes",
+        f"<= {VIEW_FACTOR:g}x the view",
+        end["bucket_bytes"] / view if view and end["bucket_bytes"] is not None else None,
+        VIEW_FACTOR,
+    )
     for name in ("early", "end"):
-        add("cold_restart_vs_read_once", f"{name} <= {RESTART_FACTOR:g}x one read",
-            figures[name]["cold_restart_vs_read_once"], RESTART_FACTOR)  # fmt: skip
+        add(
+            "cold_restart_vs_read_once",
+            f"{name} <= {RESTART_FACTOR:g}x one read",
+            figures[name]["cold_restart_vs_read_once"],
+            RESTART_FACTOR,
+        )
     return targets
 
 
 def _not_measured(figures: dict[str, Any]) -> list[str]:
     """The figures of the table that hold no measurement."""
-    missing = [f"{name}.{key}" for name in ("early", "end") for key, _, _ in FIGURES
-               if figures[name][key] is None]  # fmt: skip
+    missing = [
+        f"{name}.{key}"
+        for name in ("early", "end")
+        for key, _, _ in FIGURES
+        if figures[name][key] is None
+    ]
     return missing + ([] if figures["view_bytes"] else ["view_bytes"])
 
 
@@ -509,14 +587,18 @@ def _report(figures: dict[str, Any], say: Say) -> None:
     for key, label, unit in FIGURES:
         mine = [t for t in targets if t["figure"] == key]
         ratio = mine[0]["value"]
-        say(f"{label:<26}{_show(early[key], unit):>16}{_show(end[key], unit):>16}"
-            f"{'-' if ratio is None else f'{ratio:.2f}':>11}  {'; '.join(map(_verdict, mine))}")  # fmt: skip
+        say(
+            f"{label:<26}{_show(early[key], unit):>16}{_show(end[key], unit):>16}"
+            f"{'-' if ratio is None else f'{ratio:.2f}':>11}  {'; '.join(map(_verdict, mine))}"
+        )
     met = sum(t["met"] is True for t in targets)
     view = figures["view"]
-    say(f"windows: ticks {early['ticks']} ({early['samples']} samples, {early['appends']} appends) and "
+    say(
+        f"windows: ticks {early['ticks']} ({early['samples']} samples, {early['appends']} appends) and "
         f"{end['ticks']} ({end['samples']} samples, {end['appends']} appends); live parts max at the end "
         f"{end['live_parts_max']}; the consolidated view {view['bytes']:,} B in {view['parts']} parts, "
-        f"{view['updates']:,} updates (since {{{view['since']}}}, upper {{{view['upper']}}})")  # fmt: skip
+        f"{view['updates']:,} updates (since {{{view['since']}}}, upper {{{view['upper']}}})"
+    )
     say(
         f"targets met: {met} of {len(targets)}; every figure measured: {figures['measured']}"
         + (f" (missing {', '.join(figures['not_measured'])})" if figures["not_measured"] else "")
@@ -544,8 +626,12 @@ def _chart(figures: dict[str, Any], path: Path) -> None:
         ("metadata_bytes", "metadata"),
     ):
         bucket.plot(ticks, [s[key] / 1024 for s in timeline], lw=1, label=label)
-    bucket.axhline(VIEW_FACTOR * figures["view_bytes"] / 1024, ls="--", color="grey",
-                   label=f"{VIEW_FACTOR:g}x the consolidated view")  # fmt: skip
+    bucket.axhline(
+        VIEW_FACTOR * figures["view_bytes"] / 1024,
+        ls="--",
+        color="grey",
+        label=f"{VIEW_FACTOR:g}x the consolidated view",
+    )
     bucket.set_title("bucket (KiB)")
     for axis in (state, counts, bucket):
         for name in ("early", "end"):
@@ -555,8 +641,10 @@ def _chart(figures: dict[str, Any], path: Path) -> None:
     counts.legend(fontsize=8)
     bucket.legend(fontsize=8)
     workload = figures["workload"]
-    fig.suptitle(f"mvsink bench soak: {workload['keys']:,} keys, {workload['change']:.0%} change a tick, "
-                 f"{workload['ticks']:,} ticks, P={workload['partitions']}")  # fmt: skip
+    fig.suptitle(
+        f"mvsink bench soak: {workload['keys']:,} keys, {workload['change']:.0%} change a tick, "
+        f"{workload['ticks']:,} ticks, P={workload['partitions']}"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)

@@ -90,11 +90,16 @@ def run_restart(
         system.stop()
     shard = open_shard(sink.shard_id, None, sink.s3)
     baseline = read_once(shard)
-    say(f"baseline: one read of the shard ({baseline['parts']} parts, {baseline['bytes'] / 2**20:.1f} MiB): "
-        f"{baseline['seconds']:.2f}s")  # fmt: skip
-    figures: dict[str, Any] = {"updates": updates, "partitions": partitions,
-                               "shard_read_once_s": round(baseline["seconds"], 3),
-                               "shard_bytes": baseline["bytes"]}  # fmt: skip
+    say(
+        f"baseline: one read of the shard ({baseline['parts']} parts, {baseline['bytes'] / 2**20:.1f} MiB): "
+        f"{baseline['seconds']:.2f}s"
+    )
+    figures: dict[str, Any] = {
+        "updates": updates,
+        "partitions": partitions,
+        "shard_read_once_s": round(baseline["seconds"], 3),
+        "shard_bytes": baseline["bytes"],
+    }
     for case, tick in (("warm", 1), ("cold", 2)):
         if case == "cold":
             client = s3_client(sink.s3)
@@ -118,9 +123,11 @@ def run_restart(
         figures[f"{case}_start_to_upper_s"] = round(reached - restarted, 2)
         figures[f"{case}_resume_vs_read_once"] = round(seconds / baseline["seconds"], 2)
         figures[f"{case}_bytes_rewritten"] = rewritten
-        say(f"{case} restart: resume job {seconds:.2f}s = x{seconds / baseline['seconds']:.2f} one read of the "
+        say(
+            f"{case} restart: resume job {seconds:.2f}s = x{seconds / baseline['seconds']:.2f} one read of the "
             f"shard (goal <= x2); process start to next upper {reached - restarted:.1f}s; "
-            f"{rewritten} bytes rewritten ({max(rewritten_updates, 0)} updates; goal 0)")  # fmt: skip
+            f"{rewritten} bytes rewritten ({max(rewritten_updates, 0)} updates; goal 0)"
+        )
     save_figures(out, "restart", figures, say, logs)
     return figures
 
@@ -136,12 +143,23 @@ def read_once(shard: Shard) -> dict[str, float]:
     selected = shard.parts_for(None, Frontier.minimum(), state.upper, state=state)
     started = time.monotonic()
     shard.read_parts(selected)
-    return {"seconds": time.monotonic() - started, "bytes": float(sum(c.part.bytes for c in selected)),
-            "parts": float(len(selected))}  # fmt: skip
+    return {
+        "seconds": time.monotonic() - started,
+        "bytes": float(sum(c.part.bytes for c in selected)),
+        "parts": float(len(selected)),
+    }
 
 
-def run_readonly(config: Config, keys: int, change: float, minutes: float, interval: float,
-                 partitions: int, out: Path, say: Say) -> dict[str, Any]:  # fmt: skip
+def run_readonly(
+    config: Config,
+    keys: int,
+    change: float,
+    minutes: float,
+    interval: float,
+    partitions: int,
+    out: Path,
+    say: Say,
+) -> dict[str, Any]:
     """The read-only benchmark (module docs); figures also in `out/readonly.json`."""
     run_id = f"ro-{uuid.uuid4().hex[:6]}"
     leader = sink_config(config, f"{run_id}-leader", partitions, shard_id=run_id)
@@ -158,8 +176,10 @@ def run_readonly(config: Config, keys: int, change: float, minutes: float, inter
         system.start()
     samples: list[dict[str, float]] = []
     started = time.monotonic()
-    say(f"read-only replica beside a writing one: {minutes:g} min, one tick every {interval:g}s, "
-        f"{2 * workload.changed:,} updates per tick")  # fmt: skip
+    say(
+        f"read-only replica beside a writing one: {minutes:g} min, one tick every {interval:g}s, "
+        f"{2 * workload.changed:,} updates per tick"
+    )
     try:
         for tick in ticks:
             due = started + tick.time * interval
@@ -173,24 +193,37 @@ def run_readonly(config: Config, keys: int, change: float, minutes: float, inter
             if tick.time % max(1, int(10 / interval)) == 0:
                 gauge = scrape(logs / "ro" / "write.log").get("mvsink_write_corrections", 0.0)
                 in_flight = sum(t.updates for t in ticks[upper : tick.time + 1])
-                sample = {"t_s": round(time.monotonic() - started, 1), "corrections": gauge,
-                          "in_flight": float(in_flight), "tick": float(tick.time), "upper": float(upper)}  # fmt: skip
+                sample = {
+                    "t_s": round(time.monotonic() - started, 1),
+                    "corrections": gauge,
+                    "in_flight": float(in_flight),
+                    "tick": float(tick.time),
+                    "upper": float(upper),
+                }
                 samples.append(sample)
-                say(f"  {sample['t_s']:>6.0f}s tick {tick.time:>5} upper {upper:>5}: read-only corrections "
-                    f"{gauge:>10,.0f}, updates in flight {in_flight:>10,}")  # fmt: skip
+                say(
+                    f"  {sample['t_s']:>6.0f}s tick {tick.time:>5} upper {upper:>5}: read-only corrections "
+                    f"{gauge:>10,.0f}, updates in flight {in_flight:>10,}"
+                )
     finally:
         for system in systems:
             system.stop()
     steady = [s for s in samples if s["t_s"] >= 30] or samples
     ratio = max(s["corrections"] / max(s["in_flight"], 2 * workload.changed) for s in steady)
     figures = {
-        "minutes": minutes, "interval_s": interval, "updates_per_tick": 2 * workload.changed,
-        "corrections_first": steady[0]["corrections"], "corrections_last": steady[-1]["corrections"],
+        "minutes": minutes,
+        "interval_s": interval,
+        "updates_per_tick": 2 * workload.changed,
+        "corrections_first": steady[0]["corrections"],
+        "corrections_last": steady[-1]["corrections"],
         "corrections_max": max(s["corrections"] for s in steady),
-        "max_ratio_to_in_flight": round(ratio, 2), "samples": samples,
-    }  # fmt: skip
-    say(f"read-only corrections after warm-up: first {figures['corrections_first']:,.0f}, "
+        "max_ratio_to_in_flight": round(ratio, 2),
+        "samples": samples,
+    }
+    say(
+        f"read-only corrections after warm-up: first {figures['corrections_first']:,.0f}, "
         f"last {figures['corrections_last']:,.0f}, max {figures['corrections_max']:,.0f}; "
-        f"max ratio to the updates in flight x{ratio:.2f} (goal <= x2)")  # fmt: skip
+        f"max ratio to the updates in flight x{ratio:.2f} (goal <= x2)"
+    )
     save_figures(out, "readonly", figures, say, logs)
     return figures

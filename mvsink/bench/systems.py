@@ -60,9 +60,13 @@ def peer_jars(say: Say) -> list[str]:
     from mvsink.stack import jars
 
     version = pyspark.__version__
-    libs = jars.resolve("spark-kafka.pom.xml", cache_dir() / "spark-kafka" / version / "libs", say,
-                        f"Spark's Kafka source {version}",
-                        [f"-Dspark.version={version}", f"-DincludeArtifactIds={PEER_ARTIFACTS}"])  # fmt: skip
+    libs = jars.resolve(
+        "spark-kafka.pom.xml",
+        cache_dir() / "spark-kafka" / version / "libs",
+        say,
+        f"Spark's Kafka source {version}",
+        [f"-Dspark.version={version}", f"-DincludeArtifactIds={PEER_ARTIFACTS}"],
+    )
     return sorted(str(p) for p in libs.glob("*.jar"))
 
 
@@ -81,9 +85,13 @@ def delta_jars(say: Say) -> list[str]:
     """Delta Lake for Spark 4.1 and the S3A filesystem (resolved once)."""
     from mvsink.stack import jars
 
-    libs = jars.resolve("delta-peer.pom.xml", cache_dir() / "delta-peer" / "libs", say,
-                        "Delta Lake and S3A", [f"-DincludeGroupIds={DELTA_GROUPS}",
-                                               f"-DexcludeArtifactIds={DELTA_EXCLUDED}"])  # fmt: skip
+    libs = jars.resolve(
+        "delta-peer.pom.xml",
+        cache_dir() / "delta-peer" / "libs",
+        say,
+        "Delta Lake and S3A",
+        [f"-DincludeGroupIds={DELTA_GROUPS}", f"-DexcludeArtifactIds={DELTA_EXCLUDED}"],
+    )
     return sorted(str(p) for p in libs.glob("*.jar"))
 
 
@@ -130,8 +138,9 @@ def put_parquet(settings: S3Settings, key: str, table: pa.Table) -> int:
 
     buf = io.BytesIO()
     pq.write_table(table, buf)
-    put_bytes(s3_client(settings), settings.bucket, key, buf.getvalue(),
-              "application/vnd.apache.parquet")  # fmt: skip
+    put_bytes(
+        s3_client(settings), settings.bucket, key, buf.getvalue(), "application/vnd.apache.parquet"
+    )
     return buf.tell()
 
 
@@ -164,8 +173,9 @@ def run_peer(config: Config, topic: str, prefix: str, work: Path) -> None:
             put_parquet(settings, f"{prefix}/p{partition}/{uuid.uuid4()}.parquet", updates)
         offset = max(table.column("offset").to_pylist()) + 1
         rows = 0 if updates is None else updates.num_rows
-        yield pa.RecordBatch.from_pylist([{"partition": partition, "offset": offset, "rows": rows}],
-                                         schema=result)  # fmt: skip
+        yield pa.RecordBatch.from_pylist(
+            [{"partition": partition, "offset": offset, "rows": rows}], schema=result
+        )
 
     def write_batch(batch: Any, batch_id: int) -> None:
         started = time.monotonic()
@@ -174,8 +184,14 @@ def run_peer(config: Config, topic: str, prefix: str, work: Path) -> None:
             .mapInArrow(write_partition, "partition int, offset long, rows long")
             .collect()
         )
-        _emit({"batch": batch_id, "offsets": {r["partition"]: r["offset"] for r in done},
-               "seconds": time.monotonic() - started, "rows": sum(r["rows"] for r in done)})  # fmt: skip
+        _emit(
+            {
+                "batch": batch_id,
+                "offsets": {r["partition"]: r["offset"] for r in done},
+                "seconds": time.monotonic() - started,
+                "rows": sum(r["rows"] for r in done),
+            }
+        )
 
     stream_until_sigterm(spark, config, topic, write_batch, work)
     spark.stop()
@@ -238,8 +254,11 @@ def run_delta(config: Config, topic: str, prefix: str, work: Path) -> None:
     say = lambda line: print(line, file=sys.stderr)  # noqa: E731
     jars = peer_jars(say) + delta_jars(say)
     settings, row_schema = config.s3, parse_row_schema(config.row_schema)
-    spark = spark_session("mvsink-bench-delta", shuffle_partitions=2,
-                          conf={"spark.jars": ",".join(jars), **delta_conf(settings)})  # fmt: skip
+    spark = spark_session(
+        "mvsink-bench-delta",
+        shuffle_partitions=2,
+        conf={"spark.jars": ",".join(jars), **delta_conf(settings)},
+    )
     table = f"s3a://{settings.bucket}/{prefix}/table"
     spark.createDataFrame([], "key string, value long").write.format("delta").mode(
         "overwrite"
@@ -254,27 +273,42 @@ def run_delta(config: Config, topic: str, prefix: str, work: Path) -> None:
         for batch in batches:
             if batch.num_rows == 0:
                 continue
-            yield pa.RecordBatch.from_pydict({
-                "partition": pa.array([batch.column("partition")[0].as_py()], pa.int32()),
-                "offset": pa.array([pc.max(batch.column("offset")).as_py()], pa.int64()),
-                "key": pa.nulls(1, pa.string()), "value": pa.nulls(1, pa.int64()),
-                "_diff": pa.array([0], pa.int64()),
-            })  # fmt: skip
+            yield pa.RecordBatch.from_pydict(
+                {
+                    "partition": pa.array([batch.column("partition")[0].as_py()], pa.int32()),
+                    "offset": pa.array([pc.max(batch.column("offset")).as_py()], pa.int64()),
+                    "key": pa.nulls(1, pa.string()),
+                    "value": pa.nulls(1, pa.int64()),
+                    "_diff": pa.array([0], pa.int64()),
+                }
+            )
             updates = decode_updates(batch.column("value").to_pylist(), row_schema)
             if updates is not None:
                 n = updates.num_rows
-                yield from pa.Table.from_pydict({
-                    "partition": pa.nulls(n, pa.int32()), "offset": pa.nulls(n, pa.int64()),
-                    "key": updates.column("key"), "value": updates.column("value"),
-                    "_diff": updates.column("_diff"),
-                }).to_batches()  # fmt: skip
+                yield from pa.Table.from_pydict(
+                    {
+                        "partition": pa.nulls(n, pa.int32()),
+                        "offset": pa.nulls(n, pa.int64()),
+                        "key": updates.column("key"),
+                        "value": updates.column("value"),
+                        "_diff": updates.column("_diff"),
+                    }
+                ).to_batches()
 
     def merge_batch(batch: Any, batch_id: int) -> None:
         started = time.monotonic()
-        decoded = (batch.select("partition", "offset", "value")
-                   .mapInArrow(decode_partition, schema).persist())  # fmt: skip
-        offsets = {r["partition"]: r["offset"] + 1 for r in decoded.where("key IS NULL")
-                   .groupBy("partition").agg(F.max("offset").alias("offset")).collect()}  # fmt: skip
+        decoded = (
+            batch.select("partition", "offset", "value")
+            .mapInArrow(decode_partition, schema)
+            .persist()
+        )
+        offsets = {
+            r["partition"]: r["offset"] + 1
+            for r in decoded.where("key IS NULL")
+            .groupBy("partition")
+            .agg(F.max("offset").alias("offset"))
+            .collect()
+        }
         updates = decoded.where("key IS NOT NULL")
         rows = updates.count()
         # Consolidate the micro-batch, then one change per key: its new value, or a delete.
@@ -289,8 +323,16 @@ def run_delta(config: Config, topic: str, prefix: str, work: Path) -> None:
         batch.sparkSession.catalog.dropTempView(name)
         decoded.unpersist()
         read, written = _s3a_bytes(spark, table)
-        _emit({"batch": batch_id, "offsets": offsets, "seconds": time.monotonic() - started,
-               "rows": rows, "read": read - io_bytes[0], "written": written - io_bytes[1]})  # fmt: skip
+        _emit(
+            {
+                "batch": batch_id,
+                "offsets": offsets,
+                "seconds": time.monotonic() - started,
+                "rows": rows,
+                "read": read - io_bytes[0],
+                "written": written - io_bytes[1],
+            }
+        )
         io_bytes[0], io_bytes[1] = read, written
 
     stream_until_sigterm(spark, config, topic, merge_batch, work)
@@ -307,8 +349,10 @@ def _s3a_bytes(spark: Any, path: str) -> list[int]:
     uri = jvm.java.net.URI(path)
     fs = jvm.org.apache.hadoop.fs.FileSystem.get(uri, spark.sparkContext._jsc.hadoopConfiguration())
     stats = fs.getStorageStatistics()
-    return [int(stats.getLong("stream_read_bytes") or 0),
-            int(stats.getLong("stream_write_bytes") or 0)]  # fmt: skip
+    return [
+        int(stats.getLong("stream_read_bytes") or 0),
+        int(stats.getLong("stream_write_bytes") or 0),
+    ]
 
 
 # -- raw ----------------------------------------------------------------------------------------

@@ -69,8 +69,14 @@ class Workload:
 
 def _updates(names: pa.Array, values: np.ndarray, tick: int, diffs: np.ndarray) -> pa.Table:
     # A copy: Arrow would share the numpy buffer that later ticks change in place.
-    return pa.table({"key": names, "value": pa.array(values.copy()), "_time": pa.array(np.full(len(values), tick)),
-                     "_diff": pa.array(diffs)})  # fmt: skip
+    return pa.table(
+        {
+            "key": names,
+            "value": pa.array(values.copy()),
+            "_time": pa.array(np.full(len(values), tick)),
+            "_diff": pa.array(diffs),
+        }
+    )
 
 
 @dataclass(frozen=True)
@@ -137,17 +143,27 @@ def encode_ticks_timed(
     cpu0 = time.process_time()
     v1_records, v1_count = v1.records(sample)
     [encode(r) for _, r in v1_records]
-    rate = ProducerRate(total, wall, cpu, producer.config.partitioning if wire == "arrow" else 1,
-                        v1_count, time.process_time() - cpu0)  # fmt: skip
-    say(f"workload: {workload.keys:,} keys, {workload.changed:,} changed per tick "
+    rate = ProducerRate(
+        total,
+        wall,
+        cpu,
+        producer.config.partitioning if wire == "arrow" else 1,
+        v1_count,
+        time.process_time() - cpu0,
+    )
+    say(
+        f"workload: {workload.keys:,} keys, {workload.changed:,} changed per tick "
         f"({2 * workload.changed:,} updates), {workload.ticks} ticks after the initial load; "
         f"{total:,} updates, {sum(len(v) for t in out for _, v in t.records) / 1e6:.1f} MB encoded "
-        f"in {time.monotonic() - started:.1f}s")  # fmt: skip
+        f"in {time.monotonic() - started:.1f}s"
+    )
     figures = rate.figures()
-    say(f"producer (partitioning {rate.partitioning}): {figures['producer_updates_per_s']:,.0f} "
+    say(
+        f"producer (partitioning {rate.partitioning}): {figures['producer_updates_per_s']:,.0f} "
         f"updates/s, {figures['producer_updates_per_cpu_s']:,.0f} per CPU second; partitioning 1 "
         f"on {v1_count:,} of the same updates: {figures['producer_v1_updates_per_cpu_s']:,.0f} "
-        "per CPU second")  # fmt: skip
+        "per CPU second"
+    )
     return out, final, rate
 
 
@@ -180,18 +196,33 @@ class Feeder:
         for partition in range(config.partitions):
             self._produce(desired, partition, tick.progress, delivered)
             record = DesiredProgress(config.sink_id, partition, Frontier.at(tick.time + 1))
-            self.producer.produce(config.topics.frontiers, key=record.key.encode(), value=encode(record),
-                                  headers=self.header)  # fmt: skip
+            self.producer.produce(
+                config.topics.frontiers,
+                key=record.key.encode(),
+                value=encode(record),
+                headers=self.header,
+            )
         if self.producer.flush(60) != 0:
             raise BenchError("the broker did not take a tick within 60 s")
         return ends
 
-    def _produce(self, topic: str, partition: int, value: bytes,
-                 on_delivery: Callable[[KafkaError | None, Message], None] | None = None) -> None:  # fmt: skip
+    def _produce(
+        self,
+        topic: str,
+        partition: int,
+        value: bytes,
+        on_delivery: Callable[[KafkaError | None, Message], None] | None = None,
+    ) -> None:
         while True:
             try:
-                self.producer.produce(topic, key=str(partition).encode(), value=value, partition=partition,
-                                      headers=self.header, on_delivery=on_delivery)  # fmt: skip
+                self.producer.produce(
+                    topic,
+                    key=str(partition).encode(),
+                    value=value,
+                    partition=partition,
+                    headers=self.header,
+                    on_delivery=on_delivery,
+                )
                 return
             except BufferError:
                 self.producer.poll(0.1)
@@ -210,15 +241,17 @@ class DataFrameFeeder:
         tables, _ = workload.generate()
         self.spark = spark_session("mvsink-bench-upstream", shuffle_partitions=workload.partitions)
         # Checkpointed in the executors, not cached: a cached DataFrame made from local data
-        # keeps that data in its lineage, so every task of every publish shipped its slice
-        # again (3.5 MB a task, "task of very large size"; a count took 0.35 s, 0.15 s now).
+        # keeps that data in its lineage, so every task of every publish would ship its slice
+        # again (Spark warns of a "task of very large size").
         # Without lineage, a tick whose executor is lost cannot be rebuilt: that publish fails,
         # and the run with it.
         self.frames = [self.spark.createDataFrame(table).localCheckpoint() for table in tables]
         self.producers: dict[str, DesiredProducer] = {}
         self.offsets = Consumer(consumer_config(bootstrap))
-        say(f"upstream DataFrames: {len(self.frames)} ticks held in Spark "
-            f"({self.spark.sparkContext.master}) in {time.monotonic() - started:.1f}s")  # fmt: skip
+        say(
+            f"upstream DataFrames: {len(self.frames)} ticks held in Spark "
+            f"({self.spark.sparkContext.master}) in {time.monotonic() - started:.1f}s"
+        )
 
     def _producer(self, config: Config) -> DesiredProducer:
         producer = self.producers.get(config.sink_id)
@@ -232,9 +265,9 @@ class DataFrameFeeder:
     def warm_up(self, config: Config, say: Say) -> None:
         """Publish every tick once to `config`'s desired topic (a scratch sink nothing reads),
         untimed, before any system is fed. Spark's JVM compiles the publish path over its first
-        publishes (closure cleaning, task serialization, the Arrow conversion): in 20 publishes
-        of this workload the first few took 0.6-1.0 s and the last ones 0.35-0.5 s, so the first
-        end-to-end column was measured on a colder upstream than the second."""
+        publishes (closure cleaning, task serialization, the Arrow conversion), so the early
+        publishes are slower; without the warm-up the first end-to-end column would run on a
+        colder upstream than the second."""
         from mvsink.upstream.publish import publish_dataframe
 
         producer = self._producer(config)
@@ -244,8 +277,10 @@ class DataFrameFeeder:
             publish_dataframe(frame, producer, Frontier.at(time_ + 1))
             seconds.append(time.monotonic() - started)
         steady = seconds[1:] or seconds
-        say(f"upstream warm-up: {len(seconds)} publishes to a scratch topic in {sum(seconds):.1f}s; "
-            f"after the initial load's, the first {steady[0]:.2f}s, the last {steady[-1]:.2f}s")  # fmt: skip
+        say(
+            f"upstream warm-up: {len(seconds)} publishes to a scratch topic in {sum(seconds):.1f}s; "
+            f"after the initial load's, the first {steady[0]:.2f}s, the last {steady[-1]:.2f}s"
+        )
 
     def feed(self, config: Config, tick: EncodedTick) -> dict[int, int]:
         from mvsink.upstream.publish import publish_dataframe

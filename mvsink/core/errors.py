@@ -67,8 +67,9 @@ class DesiredGone(MvsinkError):
     deleted (below the partition's log start): folding what is left would retract rows whose
     insertions it cannot see, so it folds nothing. Carries what an operator needs."""
 
-    def __init__(self, sink_id: str, topic: str, partition: int, needed: int, log_start: int,
-                 why: str) -> None:  # fmt: skip
+    def __init__(
+        self, sink_id: str, topic: str, partition: int, needed: int, log_start: int, why: str
+    ) -> None:
         self.sink_id, self.topic, self.partition = sink_id, topic, partition
         self.needed, self.log_start, self.why = needed, log_start, why
         super().__init__(

@@ -21,11 +21,22 @@ if TYPE_CHECKING:
     from mvsink.core.messages import Updates
 
 _TYPES: dict[str, pa.DataType] = {
-    "string": pa.string(), "int32": pa.int32(), "int": pa.int32(), "int64": pa.int64(),
-    "long": pa.int64(), "double": pa.float64(), "float64": pa.float64(), "float": pa.float32(),
-    "float32": pa.float32(), "bool": pa.bool_(), "boolean": pa.bool_(), "binary": pa.binary(),
-    "bytes": pa.binary(), "date": pa.date32(), "timestamp": pa.timestamp("us"),
-}  # fmt: skip
+    "string": pa.string(),
+    "int32": pa.int32(),
+    "int": pa.int32(),
+    "int64": pa.int64(),
+    "long": pa.int64(),
+    "double": pa.float64(),
+    "float64": pa.float64(),
+    "float": pa.float32(),
+    "float32": pa.float32(),
+    "bool": pa.bool_(),
+    "boolean": pa.bool_(),
+    "binary": pa.binary(),
+    "bytes": pa.binary(),
+    "date": pa.date32(),
+    "timestamp": pa.timestamp("us"),
+}
 
 
 def parse_row_schema(text: str) -> pa.Schema:

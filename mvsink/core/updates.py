@@ -36,9 +36,13 @@ def part_schema(row_schema: pa.Schema) -> pa.Schema:
     `_time int64`, `_diff int64`, `_err string`."""
     fields = [f.with_nullable(True) for f in row_schema]
     return pa.schema(
-        [*fields, pa.field(TIME, pa.int64(), False), pa.field(DIFF, pa.int64(), False),
-         pa.field(ERR, pa.string(), True)]
-    )  # fmt: skip
+        [
+            *fields,
+            pa.field(TIME, pa.int64(), False),
+            pa.field(DIFF, pa.int64(), False),
+            pa.field(ERR, pa.string(), True),
+        ]
+    )
 
 
 def normalize_updates(updates: pa.Table | pa.RecordBatch, row_schema: pa.Schema) -> pa.Table:
@@ -138,24 +142,29 @@ def consolidate(table: pa.Table, row_schema: pa.Schema) -> pa.Table:
     if table.num_rows == 0:
         return table
     # Row updates (null `_err`, nearly all of them) are grouped without the `_err` key: an
-    # all-null string key made Arrow's group-by 2-3x slower (measured, 2M rows).
+    # all-null string key makes Arrow's group-by several times slower.
     keys = [*row_schema.names, TIME]
     errors = table.column(ERR)
     if errors.null_count == table.num_rows:
         return _group(table, keys, row_schema)
     is_ok = pc.is_null(errors)
-    return pa.concat_tables([_group(table.filter(is_ok), keys, row_schema),
-                             _group(table.filter(pc.invert(is_ok)), [*keys, ERR], row_schema)])  # fmt: skip
+    return pa.concat_tables(
+        [
+            _group(table.filter(is_ok), keys, row_schema),
+            _group(table.filter(pc.invert(is_ok)), [*keys, ERR], row_schema),
+        ]
+    )
 
 
 def _group(table: pa.Table, keys: list[str], row_schema: pa.Schema) -> pa.Table:
-    # Single-threaded: measured faster than the threaded hash aggregation on 2 cores.
+    # Single-threaded: on the few cores a sink process gets, Arrow's threaded hash aggregation
+    # costs more than it saves.
     schema = part_schema(row_schema)
     if table.num_rows == 0:
         return schema.empty_table()
     bounds = pc.min_max(table.column(TIME))
     single_time = bounds["min"].as_py() == bounds["max"].as_py()
-    if single_time:  # the usual case after times were advanced to a frontier: 40% less work
+    if single_time:  # the usual case after times were advanced to a frontier: one key fewer
         keys = [k for k in keys if k != TIME]
     summed = table.group_by(keys, use_threads=False).aggregate([(DIFF, "sum")])
     if single_time:

@@ -50,10 +50,13 @@ from mvsink.core.rows import parse_row_schema
 from mvsink.io.config import ID, read_toml
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
-_INSERT = re.compile(r"^\s*INSERT\s+INTO\s+([A-Za-z_][A-Za-z0-9_]*)\s+(.+?)\s*;?\s*$",
-                     re.IGNORECASE | re.DOTALL)  # fmt: skip
-_DELETE = re.compile(r"^\s*DELETE\s+FROM\s+([A-Za-z_][A-Za-z0-9_]*)(?:\s+WHERE\s+(.+?))?\s*;?\s*$",
-                     re.IGNORECASE | re.DOTALL)  # fmt: skip
+_INSERT = re.compile(
+    r"^\s*INSERT\s+INTO\s+([A-Za-z_][A-Za-z0-9_]*)\s+(.+?)\s*;?\s*$", re.IGNORECASE | re.DOTALL
+)
+_DELETE = re.compile(
+    r"^\s*DELETE\s+FROM\s+([A-Za-z_][A-Za-z0-9_]*)(?:\s+WHERE\s+(.+?))?\s*;?\s*$",
+    re.IGNORECASE | re.DOTALL,
+)
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _TOP = {"name", "as_of", "snapshot", "logic", "inputs", "references", "output"}
 RETRACTIONS = "_retractions"
@@ -97,11 +100,15 @@ def parse_statement(text: str, output: str) -> Statement:
         target, query = found.group(1), found.group(2) or "TRUE"
         insert = False
     else:
-        raise ConfigError(f"logic statement {text!r}: use INSERT INTO {output} <query> or "
-                          f"DELETE FROM {output} [WHERE <condition>]")  # fmt: skip
+        raise ConfigError(
+            f"logic statement {text!r}: use INSERT INTO {output} <query> or "
+            f"DELETE FROM {output} [WHERE <condition>]"
+        )
     if target != output:
-        raise ConfigError(f"logic statement {text!r} writes {target!r}: a continual task writes "
-                          f"only its output, {output!r}")  # fmt: skip
+        raise ConfigError(
+            f"logic statement {text!r} writes {target!r}: a continual task writes "
+            f"only its output, {output!r}"
+        )
     return Statement(insert, query, text.strip())
 
 
@@ -150,12 +157,16 @@ def definition_from_toml(
         if not _NAME.match(sql_name):
             raise ConfigError(f"{origin}: {sql_name!r} is not a SQL name ([A-Za-z_][A-Za-z0-9_]*)")
     if len({n.lower() for n in names}) != len(names):
-        raise ConfigError(f"{origin}: the names of the output, inputs, references and "
-                          f"<input>{RETRACTIONS} must differ: {names}")  # fmt: skip
+        raise ConfigError(
+            f"{origin}: the names of the output, inputs, references and "
+            f"<input>{RETRACTIONS} must differ: {names}"
+        )
     if not ID.match(output_shard) or output_shard in {*inputs.values(), *references.values()}:
-        raise ConfigError(f"{origin}: output shard {output_shard!r} must be a valid id other "
-                          f"than the inputs' and references' (the output is read as "
-                          f"{output_name!r} already)")  # fmt: skip
+        raise ConfigError(
+            f"{origin}: output shard {output_shard!r} must be a valid id other "
+            f"than the inputs' and references' (the output is read as "
+            f"{output_name!r} already)"
+        )
     logic = raw.get("logic")
     if not isinstance(logic, list) or not logic or not all(isinstance(s, str) for s in logic):
         raise ConfigError(f"{origin}: logic must be a non-empty list of SQL statements")
@@ -168,8 +179,9 @@ def definition_from_toml(
         statements = tuple(parse_statement(s, output_name) for s in logic)
     except ConfigError as error:
         raise ConfigError(f"{origin}: {error}") from error
-    return Definition(name, inputs, references, output_name, output_shard, schema, statements,
-                      as_of, snapshot)  # fmt: skip
+    return Definition(
+        name, inputs, references, output_name, output_shard, schema, statements, as_of, snapshot
+    )
 
 
 def load_definition(path: str | Path) -> Definition:

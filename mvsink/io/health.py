@@ -43,30 +43,65 @@ log = logging.getLogger("mvsink.io.health")
 #: Seconds between probes of Kafka and S3, and each probe's timeout.
 PROBE_INTERVAL, PROBE_TIMEOUT = 2.0, 2.0
 
-SINCE_OK = Gauge("mvsink_dependency_seconds_since_ok",
-                 "Seconds since the last successful call to a dependency", ["service", "dependency"])  # fmt: skip
-SINCE_MOVED = Gauge("mvsink_frontier_seconds_since_moved",
-                    "Seconds since the service's frontier last moved", ["service"])  # fmt: skip
+SINCE_OK = Gauge(
+    "mvsink_dependency_seconds_since_ok",
+    "Seconds since the last successful call to a dependency",
+    ["service", "dependency"],
+)
+SINCE_MOVED = Gauge(
+    "mvsink_frontier_seconds_since_moved",
+    "Seconds since the service's frontier last moved",
+    ["service"],
+)
 READY = Gauge("mvsink_ready", "1 when the service is ready (see /readyz)", ["service"])
 OUTAGE = Gauge("mvsink_outage", "1 while the service rides through an outage", ["service"])
 
 #: librdkafka error names that mean "the cluster is not reachable right now".
-_KAFKA_TRANSIENT = {"_TRANSPORT", "_ALL_BROKERS_DOWN", "_TIMED_OUT", "_MSG_TIMED_OUT",
-                    "_RESOLVE", "REQUEST_TIMED_OUT", "NOT_COORDINATOR", "COORDINATOR_NOT_AVAILABLE",
-                    "COORDINATOR_LOAD_IN_PROGRESS", "LEADER_NOT_AVAILABLE",
-                    "NOT_LEADER_FOR_PARTITION", "NOT_ENOUGH_REPLICAS", "_WAIT_COORD",
-                    "BROKER_NOT_AVAILABLE", "NETWORK_EXCEPTION",
-                    # a request waited on a broker handle librdkafka replaced (after a restart,
-                    # the bootstrap handle gives way to the learned broker): seen in CI
-                    "_DESTROY_BROKER"}  # fmt: skip
+_KAFKA_TRANSIENT = {
+    "_TRANSPORT",
+    "_ALL_BROKERS_DOWN",
+    "_TIMED_OUT",
+    "_MSG_TIMED_OUT",
+    "_RESOLVE",
+    "REQUEST_TIMED_OUT",
+    "NOT_COORDINATOR",
+    "COORDINATOR_NOT_AVAILABLE",
+    "COORDINATOR_LOAD_IN_PROGRESS",
+    "LEADER_NOT_AVAILABLE",
+    "NOT_LEADER_FOR_PARTITION",
+    "NOT_ENOUGH_REPLICAS",
+    "_WAIT_COORD",
+    "BROKER_NOT_AVAILABLE",
+    "NETWORK_EXCEPTION",
+    # a request waited on a broker handle librdkafka replaced (after a restart,
+    # the bootstrap handle gives way to the learned broker)
+    "_DESTROY_BROKER",
+}
 #: S3 error codes of a server that is there but not serving.
-_S3_TRANSIENT = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout",
-                 "XMinioServerNotInitialized", "XMinioStorageFull"}  # fmt: skip
+_S3_TRANSIENT = {
+    "InternalError",
+    "ServiceUnavailable",
+    "SlowDown",
+    "RequestTimeout",
+    "XMinioServerNotInitialized",
+    "XMinioStorageFull",
+}
 #: What a failed Spark job's text holds when its task failed on an unreachable Kafka or S3.
-_SPARK_TRANSIENT = ("MaxRetryError", "NewConnectionError", "ProtocolError", "ReadTimeoutError",
-                    "ConnectTimeoutError", "ConnectionRefusedError", "Connection refused",
-                    "IndefiniteWrite", "S3RequestError", "KafkaException", "_TRANSPORT",
-                    "_ALL_BROKERS_DOWN", "_TIMED_OUT")  # fmt: skip
+_SPARK_TRANSIENT = (
+    "MaxRetryError",
+    "NewConnectionError",
+    "ProtocolError",
+    "ReadTimeoutError",
+    "ConnectTimeoutError",
+    "ConnectionRefusedError",
+    "Connection refused",
+    "IndefiniteWrite",
+    "S3RequestError",
+    "KafkaException",
+    "_TRANSPORT",
+    "_ALL_BROKERS_DOWN",
+    "_TIMED_OUT",
+)
 _SPARK_FATAL = ("ConfigError", "ContractError", "FrontierError", "InvalidUsage", "DecodeError")
 
 
@@ -98,8 +133,12 @@ def transient(error: BaseException) -> bool:
             return cause.status >= 500  # the server is unwell; a 4xx is ours to fix
         if isinstance(cause, S3Error) and cause.code in _S3_TRANSIENT:
             return True
-        if isinstance(cause, OSError) and cause.errno in (errno.ECONNREFUSED, errno.ECONNRESET,
-                                                          errno.EHOSTUNREACH, errno.ETIMEDOUT):  # fmt: skip
+        if isinstance(cause, OSError) and cause.errno in (
+            errno.ECONNREFUSED,
+            errno.ECONNRESET,
+            errno.EHOSTUNREACH,
+            errno.ETIMEDOUT,
+        ):
             return True
         if isinstance(cause, KafkaException) and cause.args:
             kafka_error = cause.args[0]
@@ -145,8 +184,13 @@ class Backoff:
 class Health:
     """Liveness and readiness of one service process (module docs). Thread-safe."""
 
-    def __init__(self, service: str, live_bound: float, ready_bound: float,
-                 probes: dict[str, Callable[[], Any]] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        service: str,
+        live_bound: float,
+        ready_bound: float,
+        probes: dict[str, Callable[[], Any]] | None = None,
+    ) -> None:
         self.service = service
         self.live_bound, self.ready_bound = live_bound, ready_bound
         self.probes = probes or {}
@@ -202,8 +246,11 @@ class Health:
             if entering:
                 self._outage_since = time.monotonic()
         if entering:
-            log.warning("%s: Kafka or S3 unavailable, retrying with backoff until it is back: %s",
-                        self.service, self._outage)  # fmt: skip
+            log.warning(
+                "%s: Kafka or S3 unavailable, retrying with backoff until it is back: %s",
+                self.service,
+                self._outage,
+            )
         OUTAGE.labels(self.service).set(1)
         self.beat()
 
@@ -271,16 +318,21 @@ class Health:
         """Whether the service can do its work now (module docs); the reason either way."""
         now = time.monotonic()
         with self._lock:
-            reasons = [f"{name} unreachable for {now - self._last_ok[name]:.0f}s ({why})"
-                       for name, why in sorted(self._down.items())]  # fmt: skip
+            reasons = [
+                f"{name} unreachable for {now - self._last_ok[name]:.0f}s ({why})"
+                for name, why in sorted(self._down.items())
+            ]
             if self._outage is not None:
-                reasons.append(f"riding through an outage for {now - self._outage_since:.0f}s "
-                               f"({self._outage})")  # fmt: skip
+                reasons.append(
+                    f"riding through an outage for {now - self._outage_since:.0f}s ({self._outage})"
+                )
             if self._behind_since is not None:
                 stuck = now - max(self._moved, self._behind_since)
                 if stuck > self.ready_bound:
-                    reasons.append(f"frontier {self._frontier} behind its target {self._target} "
-                                   f"and unmoved for {stuck:.0f}s (bound {self.ready_bound:.0f}s)")  # fmt: skip
+                    reasons.append(
+                        f"frontier {self._frontier} behind its target {self._target} "
+                        f"and unmoved for {stuck:.0f}s (bound {self.ready_bound:.0f}s)"
+                    )
             if self._blocked is not None:
                 reasons.append(self._blocked)
         live, why = self.liveness()
@@ -309,8 +361,9 @@ def dependency_probes(config: Config) -> dict[str, Callable[[], Any]]:
     from mvsink.io.s3 import s3_client
 
     admin = AdminClient(client_config(config.kafka_bootstrap, **{"socket.timeout.ms": 2000}))
-    http = urllib3.PoolManager(timeout=urllib3.Timeout(connect=PROBE_TIMEOUT, read=PROBE_TIMEOUT),
-                               retries=False)  # fmt: skip
+    http = urllib3.PoolManager(
+        timeout=urllib3.Timeout(connect=PROBE_TIMEOUT, read=PROBE_TIMEOUT), retries=False
+    )
     s3 = s3_client(config.s3, http)
     return {
         "kafka": lambda: admin.list_topics(timeout=PROBE_TIMEOUT),

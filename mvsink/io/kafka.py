@@ -40,8 +40,8 @@ from mvsink.io.config import Config, Topics
 
 COMPACTED = {"cleanup.policy": "compact"}
 #: For a consumer that reads to the end *now*: report the end, and don't let a fetch there wait
-#: `fetch.wait.max.ms` (500 ms by default) for data that is not coming. Measured: a write task's
-#: staging job went from 1.95 s to 0.38 s with it.
+#: `fetch.wait.max.ms` (500 ms by default) for data that is not coming: a write task's staging
+#: job reads desired to its end, so that wait would add to every job.
 READ_TO_END = {"enable.partition.eof": True, "fetch.wait.max.ms": 10}
 #: For a reader of desired that must not miss a record: an offset out of range (records deleted
 #: below it) is an error, never a reset to whatever is left.
@@ -61,18 +61,20 @@ LIBRDKAFKA = logging.getLogger("mvsink.librdkafka")
 
 #: How often every client refreshes the metadata of the topics it uses (librdkafka: 5 min).
 #: After a broker restart, a client holding a partition's old leader epoch has its requests
-#: refused (`FENCED_LEADER_EPOCH`) until it refreshes. Measured on this stack, a broker
-#: restarted 6 times under 24 assigned read_committed consumers: at the second restart all 24
-#: delivered nothing in the 25 s watched, and an admin `list_offsets` failed 20 tries in a row;
-#: with 5 s, every consumer read on after each of the 6. compose verify met it as a write
-#: driver that read no description for over 4 minutes after `restart kafka`.
+#: refused (`FENCED_LEADER_EPOCH`) until it refreshes: an assigned consumer delivers nothing and
+#: admin calls such as `list_offsets` fail. Refreshing every few seconds bounds that stall to
+#: seconds instead of minutes.
 METADATA_REFRESH_MS = 5000
 
 
 def client_config(bootstrap: str, **extra: Any) -> dict[str, Any]:
     """Base librdkafka config for any client."""
-    return {"bootstrap.servers": bootstrap, "logger": LIBRDKAFKA,
-            "topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS, **extra}  # fmt: skip
+    return {
+        "bootstrap.servers": bootstrap,
+        "logger": LIBRDKAFKA,
+        "topic.metadata.refresh.interval.ms": METADATA_REFRESH_MS,
+        **extra,
+    }
 
 
 def consumer_config(
@@ -145,10 +147,14 @@ def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], timeout: float = 3
     if not missing:
         return []
     futures = admin.create_topics(
-        [NewTopic(s.name, num_partitions=s.partitions, replication_factor=-1, config=dict(s.config))
-         for s in missing],
+        [
+            NewTopic(
+                s.name, num_partitions=s.partitions, replication_factor=-1, config=dict(s.config)
+            )
+            for s in missing
+        ],
         operation_timeout=timeout,
-    )  # fmt: skip
+    )
     created = []
     for name, future in futures.items():
         try:
@@ -161,8 +167,9 @@ def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], timeout: float = 3
     return created
 
 
-def delete_below(bootstrap: str, topic: str, offsets: Mapping[int, int],
-                 timeout: float = 30.0) -> dict[int, int]:  # fmt: skip
+def delete_below(
+    bootstrap: str, topic: str, offsets: Mapping[int, int], timeout: float = 30.0
+) -> dict[int, int]:
     """Delete the records of `topic` below `offsets` per partition (Kafka's `DeleteRecords`,
     as Kafka Streams does behind its committed offsets); each partition's new log start.
 
@@ -174,8 +181,9 @@ def delete_below(bootstrap: str, topic: str, offsets: Mapping[int, int],
     admin = AdminClient(client_config(bootstrap))
     futures = admin.delete_records(
         [TopicPartition(topic, p, o) for p, o in sorted(offsets.items())],
-        request_timeout=timeout, operation_timeout=timeout,
-    )  # fmt: skip
+        request_timeout=timeout,
+        operation_timeout=timeout,
+    )
     return {tp.partition: int(f.result(timeout).low_watermark) for tp, f in futures.items()}
 
 
@@ -203,16 +211,20 @@ def _enforce_configs(admin: AdminClient, specs: list[TopicSpec], timeout: float)
             continue
         resource = ConfigResource(ConfigResource.Type.TOPIC, spec.name)
         current = admin.describe_configs([resource])[resource].result(timeout)
-        differ = {k: v for k, v in spec.config.items()
-                  if k not in current or current[k].value != v}  # fmt: skip
+        differ = {k: v for k, v in spec.config.items() if k not in current or current[k].value != v}
         if not differ:
             continue
         for key, value in differ.items():
-            resource.add_incremental_config(ConfigEntry(
-                key, value, incremental_operation=AlterConfigOpType.SET))  # fmt: skip
+            resource.add_incremental_config(
+                ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)
+            )
         admin.incremental_alter_configs([resource])[resource].result(timeout)
-        log.info("topic %s: set %s (was %s)", spec.name, differ,
-                 {k: current[k].value if k in current else None for k in differ})  # fmt: skip
+        log.info(
+            "topic %s: set %s (was %s)",
+            spec.name,
+            differ,
+            {k: current[k].value if k in current else None for k in differ},
+        )
 
 
 def _check_existing(wanted: list[TopicSpec], existing: Mapping[str, Any]) -> None:
@@ -247,10 +259,9 @@ def _has_leaders(topic: Any) -> bool:
 def init_transactions(producer: Producer, timeout: float) -> None:
     """`producer.init_transactions` after one metadata round trip, both within `timeout`.
     librdkafka asks for the producer id at once, and when its first broker connection is not up
-    yet it asks again only 500 ms later: measured here, 6 of 20 fresh producers took 0.506 s to
-    init instead of 0.055 s, and none of 50 after a metadata request for all topics (one for
-    the producer's topic alone still stalled 11 in 30). The request lists every topic: a few
-    KB here, more on a broker with thousands."""
+    yet it asks again only 500 ms later. A metadata request for all topics first brings the
+    connections up (one for the producer's topic alone does not reliably). The request lists
+    every topic: a few KB here, more on a broker with thousands."""
     deadline = time.monotonic() + timeout
     producer.list_topics(timeout=timeout)
     producer.init_transactions(max(1.0, deadline - time.monotonic()))
@@ -388,10 +399,10 @@ STUCK_CHECK = 5.0
 class Stall:
     """The stall librdkafka can leave an assigned consumer in after a broker restart: its
     partition stays assigned but delivers nothing, while new records are committed
-    (confluentinc/librdkafka#5153, open; seen here in compose verify, a write driver's `descs`
-    reader never delivering the next description). The frequent metadata refresh of
-    `client_config` (`METADATA_REFRESH_MS`) cures the cause measured here, an old leader epoch;
-    this is the second line, for whatever else leaves a consumer so: a new consumer reads on.
+    (confluentinc/librdkafka#5153: e.g. a write driver's `descs` reader never delivering the
+    next description). The frequent metadata refresh of `client_config` (`METADATA_REFRESH_MS`)
+    cures one cause, an old leader epoch; this is the second line, for whatever else leaves a
+    consumer so: a new consumer reads on.
 
     A partition is stalled when records committed past the consumer's position have waited
     `STUCK_AFTER` with the position unmoved. "Committed" is the last stable offset, which a
@@ -411,8 +422,7 @@ class Stall:
         self.last: dict[int, int] = {}
         self.waiting: dict[int, float] = {}
 
-    def observe(self, partition: int, position: int, start: int, stable: int, now: float
-                ) -> bool:  # fmt: skip
+    def observe(self, partition: int, position: int, start: int, stable: int, now: float) -> bool:
         """Whether `partition` is stalled, seen at `position` (negative: nothing read yet since
         it was assigned at `start`) with committed records up to `stable`, at `now`."""
         start = position if position >= 0 else start
@@ -427,8 +437,9 @@ class Stall:
         since = self.waiting.setdefault(partition, now)
         return now - since >= STUCK_AFTER
 
-    def stuck(self, consumer: Consumer, topic: str, assigned: Mapping[int, int]
-              ) -> list[TopicPartition] | None:  # fmt: skip
+    def stuck(
+        self, consumer: Consumer, topic: str, assigned: Mapping[int, int]
+    ) -> list[TopicPartition] | None:
         """The consumer's positions if a partition of it, assigned at the `assigned` offsets
         (a logical one such as `OFFSET_BEGINNING`: from the low watermark), is stalled (then it
         is judged anew), else None. Kafka away is no stall: its outage is reported elsewhere."""
@@ -441,9 +452,12 @@ class Stall:
             if self.probe is None:
                 self.probe = Consumer(consumer_config(self.bootstrap))
             probe = self.probe
-            marks = [probe.get_watermark_offsets(TopicPartition(topic, tp.partition),
-                                                 timeout=1.0, cached=False)
-                     for tp in positions]  # fmt: skip
+            marks = [
+                probe.get_watermark_offsets(
+                    TopicPartition(topic, tp.partition), timeout=1.0, cached=False
+                )
+                for tp in positions
+            ]
         except KafkaException:
             return None
         stalled = False
@@ -470,8 +484,13 @@ class Reader:
     polled like a `Consumer`, that reads on with a new consumer from its position when the old
     one stalled (`Stall`; checked while a poll finds nothing)."""
 
-    def __init__(self, bootstrap: str, topic: str, offsets: Mapping[int, int],
-                 extra: Mapping[str, Any] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        offsets: Mapping[int, int],
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
         self.bootstrap, self.topic, self.extra = bootstrap, topic, dict(extra or {})
         #: Where each partition was assigned last (a new consumer starts from its position).
         self.assigned = dict(offsets)
@@ -492,11 +511,18 @@ class Reader:
         return message
 
     def _read_on(self, positions: list[TopicPartition]) -> None:
-        offsets = {tp.partition: tp.offset if tp.offset >= 0 else self.assigned[tp.partition]
-                   for tp in positions}  # fmt: skip
-        log.warning("reading %s: committed records waited %.0fs past positions %s unread (a "
-                    "consumer stalled after a broker restart, confluentinc/librdkafka#5153): "
-                    "reading on with a new consumer", self.topic, STUCK_AFTER, offsets)  # fmt: skip
+        offsets = {
+            tp.partition: tp.offset if tp.offset >= 0 else self.assigned[tp.partition]
+            for tp in positions
+        }
+        log.warning(
+            "reading %s: committed records waited %.0fs past positions %s unread (a "
+            "consumer stalled after a broker restart, confluentinc/librdkafka#5153): "
+            "reading on with a new consumer",
+            self.topic,
+            STUCK_AFTER,
+            offsets,
+        )
         old, self.consumer, self.assigned = self.consumer, self._assigned(offsets), offsets
         # Closed aside: a stalled consumer's close must not hold up the reader.
         threading.Thread(target=old.close, name="close-stalled-consumer", daemon=True).start()
@@ -547,5 +573,10 @@ def sink_config(config: Config, sink: str, shard: str = "") -> Config:
     if topics.desired not in metadata.topics:
         raise MvsinkError(f"sink {sink}: its desired topic {topics.desired} does not exist")
     partitions = len(metadata.topics[topics.desired].partitions)
-    return replace(config, sink_id=sink, topics=topics, partitions=partitions,
-                   shard_id=shard or config.shard_id)  # fmt: skip
+    return replace(
+        config,
+        sink_id=sink,
+        topics=topics,
+        partitions=partitions,
+        shard_id=shard or config.shard_id,
+    )

@@ -126,8 +126,9 @@ def conditional_put(
         return _settle_precondition_failed(client, bucket, key, data)
     if response.status == 404 and if_match is not None:
         return PreconditionFailed(etag=None)  # nothing to match: the key does not exist
-    raise S3RequestError(f"PUT {bucket}/{key} answered {response.status}: {response.data[:300]!r}",
-                         response.status)  # fmt: skip
+    raise S3RequestError(
+        f"PUT {bucket}/{key} answered {response.status}: {response.data[:300]!r}", response.status
+    )
 
 
 def _settle_precondition_failed(

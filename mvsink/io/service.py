@@ -126,8 +126,9 @@ def serve_metrics(config: Config, health: Health) -> int:
     server.daemon_threads = True
     port = int(server.server_address[1])
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
-    logging.getLogger("mvsink").info("metrics on http://%s:%d/metrics (health: /healthz, /readyz)",
-                                     config.metrics_addr, port)  # fmt: skip
+    logging.getLogger("mvsink").info(
+        "metrics on http://%s:%d/metrics (health: /healthz, /readyz)", config.metrics_addr, port
+    )
     return port
 
 
@@ -160,8 +161,9 @@ def service_parser(name: str, doc: str | None) -> argparse.ArgumentParser:
         epilog=f"{settings_help()}\n\n{EXIT_CODES}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", metavar="FILE",
-                        help="a TOML settings file (default: $MVSINK_CONFIG)")  # fmt: skip
+    parser.add_argument(
+        "--config", metavar="FILE", help="a TOML settings file (default: $MVSINK_CONFIG)"
+    )
     return parser
 
 
@@ -174,9 +176,11 @@ def _summary(doc: str) -> str:
 
 
 def run_service(
-    name: str, body: Callable[[Config, Stopping], int], doc: str | None = None,
+    name: str,
+    body: Callable[[Config, Stopping], int],
+    doc: str | None = None,
     argv: list[str] | None = None,
-) -> int:  # fmt: skip
+) -> int:
     """Parse the command line (`service_parser`), load the configuration, set up logging,
     signals and metrics, run `body`."""
     args = service_parser(name, doc).parse_args(argv)

@@ -82,8 +82,8 @@ def spark_session(
         "spark.driver.memory": "2g",
         "spark.python.worker.reuse": "true",
         # The executor JVM talks to its Python workers over a Unix socket instead of loopback
-        # TCP: measured ~0.13 -> ~0.09 s for a 2-task no-op job here (the write service runs a
-        # job per batch description, so that is per-description latency).
+        # TCP: less fixed cost per job, and the write service runs a job per batch description,
+        # so that cost is per-description latency.
         "spark.python.unix.domain.socket.enabled": "true",
         "spark.log.level": "WARN",
         **({} if master.startswith("local") else {"spark.submit.pyFiles": str(code_zip())}),
@@ -113,8 +113,10 @@ def code_zip(directory: Path | None = None) -> Path:
 
     from mvsink.core.codec import SCHEMAS_DIR
 
-    trees = [(name, Path(importlib.import_module(name).__file__ or "").parent, "*.py")
-             for name in CODE_PACKAGES]  # fmt: skip
+    trees = [
+        (name, Path(importlib.import_module(name).__file__ or "").parent, "*.py")
+        for name in CODE_PACKAGES
+    ]
     trees.append(("schemas", Path(str(SCHEMAS_DIR)), "*"))
     files: list[tuple[str, bytes]] = []
     for name, root, pattern in trees:
@@ -231,18 +233,21 @@ def trim_worker_path() -> int:
     Before every task the PySpark worker calls `importlib.invalidate_caches()`, and CPython's
     `zipimporter.invalidate_caches` re-reads the central directory of every zip on the path:
     for a pip-installed PySpark that is `pyspark.zip`, the py4j zip and the spark-core jar
-    (thousands of entries). py-spy on the write service showed half of the executors' samples
-    there (~0.1-0.2 s per task wave on 2 cores). Modules already imported from those zips keep
-    working (their packages' `__path__` still points into the zip); call this from a module the
-    tasks import, after the imports it needs. No effect outside a Spark worker.
+    (thousands of entries), a cost every task pays before it runs. Modules already imported
+    from those zips keep working (their packages' `__path__` still points into the zip); call
+    this from a module the tasks import, after the imports it needs. No effect outside a Spark
+    worker.
     """
     import zipimport
 
     zips = [p for p in sys.path if p.endswith((".zip", ".jar")) and f"{os.sep}pyspark{os.sep}" in p]
     for path in zips:
         sys.path.remove(path)
-    for key in [k for k, v in sys.path_importer_cache.items()
-                if isinstance(v, zipimport.zipimporter) and k.startswith(tuple(zips))]:  # fmt: skip
+    for key in [
+        k
+        for k, v in sys.path_importer_cache.items()
+        if isinstance(v, zipimport.zipimporter) and k.startswith(tuple(zips))
+    ]:
         del sys.path_importer_cache[key]
     return len(zips)
 

@@ -129,12 +129,19 @@ class MinioBlob:
         return unquoted(put_bytes(self.client, self.bucket, key, data, content_type))
 
     def list(self, prefix: str, *, start_after: str = "", recursive: bool = False) -> list[Listed]:
-        objects = self.client.list_objects(self.bucket, prefix=prefix, recursive=recursive,
-                                           start_after=start_after or None)  # fmt: skip
-        return [Listed(o.object_name, unquoted(o.etag),
-                       o.last_modified.timestamp() if o.last_modified else time.time(),
-                       o.size or 0)
-                for o in objects if o.object_name is not None]  # fmt: skip
+        objects = self.client.list_objects(
+            self.bucket, prefix=prefix, recursive=recursive, start_after=start_after or None
+        )
+        return [
+            Listed(
+                o.object_name,
+                unquoted(o.etag),
+                o.last_modified.timestamp() if o.last_modified else time.time(),
+                o.size or 0,
+            )
+            for o in objects
+            if o.object_name is not None
+        ]
 
     def remove(self, keys: Iterable[str]) -> None:
         keys = list(keys)

@@ -284,8 +284,10 @@ def _footer_bounds(shard: Shard, key: str) -> tuple[Frontier, Frontier] | None:
     if meta is None or b"mvsink.lower" not in meta or b"mvsink.upper" not in meta:
         return NO_BOUNDS
     try:
-        return (Frontier.from_elements(json.loads(meta[b"mvsink.lower"])),
-                Frontier.from_elements(json.loads(meta[b"mvsink.upper"])))  # fmt: skip
+        return (
+            Frontier.from_elements(json.loads(meta[b"mvsink.lower"])),
+            Frontier.from_elements(json.loads(meta[b"mvsink.upper"])),
+        )
     except ValueError:  # not bounds `stage` wrote
         return NO_BOUNDS
 
@@ -311,11 +313,16 @@ def sweep(shard: Shard, grace: float) -> SweepResult:
     collected = collect_garbage(shard)
     referenced = referenced_keys(shard)
     now = shard.clock.time()
-    candidates = [(o.key, _staged_or_none(o.key), o.modified)
-                  for o in shard.blob.list(f"{shard.prefix}/parts/", recursive=True)
-                  if o.key not in referenced]  # fmt: skip
-    old = [(key, staged) for key, staged, modified in candidates
-           if now - (modified if staged is None else staged) > grace]  # fmt: skip
+    candidates = [
+        (o.key, _staged_or_none(o.key), o.modified)
+        for o in shard.blob.list(f"{shard.prefix}/parts/", recursive=True)
+        if o.key not in referenced
+    ]
+    old = [
+        (key, staged)
+        for key, staged, modified in candidates
+        if now - (modified if staged is None else staged) > grace
+    ]
     young = len(candidates) - len(old)
     ours = [staged for _, staged in old if staged is not None]
     if ours:

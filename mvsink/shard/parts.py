@@ -48,8 +48,12 @@ def encode_part(table: pa.Table, metadata: dict[str, str]) -> bytes:
     footer; its columns dictionary-encoded as `dictionary_columns` judges."""
     buf = io.BytesIO()
     meta = {k.encode(): v.encode() for k, v in metadata.items()}
-    pq.write_table(table.replace_schema_metadata(meta), buf, compression="zstd",
-                   use_dictionary=dictionary_columns(table))  # fmt: skip
+    pq.write_table(
+        table.replace_schema_metadata(meta),
+        buf,
+        compression="zstd",
+        use_dictionary=dictionary_columns(table),
+    )
     return buf.getvalue()
 
 
@@ -62,17 +66,17 @@ def dictionary_columns(table: pa.Table) -> bool | list[str]:
     repeat values (at most half of them distinct), as a list; True (all, Parquet's default)
     when every column does, or the schema is nested. A column of mostly distinct values (a
     view's key) gains nothing from a dictionary: Arrow builds one as large as the column (up to
-    its 1 MiB page limit) and writes indices besides. On `mvsink bench`'s parts (1M distinct
-    keys) leaving the key column plain made them 27% smaller (staged, 50k updates) and 14%
-    (merged, 250k), and their encoding 35% and 19% cheaper. A part's rows come in consolidation
-    order, not sorted, so its first rows are as good a sample as any."""
+    its 1 MiB page limit) and writes indices besides, so a plain key column makes parts smaller
+    and cheaper to encode. A part's rows come in consolidation order, not sorted, so its first
+    rows are as good a sample as any."""
     if any(pa.types.is_nested(f.type) for f in table.schema) or table.num_rows == 0:
         return True
     sample = table.slice(0, DICTIONARY_SAMPLE)
     repeating = [
-        name for name in table.column_names
+        name
+        for name in table.column_names
         if 2 * pc.count_distinct(sample.column(name), mode="all").as_py() <= sample.num_rows
-    ]  # fmt: skip
+    ]
     return True if len(repeating) == table.num_columns else repeating
 
 

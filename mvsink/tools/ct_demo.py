@@ -55,13 +55,15 @@ def append_orders(orders: Shard, upper: int, by_time: dict[int, list[Order]]) ->
     """Append the batch `[orders' upper, upper)` holding `by_time`'s orders at their times."""
     lower = orders.upper()
     rows = [(o, t) for t, batch in sorted(by_time.items()) for o in batch]
-    table = pa.table({
-        "order_id": pa.array([o[0] for o, _ in rows], pa.int64()),
-        "customer": pa.array([o[1] for o, _ in rows], pa.string()),
-        "amount": pa.array([o[2] for o, _ in rows], pa.int64()),
-        "_time": pa.array([t for _, t in rows], pa.int64()),
-        "_diff": pa.array([1] * len(rows), pa.int64()),
-    })  # fmt: skip
+    table = pa.table(
+        {
+            "order_id": pa.array([o[0] for o, _ in rows], pa.int64()),
+            "customer": pa.array([o[1] for o, _ in rows], pa.string()),
+            "amount": pa.array([o[2] for o, _ in rows], pa.int64()),
+            "_time": pa.array([t for _, t in rows], pa.int64()),
+            "_diff": pa.array([1] * len(rows), pa.int64()),
+        }
+    )
     parts = [orders.stage(table, lower, Frontier.at(upper), "orders")] if rows else []
     result = orders.compare_and_append(parts, lower, Frontier.at(upper))
     if not isinstance(result, Appended):
@@ -96,7 +98,10 @@ def _recent(output: Counter[Row], time: int, orders: list[Order]) -> None:
 
 
 EVALUATIONS: dict[str, Callable[[Counter[Row], int, list[Order]], None]] = {
-    "latest_order": _latest, "big_orders": _big, "recent_orders": _recent}  # fmt: skip
+    "latest_order": _latest,
+    "big_orders": _big,
+    "recent_orders": _recent,
+}
 
 
 def evaluate(name: str, history: History) -> dict[int, Counter[Row]]:
@@ -115,8 +120,12 @@ def evaluate(name: str, history: History) -> dict[int, Counter[Row]]:
 def contents(output: Shard, time: int) -> Counter[Row]:
     """The output's rows as of `time`, with their counts."""
     names = output.schema.names
-    return Counter({tuple(r[n] for n in names): r["_diff"]
-                    for r in output.snapshot(Frontier.at(time + 1)).to_pylist()})  # fmt: skip
+    return Counter(
+        {
+            tuple(r[n] for n in names): r["_diff"]
+            for r in output.snapshot(Frontier.at(time + 1)).to_pylist()
+        }
+    )
 
 
 def mismatches(output: Shard, expected: dict[int, Counter[Row]]) -> list[int]:
@@ -139,19 +148,31 @@ def run_ct_demo(config: Config, say: Say, ticks: int = 12, orders: int = 20) -> 
             task_file = logs / f"{name}.toml"
             task_file.write_text(example_task(name, shard.shard_id, run))
             definition = load_definition(task_file)
-            outputs[name] = open_shard(definition.output_shard, definition.output_schema,
-                                       config.s3)  # fmt: skip
-            procs.append(start_service(config, "ct", logs / name, MVSINK_CT_TASK=str(task_file),
-                                       MVSINK_SPARK_MASTER="local[1]"))  # fmt: skip
-        say(f"input {shard.shard_id} (append-only orders); tasks {', '.join(EVALUATIONS)}; "
-            f"logs in {logs}")  # fmt: skip
+            outputs[name] = open_shard(definition.output_shard, definition.output_schema, config.s3)
+            procs.append(
+                start_service(
+                    config,
+                    "ct",
+                    logs / name,
+                    MVSINK_CT_TASK=str(task_file),
+                    MVSINK_SPARK_MASTER="local[1]",
+                )
+            )
+        say(
+            f"input {shard.shard_id} (append-only orders); tasks {', '.join(EVALUATIONS)}; "
+            f"logs in {logs}"
+        )
         _wait_started(logs, say)
         rng, customers = random.Random(7), [f"customer-{i:03d}" for i in range(8)]
         history: History = []
         next_id = 1
         for tick in range(ticks):
-            by_time = {tick: [(next_id + i, rng.choice(customers), rng.randint(100, 10000))
-                              for i in range(rng.choice([0, orders // 2, orders]))]}  # fmt: skip
+            by_time = {
+                tick: [
+                    (next_id + i, rng.choice(customers), rng.randint(100, 10000))
+                    for i in range(rng.choice([0, orders // 2, orders]))
+                ]
+            }
             next_id += len(by_time[tick])
             append_orders(shard, tick + 1, by_time)
             history.append((tick + 1, by_time))
@@ -166,8 +187,10 @@ def run_ct_demo(config: Config, say: Say, ticks: int = 12, orders: int = 20) -> 
             expected = evaluate(name, history)
             wrong = mismatches(output, expected)
             final = contents(output, ticks - 1)
-            say(f"{name}: {sum(final.values())} rows at {{{ticks}}}, equal to its evaluation at "
-                f"{len(expected) - len(wrong)}/{len(expected)} times")  # fmt: skip
+            say(
+                f"{name}: {sum(final.values())} rows at {{{ticks}}}, equal to its evaluation at "
+                f"{len(expected) - len(wrong)}/{len(expected)} times"
+            )
             for row in sorted(final, key=str)[:3]:
                 say(f"  {row}")
             if wrong:

@@ -89,8 +89,9 @@ class ViewJob:
         for _ in range(count):
             customer = self.rng.choice(self.customers)
             amount = self.rng.randint(100, 10000)  # cents: sums are exact
-            self.events.produce(self.orders_topic, f"{tick},{customer},{amount}".encode(),
-                                key=customer.encode())  # fmt: skip
+            self.events.produce(
+                self.orders_topic, f"{tick},{customer},{amount}".encode(), key=customer.encode()
+            )
         left = self.events.flush(30)
         if left:
             raise TimeoutError(f"tick {tick}: {left} order events not acknowledged in 30s")
@@ -141,18 +142,26 @@ class ViewJob:
             "customer string, old_n long, old_s long",
         )
         joined = deltas.join(old, "customer", "left").select(
-            "customer", "old_n", "old_s",
+            "customer",
+            "old_n",
+            "old_s",
             (F.coalesce("old_n", F.lit(0)) + F.col("n")).alias("new_n"),
             (F.coalesce("old_s", F.lit(0)) + F.col("s")).alias("new_s"),
-        )  # fmt: skip
+        )
         retractions = joined.where(F.col("old_n").isNotNull()).select(
-            "customer", F.col("old_n").alias("orders"), (F.col("old_s") / 100).alias("total"),
-            F.lit(tick).cast("long").alias("_time"), F.lit(-1).cast("long").alias("_diff"),
-        )  # fmt: skip
+            "customer",
+            F.col("old_n").alias("orders"),
+            (F.col("old_s") / 100).alias("total"),
+            F.lit(tick).cast("long").alias("_time"),
+            F.lit(-1).cast("long").alias("_diff"),
+        )
         insertions = joined.select(
-            "customer", F.col("new_n").alias("orders"), (F.col("new_s") / 100).alias("total"),
-            F.lit(tick).cast("long").alias("_time"), F.lit(1).cast("long").alias("_diff"),
-        )  # fmt: skip
+            "customer",
+            F.col("new_n").alias("orders"),
+            (F.col("new_s") / 100).alias("total"),
+            F.lit(tick).cast("long").alias("_time"),
+            F.lit(1).cast("long").alias("_diff"),
+        )
         publish_dataframe(retractions.unionByName(insertions), self.desired, Frontier.at(tick + 1))
         state = dict(self.state)
         changed = joined.select("customer", "new_n", "new_s").collect()
@@ -212,9 +221,12 @@ def start_service(config: Config, name: str, logs: Path, **env: str) -> subproce
     `logs/<name>.log`; `env` adds to `service_env` (e.g. a fixed `MVSINK_METRICS_PORT`)."""
     logs.mkdir(parents=True, exist_ok=True)
     with (logs / f"{name}.log").open("ab") as out:
-        return subprocess.Popen([sys.executable, "-m", f"services.{name}"],
-                                env={**service_env(config), **env}, stdout=out,
-                                stderr=subprocess.STDOUT)  # fmt: skip
+        return subprocess.Popen(
+            [sys.executable, "-m", f"services.{name}"],
+            env={**service_env(config), **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def start_services(config: Config, logs: Path) -> list[subprocess.Popen[bytes]]:
@@ -236,8 +248,9 @@ def stop_services(procs: Iterable[subprocess.Popen[bytes]], timeout: float = 60.
             proc.wait(10)
 
 
-def _compare(say: Say, shard: dict[str, tuple[int, float]], view: dict[str, tuple[int, float]],
-             show: int = 8) -> int:  # fmt: skip
+def _compare(
+    say: Say, shard: dict[str, tuple[int, float]], view: dict[str, tuple[int, float]], show: int = 8
+) -> int:
     """Print the two side by side; the number of customers that differ."""
     keys = sorted(set(shard) | set(view))
     differ = [k for k in keys if shard.get(k) != view.get(k)]
@@ -267,8 +280,13 @@ def run_demo(config: Config, say: Say, ticks: int = 8, orders: int = 200) -> Non
     from mvsink.io.spark import spark_session
 
     run = f"demo-{time.strftime('%H%M%S')}-{uuid.uuid4().hex[:4]}"
-    config = replace(config, sink_id=run, shard_id=run, row_schema=ROW_SCHEMA,
-                     topics=Topics.for_sink(run, config.topics.frontiers))  # fmt: skip
+    config = replace(
+        config,
+        sink_id=run,
+        shard_id=run,
+        row_schema=ROW_SCHEMA,
+        topics=Topics.for_sink(run, config.topics.frontiers),
+    )
     say(
         f"sink {run}: P={config.partitions} desired partitions, A={config.append_workers} append workers"
     )
@@ -283,15 +301,24 @@ def run_demo(config: Config, say: Say, ticks: int = 8, orders: int = 200) -> Non
         view = ViewJob(config, spark, say)
         for _ in range(ticks):
             changed = view.tick(orders)
-            say(f"tick {view.frontier - 1}: {orders} orders, {changed} customers changed; "
-                f"desired at {{{view.frontier}}}, shard upper {shard.upper()}")  # fmt: skip
+            say(
+                f"tick {view.frontier - 1}: {orders} orders, {changed} customers changed; "
+                f"desired at {{{view.frontier}}}, shard upper {shard.upper()}"
+            )
         wait_upper(shard, view.frontier, say)
         say(f"shard at its upper {{{view.frontier}}} next to the view computed directly by Spark:")
         if _compare(say, shard_view(shard, view.frontier), view.direct_view()):
             raise MvsinkError("the shard does not equal the view")
         upper = view.frontier
-        junk = pa.table({"customer": ["customer-000", "mallory"], "orders": [999, 1],
-                         "total": [0.0, 1e6], "_time": [upper, upper], "_diff": [1, 1]})  # fmt: skip
+        junk = pa.table(
+            {
+                "customer": ["customer-000", "mallory"],
+                "orders": [999, 1],
+                "total": [0.0, 1e6],
+                "_time": [upper, upper],
+                "_diff": [1, 1],
+            }
+        )
         part = shard.stage(junk, Frontier.at(upper), Frontier.at(upper + 1), "foreign-writer")
         result = shard.compare_and_append([part], Frontier.at(upper), Frontier.at(upper + 1))
         if not isinstance(result, Appended):
@@ -304,8 +331,10 @@ def run_demo(config: Config, say: Say, ticks: int = 8, orders: int = 200) -> Non
         say(f"after one more tick the sink has corrected the shard (upper {{{view.frontier}}}):")
         if _compare(say, shard_view(shard, view.frontier), view.direct_view(), show=4):
             raise MvsinkError("the sink did not correct the foreign write")
-        say(f"demo OK: shard == view; shard state seqno {shard.state().seqno}, "
-            f"{len(shard.state().parts())} parts")  # fmt: skip
+        say(
+            f"demo OK: shard == view; shard state seqno {shard.state().seqno}, "
+            f"{len(shard.state().parts())} parts"
+        )
     finally:
         if view is not None:
             view.close()
@@ -313,8 +342,9 @@ def run_demo(config: Config, say: Say, ticks: int = 8, orders: int = 200) -> Non
         stop_services(procs, timeout=30)
 
 
-def run_view(config: Config, say: Say, ticks: int, orders: int, interval: float,
-             stopped: Callable[[], bool]) -> int:  # fmt: skip
+def run_view(
+    config: Config, say: Say, ticks: int, orders: int, interval: float, stopped: Callable[[], bool]
+) -> int:
     """The view job alone, for the configured sink (services run elsewhere, e.g. compose):
     `ticks` ticks (0 = until stopped), one every `interval` seconds; the ticks run.
 
@@ -348,13 +378,17 @@ def run_view(config: Config, say: Say, ticks: int, orders: int, interval: float,
                     time.sleep(0.2)
                 continue
             if outage is not None:
-                say(f"Kafka is back after {time.monotonic() - outage:.1f}s: desired at "
-                    f"{{{view.frontier}}}")  # fmt: skip
+                say(
+                    f"Kafka is back after {time.monotonic() - outage:.1f}s: desired at "
+                    f"{{{view.frontier}}}"
+                )
                 outage = None
                 backoff.reset()
             done += 1
-            say(f"tick {view.frontier - 1}: {orders} orders, {changed} customers changed; "
-                f"desired at {{{view.frontier}}}")  # fmt: skip
+            say(
+                f"tick {view.frontier - 1}: {orders} orders, {changed} customers changed; "
+                f"desired at {{{view.frontier}}}"
+            )
             time.sleep(max(0.0, interval - (time.monotonic() - started)))
     finally:
         if view is not None:

@@ -37,8 +37,13 @@ def provision(config: Config, frontiers_config: Mapping[str, str] | None = None)
         from mvsink.core.rows import parse_row_schema
         from mvsink.shard import open_shard
 
-        shard = open_shard(config.shard_id, parse_row_schema(config.row_schema), config.s3,
-                           config.shard_timing(), config.retain_history)  # fmt: skip
+        shard = open_shard(
+            config.shard_id,
+            parse_row_schema(config.row_schema),
+            config.s3,
+            config.shard_timing(),
+            config.retain_history,
+        )
         ensure_retention(shard, config.retain_history)
         upper = str(shard.upper())
     return Provisioned(created, bucket_created, upper)

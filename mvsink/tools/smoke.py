@@ -60,21 +60,41 @@ def contract_samples(config: Config, run: str) -> list[Sample]:
     )
     producer_id = f"producer.{config.sink_id}.{run}"
     updates = Updates((Update.ok(b"\x02a", 3, 1), Update.error("boom", 4, 1)))
-    repair = SinkRepair(config.sink_id, config.shard_id, f"smoke-{run}", 0, upper, lower,
-                        (RepairedPartition(0, lower, 0, 0, 0, -1, 0),))  # fmt: skip
+    repair = SinkRepair(
+        config.sink_id,
+        config.shard_id,
+        f"smoke-{run}",
+        0,
+        upper,
+        lower,
+        (RepairedPartition(0, lower, 0, 0, 0, -1, 0),),
+    )
     return [
         Sample(topics.desired, 0, "row-a", updates, producer_id),
         Sample(topics.desired, 0, "row-a", Progress(upper), producer_id),
-        Sample(topics.frontiers, 0, desired_progress_key(config.sink_id, 0),
-               DesiredProgress(config.sink_id, 0, upper), producer_id),
-        Sample(topics.frontiers, 0, shard_upper_key(config.shard_id),
-               ShardUpper(config.shard_id, lower, 0)),
+        Sample(
+            topics.frontiers,
+            0,
+            desired_progress_key(config.sink_id, 0),
+            DesiredProgress(config.sink_id, 0, upper),
+            producer_id,
+        ),
+        Sample(
+            topics.frontiers,
+            0,
+            shard_upper_key(config.shard_id),
+            ShardUpper(config.shard_id, lower, 0),
+        ),
         Sample(topics.descs, 0, config.sink_id, desc, f"mint.{config.sink_id}"),
-        Sample(topics.batches, desc.append_worker, str(desc.append_worker),
-               StagedBatch(desc.id, lower, upper, (0,), (part,), f"smoke-{run}")),
+        Sample(
+            topics.batches,
+            desc.append_worker,
+            str(desc.append_worker),
+            StagedBatch(desc.id, lower, upper, (0,), (part,), f"smoke-{run}"),
+        ),
         Sample(topics.control, 0, config.sink_id, SinkControl(read_only=False)),
         Sample(topics.control, 0, repair.key, repair),
-    ]  # fmt: skip
+    ]
 
 
 def roundtrip(bootstrap: str, sample: Sample, timeout: float = 30.0) -> Record:
@@ -126,8 +146,10 @@ def run_smoke(config: Config, say: Say) -> None:
         if got != sample.record:
             raise RuntimeError(f"{sample.topic}: sent {sample.record!r}, read back {got!r}")
         how = "transactional" if sample.transactional_id else "plain"
-        say(f"  {sample.topic:<22} [{sample.partition}] {how:<13} {type(got).__name__:<17} "
-            f"read back in {1000 * (time.monotonic() - started):.0f} ms")  # fmt: skip
+        say(
+            f"  {sample.topic:<22} [{sample.partition}] {how:<13} {type(got).__name__:<17} "
+            f"read back in {1000 * (time.monotonic() - started):.0f} ms"
+        )
     _conditional_writes(config, run, say)
     say("smoke demo OK: every topic round-trips its contract; conditional writes hold.")
 

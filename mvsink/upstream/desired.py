@@ -21,9 +21,12 @@ from mvsink.core.updates import TIME, advance_times, consolidate, part_schema, u
 from mvsink.io.kafka import NO_RESET, READ_TO_END, consumer_config, poll_message
 
 
-def decode_desired(message: Message, row_schema: pa.Schema,
-                   decode_rows: Callable[[Updates], pa.Table],
-                   partitioning: int | None) -> Progress | pa.Table:  # fmt: skip
+def decode_desired(
+    message: Message,
+    row_schema: pa.Schema,
+    decode_rows: Callable[[Updates], pa.Table],
+    partitioning: int | None,
+) -> Progress | pa.Table:
     """A desired record: its `Progress`, or its updates as a table (Arrow IPC or Avro rows,
     decoded by `decode_rows = updates_decoder(row_schema)`).
 
@@ -41,9 +44,12 @@ def decode_desired(message: Message, row_schema: pa.Schema,
         raise DecodeError(f"desired record does not decode: {error!r}") from error
 
 
-def _decode_desired(message: Message, row_schema: pa.Schema,
-                    decode_rows: Callable[[Updates], pa.Table],
-                    partitioning: int | None) -> Progress | pa.Table:  # fmt: skip
+def _decode_desired(
+    message: Message,
+    row_schema: pa.Schema,
+    decode_rows: Callable[[Updates], pa.Table],
+    partitioning: int | None,
+) -> Progress | pa.Table:
     record = decode_message(message, (UpdatesArrow, Updates, Progress))
     if isinstance(record, Progress):
         return record
@@ -59,8 +65,14 @@ def _decode_desired(message: Message, row_schema: pa.Schema,
     return decode_rows(cast(Updates, record))
 
 
-def read_desired(bootstrap: str, topic: str, partitions: int, row_schema: pa.Schema,
-                 as_of: int, timeout: float = 60.0) -> pa.Table:  # fmt: skip
+def read_desired(
+    bootstrap: str,
+    topic: str,
+    partitions: int,
+    row_schema: pa.Schema,
+    as_of: int,
+    timeout: float = 60.0,
+) -> pa.Table:
     """The desired collection at `as_of`: every committed update with a time before `as_of`,
     read to the end of each partition, with times advanced to `as_of` and consolidated. A caller must know that
     desired's progress passed `as_of` (e.g. a shard's upper: nothing is minted before it).
@@ -72,18 +84,23 @@ def read_desired(bootstrap: str, topic: str, partitions: int, row_schema: pa.Sch
     tables: list[pa.Table] = []
     try:
         for p in range(partitions):
-            low, _ = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout,
-                                                    cached=False)  # fmt: skip
+            low, _ = consumer.get_watermark_offsets(
+                TopicPartition(topic, p), timeout=timeout, cached=False
+            )
             if low > 0:
-                raise MvsinkError(f"{topic}[{p}]: records below offset {low} were deleted, so "
-                                  "the desired collection cannot be read from the topic alone")  # fmt: skip
+                raise MvsinkError(
+                    f"{topic}[{p}]: records below offset {low} were deleted, so "
+                    "the desired collection cannot be read from the topic alone"
+                )
         consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
         ended: set[int] = set()
         deadline = time.monotonic() + timeout
         while len(ended) < partitions:
             if time.monotonic() > deadline:
-                raise MvsinkError(f"reading {topic} to its end took over {timeout}s "
-                                  f"(partitions at their end: {sorted(ended)})")  # fmt: skip
+                raise MvsinkError(
+                    f"reading {topic} to its end took over {timeout}s "
+                    f"(partitions at their end: {sorted(ended)})"
+                )
             message = poll_message(consumer, 0.5, on_eof=ended.add)
             if message is None:
                 continue

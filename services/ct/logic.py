@@ -85,18 +85,23 @@ def run_logic(
         try:
             rows = spark.sql(query, args={"time": time}).toArrow()
         except Exception as error:  # Spark's analysis and execution errors alike
-            raise LogicError(f"statement {number} ({statement.text!r}) at time {time}: "
-                             f"{_first_line(error)}") from error  # fmt: skip
+            raise LogicError(
+                f"statement {number} ({statement.text!r}) at time {time}: {_first_line(error)}"
+            ) from error
         if rows.num_columns != len(schema):
-            raise LogicError(f"statement {number} ({statement.text!r}) returns "
-                             f"{rows.num_columns} columns, the output has {len(schema)}: "
-                             f"{schema.names}")  # fmt: skip
+            raise LogicError(
+                f"statement {number} ({statement.text!r}) returns "
+                f"{rows.num_columns} columns, the output has {len(schema)}: "
+                f"{schema.names}"
+            )
         rows = rows.rename_columns(schema.names)
         for field in schema:
             if not field.nullable and rows.column(field.name).null_count:
-                raise LogicError(f"statement {number} ({statement.text!r}) at time {time} "
-                                 f"returns NULL for {field.name}, which the output declares "
-                                 "not null")  # fmt: skip
+                raise LogicError(
+                    f"statement {number} ({statement.text!r}) at time {time} "
+                    f"returns NULL for {field.name}, which the output declares "
+                    "not null"
+                )
         try:
             diffs = with_diffs(rows, schema, time, diff)
         except InvalidUsage as error:
@@ -109,8 +114,10 @@ def run_logic(
 
 def _bag(collection: pa.Table, time: int, what: str) -> pa.Table:
     if collection.num_rows and pc.min(collection.column(DIFF)).as_py() < 0:
-        raise LogicError(f"after {what!r} at time {time} the output holds a row a negative "
-                         "number of times: a DELETE retracted more than the output held")  # fmt: skip
+        raise LogicError(
+            f"after {what!r} at time {time} the output holds a row a negative "
+            "number of times: a DELETE retracted more than the output held"
+        )
     return expand(collection)
 
 

@@ -62,8 +62,15 @@ RENEW_SHARE = 1 / 3
 class ContinualTask:
     """One replica of a continual task. Not thread-safe: one loop calls `poll` and `work`."""
 
-    def __init__(self, definition: Definition, s3: S3Settings, timing: Timing,
-                 spark: SparkSession, writer_id: str, read_only: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        definition: Definition,
+        s3: S3Settings,
+        timing: Timing,
+        spark: SparkSession,
+        writer_id: str,
+        read_only: bool = False,
+    ) -> None:
         self.definition = definition
         #: A read-only replica follows the inputs and the output and writes nothing (until
         #: `promote`): it stays at the output's upper with the inputs' changes from there.
@@ -127,10 +134,15 @@ class ContinualTask:
         self.sink = SinkState(output_progress=upper, to_append_progress=upper)
         self.contents = self.output.snapshot(upper)
         OUTPUT_UPPER.labels(self.definition.name).set(_time(upper))
-        log.info("continual task %s starts at output upper %s, reading from %s (as_of %d%s), "
-                 "inputs %s", self.definition.name, upper, start, self.definition.as_of,
-                 ", with the inputs' snapshot" if self.snapshot_first else "",
-                 {n: self.readers[n].shard_id for n in self.definition.inputs})  # fmt: skip
+        log.info(
+            "continual task %s starts at output upper %s, reading from %s (as_of %d%s), inputs %s",
+            self.definition.name,
+            upper,
+            start,
+            self.definition.as_of,
+            ", with the inputs' snapshot" if self.snapshot_first else "",
+            {n: self.readers[n].shard_id for n in self.definition.inputs},
+        )
         return start
 
     def _hold(self, upper: Frontier, force: bool = False) -> None:
@@ -174,8 +186,9 @@ class ContinualTask:
         if not lower.less_than(state.upper):
             return False
         first = self.snapshot_first and lower == self.start_at
-        selected = shard.parts_for(None, Frontier.minimum() if first else lower, state.upper,
-                                   state=state)  # fmt: skip
+        selected = shard.parts_for(
+            None, Frontier.minimum() if first else lower, state.upper, state=state
+        )
         try:
             table = shard.read_parts(selected)
         except PartGone:
@@ -224,8 +237,12 @@ class ContinualTask:
             except IndefiniteAppend as error:
                 # Unknown whether it landed: the next round reads the upper again (a landed
                 # write then reads as one a replica made, and the output is read back).
-                log.warning("%s: append to %s indefinite (%s); trying again",
-                            self.definition.name, new_upper, error)  # fmt: skip
+                log.warning(
+                    "%s: append to %s indefinite (%s); trying again",
+                    self.definition.name,
+                    new_upper,
+                    error,
+                )
                 return writes
             writes += 1
 
@@ -235,9 +252,12 @@ class ContinualTask:
         output as of the time before it is the output now; its data is computed before the
         upper moves up to it, and one append writes both."""
         sink = self.sink
-        pending = [t for t in sink.append_times
-                   if sink.output_progress.less_equal_time(t)
-                   and not sink.append_times_progress.less_equal_time(t)]  # fmt: skip
+        pending = [
+            t
+            for t in sink.append_times
+            if sink.output_progress.less_equal_time(t)
+            and not sink.append_times_progress.less_equal_time(t)
+        ]
         write_ts = min(pending, default=None)
         if write_ts is None:
             return None
@@ -265,8 +285,7 @@ class ContinualTask:
             for name, table in self.pending.items()
         }
         started = time.monotonic()
-        diffs = run_logic(self.spark, self.definition, write_ts, changes, references,
-                          self.contents)  # fmt: skip
+        diffs = run_logic(self.spark, self.definition, write_ts, changes, references, self.contents)
         self._logic_seconds = time.monotonic() - started
         LOGIC_SECONDS.labels(self.definition.name).inc(self._logic_seconds)
         if diffs.num_rows:
@@ -282,8 +301,11 @@ class ContinualTask:
         result = truncating_compare_and_append(self.output, table, new_upper, self.writer_id)
         name = self.definition.name
         if result.written and new_upper.time is not None:
-            self.contents = consolidate(pa.concat_tables([self.contents, table]),
-                                        self.definition.output_schema, new_upper.time - 1)  # fmt: skip
+            self.contents = consolidate(
+                pa.concat_tables([self.contents, table]),
+                self.definition.output_schema,
+                new_upper.time - 1,
+            )
         else:
             self.contents = self.output.snapshot(result.upper)  # a replica wrote: take its result
         if updates:
@@ -291,16 +313,26 @@ class ContinualTask:
                 self.times_written += 1
                 WRITTEN.labels(name).inc()
                 diffs = table.column(DIFF)
-                log.info("%s wrote time %s: %d updates (+%s -%s), logic %.2fs, upper %s",
-                         name, updates[0][1], table.num_rows,
-                         pc.sum(pc.max_element_wise(diffs, 0)).as_py(),
-                         pc.sum(pc.max_element_wise(pc.negate(diffs), 0)).as_py(),
-                         self._logic_seconds, result.upper)  # fmt: skip
+                log.info(
+                    "%s wrote time %s: %d updates (+%s -%s), logic %.2fs, upper %s",
+                    name,
+                    updates[0][1],
+                    table.num_rows,
+                    pc.sum(pc.max_element_wise(diffs, 0)).as_py(),
+                    pc.sum(pc.max_element_wise(pc.negate(diffs), 0)).as_py(),
+                    self._logic_seconds,
+                    result.upper,
+                )
             else:
                 self.times_dropped += 1
                 DROPPED.labels(name).inc()
-                log.info("%s: a replica wrote [%s, %s) first; dropped ours, upper %s",
-                         name, before, new_upper, result.upper)  # fmt: skip
+                log.info(
+                    "%s: a replica wrote [%s, %s) first; dropped ours, upper %s",
+                    name,
+                    before,
+                    new_upper,
+                    result.upper,
+                )
         self._advance_output(result.upper)
 
     def _follow_output(self) -> None:
@@ -329,8 +361,11 @@ class ContinualTask:
         """Start writing from the output's upper (a no-op for a writing replica)."""
         if self.read_only:
             self.read_only = False
-            log.info("continual task %s promoted: writing from output upper %s",
-                     self.definition.name, self.sink.output_progress)  # fmt: skip
+            log.info(
+                "continual task %s promoted: writing from output upper %s",
+                self.definition.name,
+                self.sink.output_progress,
+            )
 
     def step(self) -> bool:
         """One round: poll, then work; whether anything happened. The leases are renewed here
@@ -350,15 +385,20 @@ def control_id(definition: Definition) -> str:
 def _control(config: Config, definition: Definition) -> Reader:
     topic = Topics.for_sink(control_id(definition)).control
     ensure_topics(config.kafka_bootstrap, [TopicSpec(topic, 1)])
-    log.info("%s is read-only: following, writing nothing until `mvsink promote %s`",
-             definition.name, control_id(definition))  # fmt: skip
+    log.info(
+        "%s is read-only: following, writing nothing until `mvsink promote %s`",
+        definition.name,
+        control_id(definition),
+    )
     return tail_consumer(config.kafka_bootstrap, topic)
 
 
 def _promoted(control: Reader, definition: Definition) -> bool:
     key = control_id(definition).encode()
-    return any(isinstance(record, SinkControl) and not record.read_only and message.key() == key
-               for message, record in drain(control))  # fmt: skip
+    return any(
+        isinstance(record, SinkControl) and not record.read_only and message.key() == key
+        for message, record in drain(control)
+    )
 
 
 def _time(frontier: Frontier) -> float:
@@ -372,10 +412,15 @@ def run(config: Config, stopping: Stopping) -> int:
     if not config.ct_task:
         raise ConfigError("no continual task: set [ct] task or MVSINK_CT_TASK to its definition")
     definition = load_definition(config.ct_task)
-    spark = spark_session(f"mvsink-ct-{definition.name}", config.spark_master,
-                          shuffle_partitions=2)  # fmt: skip
-    task = ContinualTask(definition, config.s3, config.shard_timing(), spark,
-                         writer_identity(config, "ct"), read_only=config.read_only)  # fmt: skip
+    spark = spark_session(f"mvsink-ct-{definition.name}", config.spark_master, shuffle_partitions=2)
+    task = ContinualTask(
+        definition,
+        config.s3,
+        config.shard_timing(),
+        spark,
+        writer_identity(config, "ct"),
+        read_only=config.read_only,
+    )
     task.start()
     control = _control(config, definition) if config.read_only else None
     try:
@@ -389,7 +434,12 @@ def run(config: Config, stopping: Stopping) -> int:
     finally:
         if control is not None:
             control.close()
-    log.info("%s stopped at output upper %s: %d times written, %d dropped, %d input bytes read",
-             definition.name, task.sink.output_progress, task.times_written, task.times_dropped,
-             task.bytes_read)  # fmt: skip
+    log.info(
+        "%s stopped at output upper %s: %d times written, %d dropped, %d input bytes read",
+        definition.name,
+        task.sink.output_progress,
+        task.times_written,
+        task.times_dropped,
+        task.bytes_read,
+    )
     return 0

@@ -62,12 +62,19 @@ class MintShell:
         self.config = config
         self.stopping = stopping
         self.shard: Shard = open_shard(config.shard_id, None, config.s3, config.shard_timing())
-        self.producer = Producer(client_config(config.kafka_bootstrap, **{
-            "transactional.id": f"mint.{config.sink_id}", "enable.idempotence": True}))  # fmt: skip
+        self.producer = Producer(
+            client_config(
+                config.kafka_bootstrap,
+                **{"transactional.id": f"mint.{config.sink_id}", "enable.idempotence": True},
+            )
+        )
         self.state = MintState(
-            config.sink_id, config.partitions, config.append_workers,
-            Frontier.at(config.as_of), config.read_only,
-        )  # fmt: skip
+            config.sink_id,
+            config.partitions,
+            config.append_workers,
+            Frontier.at(config.as_of),
+            config.read_only,
+        )
 
     def start(self) -> None:
         """Fence the previous mint, then restore from `descs`."""
@@ -76,8 +83,13 @@ class MintShell:
         if last is not None and not isinstance(last, BatchDescription):
             raise DecodeError(f"{self.config.topics.descs} ends with a {type(last).__name__}")
         self.state.restore(last)
-        log.info("mint %s started: epoch %d, last lower %s, read_only=%s", self.config.sink_id,
-                 self.state.epoch, self.state.last_lower, self.state.read_only)  # fmt: skip
+        log.info(
+            "mint %s started: epoch %d, last lower %s, read_only=%s",
+            self.config.sink_id,
+            self.state.epoch,
+            self.state.last_lower,
+            self.state.read_only,
+        )
 
     def run(self) -> int:
         """Mint until stopped (0) or fenced (0: the newer mint carries on)."""
@@ -141,8 +153,10 @@ class MintShell:
         PERSIST.labels(sink).set(_time(self.state.persist_frontier))
         READ_ONLY.labels(sink).set(1 if self.state.read_only else 0)
         # Work is there while desired is ahead of the shard (a read-only mint has none).
-        report(self.state.persist_frontier.time,
-               None if self.state.read_only else self.state.desired_frontier.time)  # fmt: skip
+        report(
+            self.state.persist_frontier.time,
+            None if self.state.read_only else self.state.desired_frontier.time,
+        )
 
 
 def run(config: Config, stopping: Stopping) -> int:

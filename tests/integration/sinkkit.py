@@ -87,18 +87,34 @@ class Sink:
     logs: Path
 
     @classmethod
-    def create(cls, bootstrap: str, s3: S3Settings, logs: Path, partitions: int = 2,
-               workers: int = 2, shard_id: str | None = None,
-               frontiers: str | None = None, partitioning: int = 2) -> Sink:  # fmt: skip
+    def create(
+        cls,
+        bootstrap: str,
+        s3: S3Settings,
+        logs: Path,
+        partitions: int = 2,
+        workers: int = 2,
+        shard_id: str | None = None,
+        frontiers: str | None = None,
+        partitioning: int = 2,
+    ) -> Sink:
         """A new sink; `shard_id`/`frontiers` to share them with another replica."""
         sink_id = f"sink-{uuid.uuid4().hex[:8]}"
         frontiers = frontiers or f"{sink_id}.frontiers"
         config = Config(
-            sink_id=sink_id, shard_id=shard_id or sink_id, partitions=partitions,
-            append_workers=workers, partitioning=partitioning, as_of=0, read_only=False,
+            sink_id=sink_id,
+            shard_id=shard_id or sink_id,
+            partitions=partitions,
+            append_workers=workers,
+            partitioning=partitioning,
+            as_of=0,
+            read_only=False,
             topics=Topics.for_sink(sink_id, frontiers),
-            kafka_bootstrap=bootstrap, s3=s3, spark_master="local[*]", row_schema=ROW_SCHEMA,
-        )  # fmt: skip
+            kafka_bootstrap=bootstrap,
+            s3=s3,
+            spark_master="local[*]",
+            row_schema=ROW_SCHEMA,
+        )
         provision(config)
         return cls(config, open_shard(config.shard_id, None, s3), logs)
 
@@ -107,16 +123,22 @@ class Sink:
         c = self.config
         base = {k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")}
         return {
-            **base, "MVSINK_STATE_DIR": str(self.logs / "state"),
-            "MVSINK_SINK_ID": c.sink_id, "MVSINK_SHARD_ID": c.shard_id,
-            "MVSINK_PARTITIONS": str(c.partitions), "MVSINK_APPEND_WORKERS": str(c.append_workers),
+            **base,
+            "MVSINK_STATE_DIR": str(self.logs / "state"),
+            "MVSINK_SINK_ID": c.sink_id,
+            "MVSINK_SHARD_ID": c.shard_id,
+            "MVSINK_PARTITIONS": str(c.partitions),
+            "MVSINK_APPEND_WORKERS": str(c.append_workers),
             "MVSINK_PARTITIONING": str(c.partitioning),
-            "MVSINK_FRONTIERS_TOPIC": c.topics.frontiers, "MVSINK_KAFKA_BOOTSTRAP": c.kafka_bootstrap,
-            "MVSINK_S3_ENDPOINT": c.s3.endpoint, "MVSINK_S3_BUCKET": c.s3.bucket,
+            "MVSINK_FRONTIERS_TOPIC": c.topics.frontiers,
+            "MVSINK_KAFKA_BOOTSTRAP": c.kafka_bootstrap,
+            "MVSINK_S3_ENDPOINT": c.s3.endpoint,
+            "MVSINK_S3_BUCKET": c.s3.bucket,
             "MVSINK_S3_ACCESS_KEY": c.s3.access_key.reveal(),
             "MVSINK_S3_SECRET_KEY": c.s3.secret_key.reveal(),
-            "MVSINK_LOG_LEVEL": "DEBUG", **extra,
-        }  # fmt: skip
+            "MVSINK_LOG_LEVEL": "DEBUG",
+            **extra,
+        }
 
     def advance_desired(self, frontier: Frontier) -> None:
         """The upstream's progress: every desired partition reaches `frontier`."""
@@ -156,8 +178,12 @@ class Service:
     def start(self) -> Service:
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", f"services.{self.name}"],
-                                         env=self.env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", f"services.{self.name}"],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         return self
 
     def kill(self) -> None:
@@ -212,12 +238,16 @@ def log_starts(sink: Sink) -> dict[int, int]:
 def cli_env(bootstrap: str, s3: S3Settings, state_dir: Path) -> dict[str, str]:
     """The environment of an `mvsink` command pointed at the session's services."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")}
-    env.update({
-        "MVSINK_STATE_DIR": str(state_dir), "MVSINK_KAFKA_BOOTSTRAP": bootstrap,
-        "MVSINK_S3_ENDPOINT": s3.endpoint, "MVSINK_S3_BUCKET": s3.bucket,
-        "MVSINK_S3_ACCESS_KEY": s3.access_key.reveal(),
-        "MVSINK_S3_SECRET_KEY": s3.secret_key.reveal(),
-    })  # fmt: skip
+    env.update(
+        {
+            "MVSINK_STATE_DIR": str(state_dir),
+            "MVSINK_KAFKA_BOOTSTRAP": bootstrap,
+            "MVSINK_S3_ENDPOINT": s3.endpoint,
+            "MVSINK_S3_BUCKET": s3.bucket,
+            "MVSINK_S3_ACCESS_KEY": s3.access_key.reveal(),
+            "MVSINK_S3_SECRET_KEY": s3.secret_key.reveal(),
+        }
+    )
     return env
 
 
@@ -263,10 +293,21 @@ class WriteRole:
             for p in covers:
                 table = pa.table({"k": [f"p{p}"], "v": [t], "_time": [t], "_diff": [1]})
                 parts.append(shard.stage(table, desc.lower, desc.upper, writer, p, c.partitions))
-            batch = StagedBatch(desc.id, desc.lower, desc.upper, tuple(covers),
-                                tuple(p.to_message() for p in parts), writer)  # fmt: skip
-            produce(self.producer, c.topics.batches, str(desc.append_worker), batch,
-                    partition=desc.append_worker)  # fmt: skip
+            batch = StagedBatch(
+                desc.id,
+                desc.lower,
+                desc.upper,
+                tuple(covers),
+                tuple(p.to_message() for p in parts),
+                writer,
+            )
+            produce(
+                self.producer,
+                c.topics.batches,
+                str(desc.append_worker),
+                batch,
+                partition=desc.append_worker,
+            )
         assert self.producer.flush(30) == 0
         self.staged.append(desc)
 
@@ -278,12 +319,14 @@ class WriteRole:
 
 
 def updates(rows: list[tuple[str, int, int, int]]) -> pa.Table:
-    return pa.table({
-        "k": pa.array([r[0] for r in rows], pa.string()),
-        "v": pa.array([r[1] for r in rows], pa.int64()),
-        "_time": pa.array([r[2] for r in rows], pa.int64()),
-        "_diff": pa.array([r[3] for r in rows], pa.int64()),
-    })  # fmt: skip
+    return pa.table(
+        {
+            "k": pa.array([r[0] for r in rows], pa.string()),
+            "v": pa.array([r[1] for r in rows], pa.int64()),
+            "_time": pa.array([r[2] for r in rows], pa.int64()),
+            "_diff": pa.array([r[3] for r in rows], pa.int64()),
+        }
+    )
 
 
 def contents(sink: Sink, as_of: int) -> dict[tuple[str, int], int]:
@@ -294,8 +337,12 @@ class Upstream:
     """A view's changelog: per tick, half the keys change value (retraction + insertion)."""
 
     def __init__(self, sink: Sink, keys: int = 6, wire: str = "arrow") -> None:
-        self.producer = DesiredProducer(sink.config, parse_row_schema(sink.config.row_schema),
-                                        f"test-{uuid.uuid4().hex[:6]}", wire=wire)  # fmt: skip
+        self.producer = DesiredProducer(
+            sink.config,
+            parse_row_schema(sink.config.row_schema),
+            f"test-{uuid.uuid4().hex[:6]}",
+            wire=wire,
+        )
         self.frontier = self.producer.start().time or 0
         self.model: Counter[tuple[str, int]] = Counter()
         self.values = {f"c{i}": 0 for i in range(keys)}

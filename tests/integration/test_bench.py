@@ -19,8 +19,13 @@ pytestmark = pytest.mark.integration
 
 def bench(kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, *args: str) -> str:
     env = cli_env(kafka_bootstrap, s3_settings, tmp_path)
-    done = subprocess.run([sys.executable, "-m", "mvsink.cli", "bench", *args, "--no-stack"], env=env,
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "mvsink.cli", "bench", *args, "--no-stack"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     return done.stderr
 
@@ -33,8 +38,15 @@ def test_bench_compares_mvsink_peer_delta_and_raw(
         kafka_bootstrap, s3_settings, tmp_path, "--keys", "3000", "--ticks", "3", "--out", str(out)
     )
     figures = json.loads((out / "bench.json").read_text())
-    for key in ("mvsink_updates_per_s", "peer_updates_per_s", "raw_updates_per_s", "ratio_vs_peer",
-                "ratio_vs_raw", "freshness_p50_s", "freshness_p99_s"):  # fmt: skip
+    for key in (
+        "mvsink_updates_per_s",
+        "peer_updates_per_s",
+        "raw_updates_per_s",
+        "ratio_vs_peer",
+        "ratio_vs_raw",
+        "freshness_p50_s",
+        "freshness_p99_s",
+    ):
         assert isinstance(figures[key], float) and figures[key] > 0, key
     assert figures["mvsink_shard_equals_desired"] is True
     # The Delta MERGE peer maintains the view too: its table, read at the end, equals it.
@@ -44,8 +56,13 @@ def test_bench_compares_mvsink_peer_delta_and_raw(
     assert figures["delta_table_bytes"] > 0 and figures["mvsink_table_bytes"] > 0
     assert "ratio mvsink/Delta MERGE" in text and "table in the bucket (MiB)" in text
     # Fed from the upstream's DataFrames (publish_dataframe from the executors), end to end.
-    for key in ("mvsink-e2e_updates_per_s", "peer-e2e_updates_per_s", "ratio_e2e_vs_peer_e2e",
-                "producer_updates_per_cpu_s", "producer_v1_updates_per_cpu_s"):  # fmt: skip
+    for key in (
+        "mvsink-e2e_updates_per_s",
+        "peer-e2e_updates_per_s",
+        "ratio_e2e_vs_peer_e2e",
+        "producer_updates_per_cpu_s",
+        "producer_v1_updates_per_cpu_s",
+    ):
         assert isinstance(figures[key], float) and figures[key] > 0, key
     assert figures["mvsink-e2e_shard_equals_desired"] is True
     # Both end-to-end columns are fed by a warmed-up upstream: every tick published once first.
@@ -73,8 +90,18 @@ def test_bench_readonly_samples_the_replicas_corrections(
     kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path
 ) -> None:
     out = tmp_path / "out"
-    bench(kafka_bootstrap, s3_settings, tmp_path, "readonly", "--minutes", "0.75", "--keys", "2000",
-          "--out", str(out))  # fmt: skip
+    bench(
+        kafka_bootstrap,
+        s3_settings,
+        tmp_path,
+        "readonly",
+        "--minutes",
+        "0.75",
+        "--keys",
+        "2000",
+        "--out",
+        str(out),
+    )
     figures = json.loads((out / "readonly.json").read_text())
     assert len(figures["samples"]) >= 3
     assert figures["samples"][-1]["upper"] > 0  # the writing replica kept appending
@@ -87,26 +114,60 @@ def test_bench_soak_keeps_the_shard_small(
     shard equals the view before and after the last cold restart, and compaction held the shard
     to a few batches and a bounded size. Timings are only checked to be measured."""
     out = tmp_path / "out"
-    text = bench(kafka_bootstrap, s3_settings, tmp_path, "soak", "--ticks", "60", "--keys", "500",
-                 "--early", "20", "--window", "10", "--out", str(out))  # fmt: skip
+    text = bench(
+        kafka_bootstrap,
+        s3_settings,
+        tmp_path,
+        "soak",
+        "--ticks",
+        "60",
+        "--keys",
+        "500",
+        "--early",
+        "20",
+        "--window",
+        "10",
+        "--out",
+        str(out),
+    )
     figures = json.loads((out / "soak.json").read_text())
     assert figures["correct"] is True and figures["correct_after_restart"] is True
     assert figures["measured"] is True, figures["not_measured"]
     for window in ("early", "end"):
         assert figures[window]["samples"] > 0 and figures[window]["appends"] > 0, window
-        for key in ("state_bytes", "live_batches", "live_parts", "part_bytes", "metadata_bytes",
-                    "bucket_bytes", "cas_p50_ms", "cas_p99_ms", "snapshot_s", "freshness_p50_s",
-                    "freshness_p99_s", "desired_bytes", "desired_records", "cold_restart_s",
-                    "repair_restart_s", "read_once_s", "cold_restart_vs_read_once",
-                    "repair_restart_vs_read_once"):  # fmt: skip
+        for key in (
+            "state_bytes",
+            "live_batches",
+            "live_parts",
+            "part_bytes",
+            "metadata_bytes",
+            "bucket_bytes",
+            "cas_p50_ms",
+            "cas_p99_ms",
+            "snapshot_s",
+            "freshness_p50_s",
+            "freshness_p99_s",
+            "desired_bytes",
+            "desired_records",
+            "cold_restart_s",
+            "repair_restart_s",
+            "read_once_s",
+            "cold_restart_vs_read_once",
+            "repair_restart_vs_read_once",
+        ):
             assert isinstance(figures[window][key], float) and figures[window][key] > 0, (
                 window,
                 key,
             )
     assert {t["figure"] for t in figures["targets"]} >= {"live_parts", "bucket_bytes"}
     timeline = figures["timeline"]
-    assert timeline and set(timeline[-1]) >= {"tick", "state_bytes", "live_batches", "live_parts",
-                                              "bucket_bytes"}  # fmt: skip
+    assert timeline and set(timeline[-1]) >= {
+        "tick",
+        "state_bytes",
+        "live_batches",
+        "live_parts",
+        "bucket_bytes",
+    }
     # Compaction happened: live batches stay within the policy, and three times the ticks of the
     # early window leave the bucket about as large (with 500 keys, each Parquet part's own
     # footer is a large share of its bytes).
@@ -132,9 +193,13 @@ def test_bench_faults_survives_every_fault(
 
     out = tmp_path / "out"
     env = {**cli_env(kafka_bootstrap, s3_settings, tmp_path), "MVSINK_CACHE_DIR": str(cache_dir())}
-    done = subprocess.run([sys.executable, "-m", "mvsink.cli", "bench", "faults", "--outage", "6",
-                           "--out", str(out)], env=env, capture_output=True, text=True,
-                          timeout=900)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "mvsink.cli", "bench", "faults", "--outage", "6", "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     figures = json.loads((out / "faults.json").read_text())
     assert figures["passed"] is True

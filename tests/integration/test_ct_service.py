@@ -37,7 +37,7 @@ from mvsink.tools.ct_demo import (
     Row,
     append_orders,
     contents,
-    evaluate,  # fmt: skip
+    evaluate,
     example_task,
     mismatches,
 )
@@ -61,8 +61,9 @@ def _random_history(rng: random.Random, ticks: int) -> History:
         by_time: dict[int, list[Order]] = {}
         for t in range(now, upper):
             for _ in range(rng.choice([0, 0, 1, 2, 4])):
-                by_time.setdefault(t, []).append((next_id, f"c{rng.randrange(4)}",
-                                                  rng.randrange(100, 10000)))  # fmt: skip
+                by_time.setdefault(t, []).append(
+                    (next_id, f"c{rng.randrange(4)}", rng.randrange(100, 10000))
+                )
                 next_id += 1
         batches.append((upper, by_time))
         now = upper
@@ -91,8 +92,12 @@ def orders(s3_settings: S3Settings, unique: str) -> Shard:
     return open_shard(f"orders-{unique}", ORDERS, s3_settings)
 
 
-def _run_until(tasks: list[ContinualTask], upper: Frontier, rng: random.Random | None = None,
-               timeout: float = 120) -> None:  # fmt: skip
+def _run_until(
+    tasks: list[ContinualTask],
+    upper: Frontier,
+    rng: random.Random | None = None,
+    timeout: float = 120,
+) -> None:
     deadline = time.monotonic() + timeout
     while any(t.sink.output_progress != upper for t in tasks):
         for task in rng.sample(tasks, len(tasks)) if rng else tasks:
@@ -178,17 +183,29 @@ def test_the_service_killed_at_random_points_writes_each_time_once(
 class _Task:
     """Example task latest_order over `orders`, run by `python -m services.ct` (`process`)."""
 
-    def __init__(self, orders: Shard, s3: S3Settings, kafka_bootstrap: str, unique: str,
-                 home: Path, **extra: str) -> None:  # fmt: skip
+    def __init__(
+        self,
+        orders: Shard,
+        s3: S3Settings,
+        kafka_bootstrap: str,
+        unique: str,
+        home: Path,
+        **extra: str,
+    ) -> None:
         task_file = home / "task.toml"
         task_file.write_text(example_task("latest_order", orders.shard_id, unique))
-        env = {**{k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")},
-               "MVSINK_KAFKA_BOOTSTRAP": kafka_bootstrap,
-               "MVSINK_S3_ENDPOINT": s3.endpoint, "MVSINK_S3_BUCKET": s3.bucket,
-               "MVSINK_S3_ACCESS_KEY": s3.access_key.reveal(),
-               "MVSINK_S3_SECRET_KEY": s3.secret_key.reveal(),
-               "MVSINK_CT_TASK": str(task_file), "MVSINK_SPARK_MASTER": "local[1]",
-               "MVSINK_STATE_DIR": str(home / "state"), **extra}  # fmt: skip
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")},
+            "MVSINK_KAFKA_BOOTSTRAP": kafka_bootstrap,
+            "MVSINK_S3_ENDPOINT": s3.endpoint,
+            "MVSINK_S3_BUCKET": s3.bucket,
+            "MVSINK_S3_ACCESS_KEY": s3.access_key.reveal(),
+            "MVSINK_S3_SECRET_KEY": s3.secret_key.reveal(),
+            "MVSINK_CT_TASK": str(task_file),
+            "MVSINK_SPARK_MASTER": "local[1]",
+            "MVSINK_STATE_DIR": str(home / "state"),
+            **extra,
+        }
         self.process = Service("ct", env, home / "ct.log")
         self.definition = load_definition(task_file)
         self.output = open_shard(self.definition.output_shard, self.definition.output_schema, s3)
@@ -201,8 +218,8 @@ def test_a_read_only_replica_follows_and_writes_once_promoted(
     history = _random_history(rng, 12)
     half = len(history) // 2
     if not any(by_time for _, by_time in history[half:]):
-        # The promoted standby must have something to write (a history whose second half had
-        # no orders made the last assertion fail, 1 run in ~50).
+        # The promoted standby must have something to write: a history whose second half has
+        # no orders would fail the last assertion.
         last_id = max(
             (order[0] for _, by_time in history for day in by_time.values() for order in day),
             default=0,
@@ -227,19 +244,25 @@ def test_a_read_only_replica_follows_and_writes_once_promoted(
     _run_until([standby], F(history[-1][0]))
     _check(standby.output, evaluate("latest_order", history))
     assert {b.parts[0].writer_id for b in standby.output.state().batches if b.parts} == {
-        "writer", "standby"}  # fmt: skip
+        "writer",
+        "standby",
+    }
 
 
 def test_the_read_only_service_writes_after_mvsink_promote(
-    orders: Shard, s3_settings: S3Settings, kafka_bootstrap: str, unique: str, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
+    orders: Shard,
+    s3_settings: S3Settings,
+    kafka_bootstrap: str,
+    unique: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     from mvsink.cli import main
     from services.ct.shell import control_id
 
     history = _random_history(random.Random(unique), 6)
-    service = _Task(orders, s3_settings, kafka_bootstrap, unique, tmp_path,
-                       MVSINK_READ_ONLY="true")  # fmt: skip
+    service = _Task(orders, s3_settings, kafka_bootstrap, unique, tmp_path, MVSINK_READ_ONLY="true")
     proc, log = service.process.start(), service.process.log
     try:
         for upper, by_time in history:
@@ -260,8 +283,11 @@ def test_the_read_only_service_writes_after_mvsink_promote(
             metrics = answer.read().decode()
         name = service.definition.name
         assert f'mvsink_ct_output_upper{{task="{name}"}} {float(history[-1][0])}' in metrics
-        written = next(line for line in metrics.splitlines()
-                       if line.startswith(f'mvsink_ct_times_written_total{{task="{name}"}}'))  # fmt: skip
+        written = next(
+            line
+            for line in metrics.splitlines()
+            if line.startswith(f'mvsink_ct_times_written_total{{task="{name}"}}')
+        )
         assert float(written.split()[-1]) == text.count(" wrote time ")
         capsys.readouterr()
         assert main(["ct", "show", proc.env["MVSINK_CT_TASK"]]) == 0
@@ -289,13 +315,17 @@ def test_a_restart_does_not_read_the_inputs_history(
     per_time, times = 200_000, 5
     for t in range(times):
         first = t * per_time + 1
-        table = pa.table({
-            "order_id": pa.array(range(first, first + per_time), pa.int64()),
-            "customer": pa.array([f"c{i % 1000}" for i in range(per_time)], pa.string()),
-            "amount": pa.array([rng.randrange(100, 10000) for _ in range(per_time)], pa.int64()),
-            "_time": pa.array([t] * per_time, pa.int64()),
-            "_diff": pa.array([1] * per_time, pa.int64()),
-        })  # fmt: skip
+        table = pa.table(
+            {
+                "order_id": pa.array(range(first, first + per_time), pa.int64()),
+                "customer": pa.array([f"c{i % 1000}" for i in range(per_time)], pa.string()),
+                "amount": pa.array(
+                    [rng.randrange(100, 10000) for _ in range(per_time)], pa.int64()
+                ),
+                "_time": pa.array([t] * per_time, pa.int64()),
+                "_diff": pa.array([1] * per_time, pa.int64()),
+            }
+        )
         part = orders.stage(table, F(t), F(t + 1), "feeder")
         assert isinstance(orders.compare_and_append([part], F(t), F(t + 1)), Appended)
     definition = _definition("big_orders", orders, unique)
@@ -331,8 +361,10 @@ def test_a_restart_does_not_read_the_inputs_history(
 def test_a_failing_statement_is_named(statement: str, message: str, spark: Any) -> None:
     from services.ct.logic import LogicError, run_logic, with_diffs
 
-    text = ('name = "t"\nlogic = [' + json.dumps(statement) + ']\n[inputs]\n'
-            'src = "in"\n[output]\nname = "out"\nshard = "out"\nschema = "a long not null"\n')  # fmt: skip
+    text = (
+        'name = "t"\nlogic = [' + json.dumps(statement) + "]\n[inputs]\n"
+        'src = "in"\n[output]\nname = "out"\nshard = "out"\nschema = "a long not null"\n'
+    )
     definition = definition_from_toml(tomllib.loads(text))
     schema = definition.output_schema
     changes = with_diffs(pa.table({"a": pa.array([1, 2], pa.int64())}), schema, 3, 1)
@@ -343,17 +375,20 @@ def test_a_failing_statement_is_named(statement: str, message: str, spark: Any) 
 def test_statements_see_the_diffs_before_them_and_the_time(spark: Any) -> None:
     from services.ct.logic import run_logic, with_diffs
 
-    text = ('name = "t"\nlogic = ["INSERT INTO out SELECT a + :time FROM src", '
-            '"DELETE FROM out WHERE a = 1", "INSERT INTO out SELECT count(*) FROM out", '
-            '"INSERT INTO out SELECT a * 100 FROM src_retractions"]\n[inputs]\nsrc = "in"\n'
-            '[output]\nname = "out"\nshard = "out"\nschema = "a long not null"\n')  # fmt: skip
+    text = (
+        'name = "t"\nlogic = ["INSERT INTO out SELECT a + :time FROM src", '
+        '"DELETE FROM out WHERE a = 1", "INSERT INTO out SELECT count(*) FROM out", '
+        '"INSERT INTO out SELECT a * 100 FROM src_retractions"]\n[inputs]\nsrc = "in"\n'
+        '[output]\nname = "out"\nshard = "out"\nschema = "a long not null"\n'
+    )
     definition = definition_from_toml(tomllib.loads(text))
     schema = definition.output_schema
     changes = with_diffs(pa.table({"a": pa.array([1, 2, 7], pa.int64())}), schema, 3, 1)
     retracted = with_diffs(pa.table({"a": pa.array([5], pa.int64())}), schema, 3, -1)
     output = with_diffs(pa.table({"a": pa.array([1, 1, 9], pa.int64())}), schema, 2, 1)
-    diffs = run_logic(spark, definition, 3, {"src": pa.concat_tables([changes, retracted])}, {},
-                      output)  # fmt: skip
+    diffs = run_logic(
+        spark, definition, 3, {"src": pa.concat_tables([changes, retracted])}, {}, output
+    )
     got = sorted(zip(diffs.column("a").to_pylist(), diffs.column("_diff").to_pylist(), strict=True))
     # +{4, 5, 10}; -{1, 1}; +count of {9, 4, 5, 10} = 4 (so 4 twice); +500 from the retraction
     assert got == [(1, -2), (4, 2), (5, 1), (10, 1), (500, 1)]
@@ -377,9 +412,15 @@ def test_a_task_over_a_view_shard_starts_at_its_since_with_the_snapshot(
                 rows.append((customer, totals[customer], -1))
             totals[customer] = totals.get(customer, 0.0) + rng.choice([300.0, 600.0])
             rows.append((customer, totals[customer], 1))
-        table = pa.table({"customer": [r[0] for r in rows], "orders": [1] * len(rows),
-                          "total": [r[1] for r in rows], "_time": [t] * len(rows),
-                          "_diff": [r[2] for r in rows]})  # fmt: skip
+        table = pa.table(
+            {
+                "customer": [r[0] for r in rows],
+                "orders": [1] * len(rows),
+                "total": [r[1] for r in rows],
+                "_time": [t] * len(rows),
+                "_diff": [r[2] for r in rows],
+            }
+        )
         part = view.stage(table, F(t), F(t + 1), "append")
         assert isinstance(view.compare_and_append([part], F(t), F(t + 1)), Appended)
 
@@ -415,24 +456,35 @@ def test_a_reference_is_read_as_of_the_time_and_never_rewrites_the_past(
 ) -> None:
     """Orders enriched with their customer's region from a reference shard as of each order's
     time: a region changed later leaves the orders already written as they were."""
-    regions = open_shard(f"regions-{unique}", parse_row_schema(
-        "customer string not null, region string not null"), s3_settings)  # fmt: skip
+    regions = open_shard(
+        f"regions-{unique}",
+        parse_row_schema("customer string not null, region string not null"),
+        s3_settings,
+    )
 
     def set_region(t: int, changes: list[tuple[str, str, int]]) -> None:
-        table = pa.table({"customer": [c for c, _, _ in changes],
-                          "region": [r for _, r, _ in changes], "_time": [t] * len(changes),
-                          "_diff": [d for _, _, d in changes]})  # fmt: skip
+        table = pa.table(
+            {
+                "customer": [c for c, _, _ in changes],
+                "region": [r for _, r, _ in changes],
+                "_time": [t] * len(changes),
+                "_diff": [d for _, _, d in changes],
+            }
+        )
         lower = regions.upper()
         part = regions.stage(table, lower, F(t + 1), "regions")
         assert isinstance(regions.compare_and_append([part], lower, F(t + 1)), Appended)
 
-    text = (f'name = "enrich-{unique}"\nlogic = ["INSERT INTO enriched SELECT o.order_id, '
-            'r.region, :time FROM orders o JOIN regions r ON o.customer = r.customer"]\n'
-            f'[inputs]\norders = "{orders.shard_id}"\n[references]\nregions = '
-            f'"{regions.shard_id}"\n[output]\nname = "enriched"\nshard = "enriched-{unique}"\n'
-            'schema = "order_id long not null, region string not null, tick long not null"\n')  # fmt: skip
-    task = ContinualTask(definition_from_toml(tomllib.loads(text)), s3_settings, Timing(), spark,
-                         "r1")  # fmt: skip
+    text = (
+        f'name = "enrich-{unique}"\nlogic = ["INSERT INTO enriched SELECT o.order_id, '
+        'r.region, :time FROM orders o JOIN regions r ON o.customer = r.customer"]\n'
+        f'[inputs]\norders = "{orders.shard_id}"\n[references]\nregions = '
+        f'"{regions.shard_id}"\n[output]\nname = "enriched"\nshard = "enriched-{unique}"\n'
+        'schema = "order_id long not null, region string not null, tick long not null"\n'
+    )
+    task = ContinualTask(
+        definition_from_toml(tomllib.loads(text)), s3_settings, Timing(), spark, "r1"
+    )
     task.start()
     set_region(0, [("c1", "north", 1), ("c2", "south", 1)])
     append_orders(orders, 2, {0: [(1, "c1", 100)], 1: [(2, "c2", 200)]})
@@ -444,7 +496,8 @@ def test_a_reference_is_read_as_of_the_time_and_never_rewrites_the_past(
     append_orders(orders, 3, {2: [(3, "c1", 300)]})
     _run_until([task], F(3))
     assert contents(task.output, 2) == Counter(
-        {(1, "north", 0): 1, (2, "east", 1): 1, (3, "west", 2): 1})  # fmt: skip
+        {(1, "north", 0): 1, (2, "east", 1): 1, (3, "west", 2): 1}
+    )
 
 
 def test_leases_are_renewed_while_the_output_stands_still(

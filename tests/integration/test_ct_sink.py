@@ -21,10 +21,14 @@ F = Frontier.at
 
 def _updates(*rows: tuple[str, int, int, int]) -> pa.Table:
     columns = list(zip(*rows, strict=True)) if rows else [(), (), (), ()]
-    return pa.table({"customer": pa.array(columns[0], pa.string()),
-                     "orders": pa.array(columns[1], pa.int64()),
-                     "_time": pa.array(columns[2], pa.int64()),
-                     "_diff": pa.array(columns[3], pa.int64())})  # fmt: skip
+    return pa.table(
+        {
+            "customer": pa.array(columns[0], pa.string()),
+            "orders": pa.array(columns[1], pa.int64()),
+            "_time": pa.array(columns[2], pa.int64()),
+            "_diff": pa.array(columns[3], pa.int64()),
+        }
+    )
 
 
 def _contents(shard: Shard, as_of: int) -> dict[tuple[Any, ...], int]:

@@ -55,10 +55,19 @@ def rebuilt(service: Service) -> bool:
 def mvsink(sink: Sink, *args: str) -> subprocess.CompletedProcess[str]:
     """An `mvsink` command against the session's stack, for `sink`'s shard and frontiers."""
     c = sink.config
-    env = {**cli_env(c.kafka_bootstrap, c.s3, sink.logs / "cli"),
-           "MVSINK_SHARD_ID": c.shard_id, "MVSINK_FRONTIERS_TOPIC": c.topics.frontiers}  # fmt: skip
-    return subprocess.run([sys.executable, "-m", "mvsink.cli", *args], env=env, text=True,
-                          capture_output=True, timeout=180, stdin=subprocess.DEVNULL)  # fmt: skip
+    env = {
+        **cli_env(c.kafka_bootstrap, c.s3, sink.logs / "cli"),
+        "MVSINK_SHARD_ID": c.shard_id,
+        "MVSINK_FRONTIERS_TOPIC": c.topics.frontiers,
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "mvsink.cli", *args],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=180,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_records_below_the_checkpoints_are_deleted_and_never_needed(
@@ -72,8 +81,11 @@ def test_records_below_the_checkpoints_are_deleted_and_never_needed(
         start(procs, sink, name)
     upstream = Upstream(sink)
     tick_and_check(sink, upstream, 4, "before the restart")
-    wait_until(lambda: all(low > 0 for low in log_starts(sink).values()), 60,
-               "the write service to delete desired records below its checkpoints")  # fmt: skip
+    wait_until(
+        lambda: all(low > 0 for low in log_starts(sink).values()),
+        60,
+        "the write service to delete desired records below its checkpoints",
+    )
     trimmed = log_starts(sink)
     c = sink.config
     # The upstream side restores its frontier all the same: a publishing producer from each
@@ -111,13 +123,16 @@ def test_a_sink_whose_checkpoints_need_deleted_records_stages_nothing_until_repa
         start(procs, sink, name)
     upstream = Upstream(sink)
     tick_and_check(sink, upstream, 1, "the first tick")
-    after_first = {p: high for p, (_, high) in watermarks(
-        c.kafka_bootstrap, c.topics.desired, range(c.partitions)).items()}  # fmt: skip
+    after_first = {
+        p: high
+        for p, (_, high) in watermarks(
+            c.kafka_bootstrap, c.topics.desired, range(c.partitions)
+        ).items()
+    }
     tick_and_check(sink, upstream, 2, "before the restart")
     assert write.stop() == 0
     client = sink.shard.client
-    for obj in client.list_objects(c.s3.bucket, prefix=f"sinks/{c.sink_id}/write/",
-                                   recursive=True):  # fmt: skip
+    for obj in client.list_objects(c.s3.bucket, prefix=f"sinks/{c.sink_id}/write/", recursive=True):
         client.remove_object(c.s3.bucket, obj.object_name)
     delete_below(c.kafka_bootstrap, c.topics.desired, after_first)
     upper, seqno = sink.shard.upper(), sink.shard.state().seqno
@@ -133,8 +148,13 @@ def test_a_sink_whose_checkpoints_need_deleted_records_stages_nothing_until_repa
     why = wait_status(port, 503, 90, "the write service refusing to fold across deleted records")
     print(f"/readyz 503: {why}")
     assert "mvsink repair" in why and f"deleted below {after_first[0]}" in why
-    wait_until(lambda: "desired partition" in blocked.text() and "must be read from offset 0"
-               in blocked.text(), 60, "the error in the log")  # fmt: skip
+    wait_until(
+        lambda: (
+            "desired partition" in blocked.text() and "must be read from offset 0" in blocked.text()
+        ),
+        60,
+        "the error in the log",
+    )
     assert f"{c.topics.desired}[0] must be read from offset 0" in blocked.text()
     assert f"deleted everything below offset {after_first[0]}" in blocked.text()
     time.sleep(10)
@@ -142,8 +162,14 @@ def test_a_sink_whose_checkpoints_need_deleted_records_stages_nothing_until_repa
     latest = sink.shard.state().seqno
     versions = [v for v in map(sink.shard.version, range(seqno + 1, latest + 1)) if v]
     assert "append" not in {v.change for v in versions}  # leases and the compactor's merges
-    merged = {p.key for v in versions if v.change == "merge" for b in v.batches
-              if b.seqno == v.seqno for p in b.parts}  # fmt: skip
+    merged = {
+        p.key
+        for v in versions
+        if v.change == "merge"
+        for b in v.batches
+        if b.seqno == v.seqno
+        for p in b.parts
+    }
     assert parts() - parts_before <= merged, "a correction part was staged"
     assert blocked.proc is not None and blocked.proc.poll() is None
 
@@ -182,8 +208,13 @@ def test_a_write_service_away_longer_than_its_lease_continues_from_its_checkpoin
     a rebuild would need deleted records) and the shard equals both replicas' desired."""
     lease = {"MVSINK_SHARD_READER_LEASE": "4"}
     first = Sink.create(kafka_bootstrap, s3_settings, tmp_path / "a")
-    second = Sink.create(kafka_bootstrap, s3_settings, tmp_path / "b",
-                         shard_id=first.config.shard_id, frontiers=first.config.topics.frontiers)  # fmt: skip
+    second = Sink.create(
+        kafka_bootstrap,
+        s3_settings,
+        tmp_path / "b",
+        shard_id=first.config.shard_id,
+        frontiers=first.config.topics.frontiers,
+    )
     writes = {}
     for replica in (first, second):
         for name in ("mint", "write", "append"):

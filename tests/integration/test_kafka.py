@@ -44,10 +44,17 @@ def _config(
     bootstrap: str, s3: S3Settings, sink: str, partitions: int = 3, workers: int = 2
 ) -> Config:
     return Config(
-        sink_id=sink, shard_id=sink, partitions=partitions, append_workers=workers, as_of=0,
-        read_only=False, topics=Topics.for_sink(sink, frontiers=f"{sink}.frontiers"),
-        kafka_bootstrap=bootstrap, s3=s3, spark_master="local[*]",
-    )  # fmt: skip
+        sink_id=sink,
+        shard_id=sink,
+        partitions=partitions,
+        append_workers=workers,
+        as_of=0,
+        read_only=False,
+        topics=Topics.for_sink(sink, frontiers=f"{sink}.frontiers"),
+        kafka_bootstrap=bootstrap,
+        s3=s3,
+        spark_master="local[*]",
+    )
 
 
 def _partition_counts(bootstrap: str) -> dict[str, int]:
@@ -69,9 +76,15 @@ def test_provision_creates_contract_topics_idempotently(
     created = ensure_topics(kafka_bootstrap, sink_topics(config))
     topics = config.topics
     assert sorted(created) == sorted(
-        [topics.desired, topics.descs, topics.batches, topics.control, topics.frontiers,
-         topics.dead_letter]
-    )  # fmt: skip
+        [
+            topics.desired,
+            topics.descs,
+            topics.batches,
+            topics.control,
+            topics.frontiers,
+            topics.dead_letter,
+        ]
+    )
     counts = _partition_counts(kafka_bootstrap)
     assert counts[topics.desired] == 3  # P
     assert counts[topics.descs] == 1  # exactly one: a single ordered broadcast
@@ -97,9 +110,12 @@ def test_every_topic_round_trips_its_contract(
     ensure_topics(kafka_bootstrap, sink_topics(config))
     samples = contract_samples(config, unique)
     assert {s.topic for s in samples} >= {
-        config.topics.desired, config.topics.frontiers, config.topics.descs,
-        config.topics.batches, config.topics.control,
-    }  # fmt: skip
+        config.topics.desired,
+        config.topics.frontiers,
+        config.topics.descs,
+        config.topics.batches,
+        config.topics.control,
+    }
     for sample in samples:
         assert roundtrip(kafka_bootstrap, sample) == sample.record, sample.topic
 
@@ -159,8 +175,12 @@ def test_compacted_frontiers_keeps_the_latest_value_per_key(
             f"persist:{config.shard_id}",
             ShardUpper(config.shard_id, Frontier.at(t), t),
         )
-        produce(producer, topic, f"desired:{config.sink_id}:0",
-                DesiredProgress(config.sink_id, 0, Frontier.at(100 + t)))  # fmt: skip
+        produce(
+            producer,
+            topic,
+            f"desired:{config.sink_id}:0",
+            DesiredProgress(config.sink_id, 0, Frontier.at(100 + t)),
+        )
     producer.flush(30)
 
     latest = read_compacted(kafka_bootstrap, topic)
@@ -212,9 +232,11 @@ def _read(reader: kafka.Reader, want: int, timeout: float) -> list[bytes]:
 
 
 def test_a_stalled_reader_reads_on_with_a_new_consumer_but_never_past_an_open_transaction(
-    kafka_bootstrap: str, unique: str, monkeypatch: pytest.MonkeyPatch,
+    kafka_bootstrap: str,
+    unique: str,
+    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
-) -> None:  # fmt: skip
+) -> None:
     """librdkafka#5153: after a broker restart an assigned consumer may never fetch again. A
     paused partition looks the same (assigned, not fetched): the reader must notice committed
     records waiting past its position and read them with a new consumer, from its position

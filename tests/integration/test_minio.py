@@ -83,7 +83,13 @@ def test_concurrent_creators_exactly_one_wins(s3_settings: S3Settings) -> None:
 
 def test_unreachable_endpoint_is_an_indefinite_write(s3_settings: S3Settings) -> None:
     (port,) = free_ports(1)
-    nowhere = S3Settings(f"127.0.0.1:{port}", s3_settings.bucket, s3_settings.region,
-                         s3_settings.access_key, s3_settings.secret_key, secure=False)  # fmt: skip
+    nowhere = S3Settings(
+        f"127.0.0.1:{port}",
+        s3_settings.bucket,
+        s3_settings.region,
+        s3_settings.access_key,
+        s3_settings.secret_key,
+        secure=False,
+    )
     with pytest.raises(IndefiniteWrite, match="outcome unknown"):
         conditional_put(s3_client(nowhere), nowhere.bucket, _key("x"), b"x")

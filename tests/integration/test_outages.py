@@ -66,15 +66,29 @@ def kill_component(stack: Stack, name: str) -> str:
 
 def test_services_ride_through_minio_and_kafka_outages(stack: Stack, tmp_path: Path) -> None:
     endpoints = stack.up(timeout=180)
-    s3 = S3Settings(endpoints.s3_endpoint, "outages", "us-east-1",
-                    Secret(endpoints.s3_access_key), Secret(endpoints.s3_secret_key), False)  # fmt: skip
+    s3 = S3Settings(
+        endpoints.s3_endpoint,
+        "outages",
+        "us-east-1",
+        Secret(endpoints.s3_access_key),
+        Secret(endpoints.s3_secret_key),
+        False,
+    )
     ensure_bucket(s3_client(s3), s3.bucket)
     sink = Sink.create(endpoints.kafka_bootstrap, s3, tmp_path / "logs")
     ports = dict(zip(SERVICES, free_ports(len(SERVICES)), strict=True))
     procs: list[Service] = []
-    running = {name: start(procs, sink, name, MVSINK_METRICS_PORT=str(ports[name]),
-                           MVSINK_READY_BOUND=str(READY_BOUND), MVSINK_LOG_LEVEL="INFO")
-               for name in SERVICES}  # fmt: skip
+    running = {
+        name: start(
+            procs,
+            sink,
+            name,
+            MVSINK_METRICS_PORT=str(ports[name]),
+            MVSINK_READY_BOUND=str(READY_BOUND),
+            MVSINK_LOG_LEVEL="INFO",
+        )
+        for name in SERVICES
+    }
     try:
         upstream = Upstream(sink)
         upstream.tick()
@@ -106,8 +120,10 @@ def test_services_ride_through_minio_and_kafka_outages(stack: Stack, tmp_path: P
             converged_s = time.monotonic() - recovered
             for name in SERVICES:
                 wait_status(ports[name], 200, 60, f"{name} after {component}")
-            print(f"{component}: down {recovered - went:.0f}s; converged {converged_s:.1f}s after "
-                  f"it was back")  # fmt: skip
+            print(
+                f"{component}: down {recovered - went:.0f}s; converged {converged_s:.1f}s after "
+                f"it was back"
+            )
         for name, service in running.items():
             assert service.proc is not None and service.proc.poll() is None, f"{name} exited"
         assert all(
@@ -135,12 +151,19 @@ def test_the_view_tool_rides_through_a_kafka_outage(
     endpoints = stack.up(timeout=180)
     sink_id = f"view-{uuid.uuid4().hex[:6]}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")}
-    env.update({"MVSINK_STATE_DIR": str(tmp_path / "state"), "MVSINK_SINK_ID": sink_id,
-                "MVSINK_SHARD_ID": sink_id, "MVSINK_ROW_SCHEMA": ROW_SCHEMA,
-                "MVSINK_KAFKA_BOOTSTRAP": endpoints.kafka_bootstrap,
-                "MVSINK_S3_ENDPOINT": endpoints.s3_endpoint, "MVSINK_S3_BUCKET": "outages",
-                "MVSINK_S3_ACCESS_KEY": endpoints.s3_access_key,
-                "MVSINK_S3_SECRET_KEY": endpoints.s3_secret_key})  # fmt: skip
+    env.update(
+        {
+            "MVSINK_STATE_DIR": str(tmp_path / "state"),
+            "MVSINK_SINK_ID": sink_id,
+            "MVSINK_SHARD_ID": sink_id,
+            "MVSINK_ROW_SCHEMA": ROW_SCHEMA,
+            "MVSINK_KAFKA_BOOTSTRAP": endpoints.kafka_bootstrap,
+            "MVSINK_S3_ENDPOINT": endpoints.s3_endpoint,
+            "MVSINK_S3_BUCKET": "outages",
+            "MVSINK_S3_ACCESS_KEY": endpoints.s3_access_key,
+            "MVSINK_S3_SECRET_KEY": endpoints.s3_secret_key,
+        }
+    )
     config = load_config(env=env)
     provision(config)
     log = tmp_path / "view.log"
@@ -149,8 +172,12 @@ def test_the_view_tool_rides_through_a_kafka_outage(
         return log.read_text(errors="replace")
 
     with log.open("wb") as out:
-        view = subprocess.Popen([sys.executable, "-m", "mvsink.cli", "view", "--orders", "20",
-                                 "--interval", "0.5"], env=env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        view = subprocess.Popen(
+            [sys.executable, "-m", "mvsink.cli", "view", "--orders", "20", "--interval", "0.5"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     try:
         wait_until(lambda: "tick 2:" in text(), 180, "three ticks")
         kill_component(stack, "kafka")

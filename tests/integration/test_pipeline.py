@@ -91,8 +91,13 @@ def test_a_read_only_sink_writes_nothing_until_promoted(sink: Sink, procs: list[
     assert (state.upper, state.batches, sink.descs()) == (F(0), (), [])
     changes = {shard.version(s).change for s in range(1, state.seqno + 1)}  # type: ignore[union-attr]
     assert changes <= {"lease", "retain"}, changes
-    promote = subprocess.run([sys.executable, "-m", "mvsink.cli", "promote", sink.config.sink_id],
-                             env=sink.env(), capture_output=True, text=True, timeout=60)  # fmt: skip
+    promote = subprocess.run(
+        [sys.executable, "-m", "mvsink.cli", "promote", sink.config.sink_id],
+        env=sink.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert promote.returncode == 0, promote.stderr
     wait_until(lambda: converged(sink, upstream), 120, "convergence after promotion")
 
@@ -101,8 +106,13 @@ def test_two_complete_replicas_racing_on_one_shard(
     kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, procs: list[Service]
 ) -> None:
     first = Sink.create(kafka_bootstrap, s3_settings, tmp_path / "a")
-    second = Sink.create(kafka_bootstrap, s3_settings, tmp_path / "b",
-                         shard_id=first.config.shard_id, frontiers=first.config.topics.frontiers)  # fmt: skip
+    second = Sink.create(
+        kafka_bootstrap,
+        s3_settings,
+        tmp_path / "b",
+        shard_id=first.config.shard_id,
+        frontiers=first.config.topics.frontiers,
+    )
     for replica in (first, second):
         for name in ("mint", "write", "append"):
             start(procs, replica, name, f"-{replica.config.sink_id}")
@@ -119,8 +129,12 @@ def test_two_complete_replicas_racing_on_one_shard(
 
 # A killed write driver's reader lease holds the shard's since until it expires, and merges
 # wait for since until `max_batches - 4` batches do: 6 makes them run (and be killed) here.
-FAST_SHARD = {"MVSINK_SHARD_MAX_ATTEMPT_AGE": "5", "MVSINK_SHARD_MAX_PART_AGE": "20",
-              "MVSINK_SHARD_MIN_GRACE": "30", "MVSINK_SHARD_MAX_BATCHES": "6"}  # fmt: skip
+FAST_SHARD = {
+    "MVSINK_SHARD_MAX_ATTEMPT_AGE": "5",
+    "MVSINK_SHARD_MAX_PART_AGE": "20",
+    "MVSINK_SHARD_MIN_GRACE": "30",
+    "MVSINK_SHARD_MAX_BATCHES": "6",
+}
 
 
 def test_kill_9_of_each_service_then_restart_converges_without_leaks(
@@ -145,25 +159,37 @@ def test_kill_9_of_each_service_then_restart_converges_without_leaks(
     time.sleep(31)  # past the grace period of FAST_SHARD
     shard = open_shard(sink.config.shard_id, None, sink.config.s3, Timing(5, 20, 30))
     swept = shard.sweep(grace=30)
-    listed = {o.object_name for o in shard.client.list_objects(
-        shard.bucket, prefix=f"{shard.prefix}/parts/", recursive=True)}  # fmt: skip
+    listed = {
+        o.object_name
+        for o in shard.client.list_objects(
+            shard.bucket, prefix=f"{shard.prefix}/parts/", recursive=True
+        )
+    }
     assert shard.state().part_keys <= listed, "a live part was deleted"
     # Older retained versions may still name parts a merge replaced and GC already deleted.
     assert listed <= set(shard.referenced_keys()), "unreferenced parts left after a sweep"
     merges = sum(p.text().count("committed merge") for p in procs if p.name == "write")
-    print(f"swept {len(swept.parts_deleted)} leaked parts; {len(listed)} referenced remain; "
-          f"{merges} merges committed")  # fmt: skip
+    print(
+        f"swept {len(swept.parts_deleted)} leaked parts; {len(listed)} referenced remain; "
+        f"{merges} merges committed"
+    )
     assert merges > 0, "compaction never ran"
 
 
 #: Bounds short enough to pause past (`mvsink.core.settings.Timing` checks their order).
-PAUSE_SHARD = {"MVSINK_SHARD_MAX_ATTEMPT_AGE": "2", "MVSINK_SHARD_MAX_PART_AGE": "4",
-               "MVSINK_SHARD_MIN_GRACE": "8", "MVSINK_SHARD_PART_GRACE": "2",
-               "MVSINK_SHARD_VERSION_GRACE": "6", "MVSINK_SHARD_REQUEST_TIMEOUT": "2"}  # fmt: skip
+PAUSE_SHARD = {
+    "MVSINK_SHARD_MAX_ATTEMPT_AGE": "2",
+    "MVSINK_SHARD_MAX_PART_AGE": "4",
+    "MVSINK_SHARD_MIN_GRACE": "8",
+    "MVSINK_SHARD_PART_GRACE": "2",
+    "MVSINK_SHARD_VERSION_GRACE": "6",
+    "MVSINK_SHARD_REQUEST_TIMEOUT": "2",
+}
 
 
-def _stop_inside(service: Service, inside: Callable[[str], bool], tick: Callable[[], object],
-                 attempts: int = 400) -> str:  # fmt: skip
+def _stop_inside(
+    service: Service, inside: Callable[[str], bool], tick: Callable[[], object], attempts: int = 400
+) -> str:
     """SIGSTOP `service` at a moment its main thread's stack is `inside` (read with py-spy while
     it is stopped; resumed and tried again otherwise, `tick`ing the upstream now and then); the
     stack it was stopped in."""
@@ -175,8 +201,12 @@ def _stop_inside(service: Service, inside: Callable[[str], bool], tick: Callable
             tick()
         time.sleep(rng.uniform(0.0, 0.05))
         service.proc.send_signal(signal.SIGSTOP)
-        dump = subprocess.run([spy, "dump", "--nonblocking", "--pid", str(service.proc.pid)],
-                              capture_output=True, text=True, timeout=30).stdout  # fmt: skip
+        dump = subprocess.run(
+            [spy, "dump", "--nonblocking", "--pid", str(service.proc.pid)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
         main = dump.split("Thread ", 2)[1] if dump.count("Thread ") >= 1 else dump
         if inside(main):
             return main
@@ -210,21 +240,31 @@ def test_append_paused_between_its_age_check_and_its_commit_while_the_sweeper_ru
     stopped_at = time.monotonic()
     upstream.tick()
     time.sleep(8 + 1)  # past min_grace: the batch's parts are old enough to sweep
-    shard = open_shard(sink.config.shard_id, None, sink.config.s3, Timing(2, 4, 8, part_grace=2,
-                       version_grace=6, request_timeout=2))  # fmt: skip
+    shard = open_shard(
+        sink.config.shard_id,
+        None,
+        sink.config.s3,
+        Timing(2, 4, 8, part_grace=2, version_grace=6, request_timeout=2),
+    )
     swept = shard.sweep(grace=8)
     assert swept.parts_deleted, "the sweeper found no part of the paused append to delete"
     assert shard.state().sweep_horizon > 0
     assert append.proc is not None
     append.proc.send_signal(signal.SIGCONT)
-    print(f"append stopped for {time.monotonic() - stopped_at:.1f}s; the sweep deleted "
-          f"{len(swept.parts_deleted)} parts")  # fmt: skip
+    print(
+        f"append stopped for {time.monotonic() - stopped_at:.1f}s; the sweep deleted "
+        f"{len(swept.parts_deleted)} parts"
+    )
     for _ in range(3):
         upstream.tick()
     wait_until(lambda: converged(sink, upstream), 180, "convergence after the pause")
     state = shard.state()
-    listed = {o.object_name for o in shard.client.list_objects(
-        shard.bucket, prefix=f"{shard.prefix}/parts/", recursive=True)}  # fmt: skip
+    listed = {
+        o.object_name
+        for o in shard.client.list_objects(
+            shard.bucket, prefix=f"{shard.prefix}/parts/", recursive=True
+        )
+    }
     assert state.part_keys <= listed, "the latest version references a deleted part"
     assert all(d == 1 for d in contents(sink, upstream.frontier).values())  # nothing twice
     assert "sweep horizon" in append.text(), "the commit was not refused by the sweep horizon"
@@ -249,11 +289,14 @@ def test_a_checkpoint_left_by_a_lost_task_attempt_is_continued_from(
     wait_until(lambda: converged(sink, upstream), 120, "convergence")
     client, bucket = sink.shard.client, sink.config.s3.bucket
     prefix = f"sinks/{sink.config.sink_id}/write/p0/"
-    latest = max(int(o.object_name.rsplit("/", 1)[-1].split(".")[0])
-                 for o in client.list_objects(bucket, prefix=prefix))  # fmt: skip
+    latest = max(
+        int(o.object_name.rsplit("/", 1)[-1].split(".")[0])
+        for o in client.list_objects(bucket, prefix=prefix)
+    )
     key = checkpoint_key(sink.config.sink_id, 0, latest)  # the lost attempt's: same contents
-    client.copy_object(bucket, checkpoint_key(sink.config.sink_id, 0, latest + 1),
-                       CopySource(bucket, key))  # fmt: skip
+    client.copy_object(
+        bucket, checkpoint_key(sink.config.sink_id, 0, latest + 1), CopySource(bucket, key)
+    )
     for _ in range(3):
         upstream.tick()
     wait_until(lambda: converged(sink, upstream), 120, "convergence past the lost attempt")
@@ -265,12 +308,19 @@ def test_two_write_and_two_append_replicas_split_the_work(sink: Sink, procs: lis
     """... one write replica running its steps in resident tasks, the other as a Spark job per
     batch (`[spark] residents = false`)."""
     start(procs, sink, "mint")
-    writes = [start(procs, sink, "write", f"-{i}", MVSINK_SPARK_RESIDENTS=on)
-              for i, on in enumerate(("true", "false"))]  # fmt: skip
+    writes = [
+        start(procs, sink, "write", f"-{i}", MVSINK_SPARK_RESIDENTS=on)
+        for i, on in enumerate(("true", "false"))
+    ]
     appends = [start(procs, sink, "append", f"-{i}") for i in range(2)]
-    wait_until(lambda: all(_assigned(w, "desired partitions assigned:") for w in writes)
-               and all(_assigned(a, "append workers assigned:") for a in appends),
-               120, "every replica to own a share")  # fmt: skip
+    wait_until(
+        lambda: (
+            all(_assigned(w, "desired partitions assigned:") for w in writes)
+            and all(_assigned(a, "append workers assigned:") for a in appends)
+        ),
+        120,
+        "every replica to own a share",
+    )
     upstream = Upstream(sink)
     for _ in range(6):
         upstream.tick()
@@ -296,8 +346,13 @@ def test_the_demo_converges_and_corrects_a_foreign_write(
 ) -> None:
     """README command (a) minus the stack start: `mvsink demo` on the session's services."""
     env = cli_env(kafka_bootstrap, s3_settings, tmp_path)
-    demo = subprocess.run([sys.executable, "-m", "mvsink.cli", "demo", "--no-stack", "--ticks", "3"],
-                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    demo = subprocess.run(
+        [sys.executable, "-m", "mvsink.cli", "demo", "--no-stack", "--ticks", "3"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert demo.returncode == 0, demo.stderr[-3000:]
     assert "40/40 customers match" in demo.stderr
     assert "40/42 customers match" in demo.stderr  # the junk was visible before the correction
@@ -351,12 +406,30 @@ def test_bench_pipeline_prints_measured_figures_and_baseline(
     """The benchmark runs and reports (figures are printed, never asserted)."""
     env = cli_env(kafka_bootstrap, s3_settings, tmp_path)
     bench = subprocess.run(
-        [sys.executable, "-m", "mvsink.cli", "bench", "pipeline", "--no-stack", "--seconds", "3",
-         "--keys", "500"], env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "mvsink.cli",
+            "bench",
+            "pipeline",
+            "--no-stack",
+            "--seconds",
+            "3",
+            "--keys",
+            "500",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert bench.returncode == 0, bench.stderr[-3000:]
-    for figure in ("sustained updates/s through the pipeline", "baseline: producer alone",
-                   "freshness p50", "freshness p99"):  # fmt: skip
+    for figure in (
+        "sustained updates/s through the pipeline",
+        "baseline: producer alone",
+        "freshness p50",
+        "freshness p99",
+    ):
         assert figure in bench.stderr
 
 
@@ -365,9 +438,24 @@ def test_the_view_job_alone_publishes_ticks(sink: Sink) -> None:
     from mvsink.tools.demo import ROW_SCHEMA
 
     env = {**sink.env(), "MVSINK_ROW_SCHEMA": ROW_SCHEMA}
-    view = subprocess.run([sys.executable, "-m", "mvsink.cli", "view", "--ticks", "2",
-                           "--orders", "20", "--interval", "0"], env=env, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    view = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mvsink.cli",
+            "view",
+            "--ticks",
+            "2",
+            "--orders",
+            "20",
+            "--interval",
+            "0",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert view.returncode == 0, view.stderr[-2000:]
     assert "view stopped after 2 ticks" in view.stderr
     latest = read_compacted(sink.config.kafka_bootstrap, sink.config.topics.frontiers)

@@ -48,15 +48,26 @@ def sink(kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path) -> Sink:
 
 
 def producer_for(sink: Sink, name: str | None = None, wire: str = "arrow") -> DesiredProducer:
-    producer = DesiredProducer(sink.config, parse_row_schema(sink.config.row_schema),
-                               name or f"t-{uuid.uuid4().hex[:6]}", chunk=4, wire=wire)  # fmt: skip
+    producer = DesiredProducer(
+        sink.config,
+        parse_row_schema(sink.config.row_schema),
+        name or f"t-{uuid.uuid4().hex[:6]}",
+        chunk=4,
+        wire=wire,
+    )
     producer.start()
     return producer
 
 
 def table(rows: list[tuple[str, int, int, int]]) -> pa.Table:
-    return pa.table({"k": [r[0] for r in rows], "v": [r[1] for r in rows],
-                     "_time": [r[2] for r in rows], "_diff": [r[3] for r in rows]})  # fmt: skip
+    return pa.table(
+        {
+            "k": [r[0] for r in rows],
+            "v": [r[1] for r in rows],
+            "_time": [r[2] for r in rows],
+            "_diff": [r[3] for r in rows],
+        }
+    )
 
 
 def read_desired(sink: Sink) -> list[tuple[int, Any]]:
@@ -77,8 +88,12 @@ def read_desired(sink: Sink) -> list[tuple[int, Any]]:
 def published_updates(sink: Sink) -> list[dict[str, Any]]:
     """Every update of the desired topic's `UpdatesArrow` records (read_committed)."""
     schema = parse_row_schema(sink.config.row_schema)
-    return [u for _, record in read_desired(sink) if isinstance(record, UpdatesArrow)
-            for u in updates_from_ipc(record.ipc, schema).to_pylist()]  # fmt: skip
+    return [
+        u
+        for _, record in read_desired(sink)
+        if isinstance(record, UpdatesArrow)
+        for u in updates_from_ipc(record.ipc, schema).to_pylist()
+    ]
 
 
 def sent_rows(sink: Sink, records: list[tuple[int, Any]]) -> list[tuple[int, bytes]]:
@@ -100,8 +115,9 @@ def sent_rows(sink: Sink, records: list[tuple[int, Any]]) -> list[tuple[int, byt
 def test_updates_land_on_their_rows_partition_with_progress(
     kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, wire: str, partitioning: int
 ) -> None:
-    sink = Sink.create(kafka_bootstrap, s3_settings, tmp_path, partitions=3,
-                       partitioning=partitioning)  # fmt: skip
+    sink = Sink.create(
+        kafka_bootstrap, s3_settings, tmp_path, partitions=3, partitioning=partitioning
+    )
     producer = producer_for(sink, wire=wire)
     rows = [(f"k{i}", i, 0, 1) for i in range(20)]
     assert producer.send(table([*rows, ("zero", 0, 0, 0)])) == 20  # zero diffs are dropped
@@ -115,8 +131,9 @@ def test_updates_land_on_their_rows_partition_with_progress(
     schema = parse_row_schema(sink.config.row_schema)
     decode = row_decoder(schema)
     for partition, row in sent:  # each row where the sink's function puts it
-        one = normalize_updates(pa.Table.from_pylist([{**decode(row), "_time": 0, "_diff": 1}]),
-                                schema)  # fmt: skip
+        one = normalize_updates(
+            pa.Table.from_pylist([{**decode(row), "_time": 0, "_diff": 1}]), schema
+        )
         assert partitions_of(one, schema, 3, partitioning).to_pylist() == [partition]
     if partitioning == 1:
         assert all(partition_of(row, 3) == partition for partition, row in sent)
@@ -124,8 +141,11 @@ def test_updates_land_on_their_rows_partition_with_progress(
     progress = {p for p, r in records if isinstance(r, Progress) and r.frontier == F(1)}
     assert progress == {0, 1, 2}  # in-band on every partition, after the updates
     latest = read_compacted(sink.config.kafka_bootstrap, sink.config.topics.frontiers)
-    assert all(latest[f"desired:{sink.config.sink_id}:{p}"] == DesiredProgress(sink.config.sink_id, p, F(1))
-               for p in range(3))  # fmt: skip
+    assert all(
+        latest[f"desired:{sink.config.sink_id}:{p}"]
+        == DesiredProgress(sink.config.sink_id, p, F(1))
+        for p in range(3)
+    )
 
 
 def test_the_v1_wire_form_carries_no_partitioning_but_1(sink: Sink) -> None:
@@ -206,8 +226,9 @@ def test_publish_dataframe_of_many_arrow_batches_delivers_each_update_once(
 ) -> None:
     """60,000 updates in 4 DataFrame partitions: several Arrow batches (10,000 rows at most)
     per input task, each split into one payload per desired partition, all published once."""
-    producer = DesiredProducer(sink.config, parse_row_schema(sink.config.row_schema),
-                               f"t-{uuid.uuid4().hex[:6]}")  # fmt: skip
+    producer = DesiredProducer(
+        sink.config, parse_row_schema(sink.config.row_schema), f"t-{uuid.uuid4().hex[:6]}"
+    )
     producer.start()
     rows = [(f"k{i}", i, 0, 1 + i % 3) for i in range(60_000)]
     frame = spark.createDataFrame(rows, "k string, v long, _time long, _diff long").repartition(4)
@@ -220,8 +241,11 @@ def test_publish_dataframe_of_many_arrow_batches_delivers_each_update_once(
     # The frame's 4 partitions are split in one wave of tasks, as many as the 2 slots: that
     # stage (with the markers' task) runs 3 tasks, not 4 + 1. (The frame's own shuffle ran 4.)
     tracker = spark.sparkContext.statusTracker()
-    stages = [tracker.getStageInfo(s) for j in tracker.getJobIdsForGroup(group)
-              for s in tracker.getJobInfo(j).stageIds]  # fmt: skip
+    stages = [
+        tracker.getStageInfo(s)
+        for j in tracker.getJobIdsForGroup(group)
+        for s in tracker.getJobInfo(j).stageIds
+    ]
     tasks = {stage.numTasks for stage in stages if stage is not None}
     assert 3 in tasks and 5 not in tasks, tasks
     schema = parse_row_schema(sink.config.row_schema)
@@ -232,8 +256,10 @@ def test_publish_dataframe_of_many_arrow_batches_delivers_each_update_once(
             assert set(partitions_of(updates, schema, 3).to_pylist()) == {partition}
             got.update((u["k"], u["v"], u["_time"], u["_diff"]) for u in updates.to_pylist())
     assert got == Counter(rows)
-    mixed = spark.createDataFrame([("a", None, 1, 1, None), (None, None, 1, 2, "bad row")],
-                                  "k string, v long, _time long, _diff long, _err string")  # fmt: skip
+    mixed = spark.createDataFrame(
+        [("a", None, 1, 1, None), (None, None, 1, 2, "bad row")],
+        "k string, v long, _time long, _diff long, _err string",
+    )
     assert publish_dataframe(mixed, producer, F(2)) == 2
     empty = spark.createDataFrame([], "k string, v long, _time long, _diff long")
     assert publish_dataframe(empty, producer, F(3)) == 0
@@ -253,9 +279,19 @@ def test_a_kept_producer_skips_a_partition_it_already_published(sink: Sink) -> N
     check). Here this process is the worker."""
     producer = producer_for(sink)
     config, row_schema = sink.config, parse_row_schema(sink.config.row_schema)
-    spec = PublishSpec(config.kafka_bootstrap, config.topics.desired, config.topics.frontiers,
-                       config.sink_id, config.partitions, config.partitioning, row_schema,
-                       producer.producer_id, F(0), F(1), 100)  # fmt: skip
+    spec = PublishSpec(
+        config.kafka_bootstrap,
+        config.topics.desired,
+        config.topics.frontiers,
+        config.sink_id,
+        config.partitions,
+        config.partitioning,
+        row_schema,
+        producer.producer_id,
+        F(0),
+        F(1),
+        100,
+    )
     rows = normalize_updates(table([("a", 1, 0, 1), ("b", 2, 0, 1)]), row_schema)
     assert _publish_partition(spec, 0, rows) == (2, False)
     assert _publish_partition(spec, 0, rows) == (2, True)  # the kept producer
@@ -276,10 +312,20 @@ def test_a_kept_producer_another_worker_superseded_is_dropped_before_it_produces
     events: list[tuple[str, int]] = []
 
     def spec(tick: int) -> PublishSpec:
-        return PublishSpec(config.kafka_bootstrap, config.topics.desired, config.topics.frontiers,
-                           config.sink_id, config.partitions, config.partitioning, row_schema,
-                           producer.producer_id, F(tick), F(tick + 1), 100,
-                           lambda event, partition: events.append((event, partition)))  # fmt: skip
+        return PublishSpec(
+            config.kafka_bootstrap,
+            config.topics.desired,
+            config.topics.frontiers,
+            config.sink_id,
+            config.partitions,
+            config.partitioning,
+            row_schema,
+            producer.producer_id,
+            F(tick),
+            F(tick + 1),
+            100,
+            lambda event, partition: events.append((event, partition)),
+        )
 
     def rows(tick: int) -> pa.Table:
         return normalize_updates(table([(f"k{tick}", tick, tick, 1)]), row_schema)
@@ -330,8 +376,9 @@ def test_publish_dataframe_through_killed_tasks_delivers_every_update_once(
         rows = [(f"k{i}", tick, tick, 1) for i in range(300)]
         if tick:
             rows += [(f"k{i}", tick - 1, tick, -1) for i in range(300)]
-        assert publish_dataframe(spark.createDataFrame(rows, schema), producer, F(tick + 1),
-                                 hook) == len(rows)  # fmt: skip
+        assert publish_dataframe(
+            spark.createDataFrame(rows, schema), producer, F(tick + 1), hook
+        ) == len(rows)
         published += rows
         for k, v, _, d in rows:
             expected[(k, v)] = expected.get((k, v), 0) + d
@@ -339,8 +386,11 @@ def test_publish_dataframe_through_killed_tasks_delivers_every_update_once(
     got = Counter((u["k"], u["v"], u["_time"], u["_diff"]) for u in published_updates(sink))
     assert got == Counter(published)  # every update exactly once
     want = {key: d for key, d in expected.items() if d}
-    wait_until(lambda: sink.shard.upper() == F(3) and contents(sink, 3) == want, 180,
-               "the shard equal to the published changelog")  # fmt: skip
+    wait_until(
+        lambda: sink.shard.upper() == F(3) and contents(sink, 3) == want,
+        180,
+        "the shard equal to the published changelog",
+    )
 
 
 def test_publish_dataframe_after_another_instance_took_a_partitions_transactional_id(
@@ -355,8 +405,12 @@ def test_publish_dataframe_after_another_instance_took_a_partitions_transactiona
         spark.createDataFrame([(f"a{i}", i, 0, 1) for i in range(30)], schema), producer, F(1)
     )
     for partition in range(3):
-        other = Producer(client_config(sink.config.kafka_bootstrap,
-                                       **{"transactional.id": f"{producer.producer_id}.p{partition}"}))  # fmt: skip
+        other = Producer(
+            client_config(
+                sink.config.kafka_bootstrap,
+                **{"transactional.id": f"{producer.producer_id}.p{partition}"},
+            )
+        )
         other.init_transactions(30)
     # Hundreds of records a partition: the fencing surfaces at a `produce` as often as at the
     # commit (librdkafka learns it from the transaction's first request, mid-publish).
@@ -379,13 +433,20 @@ def test_cli_desired_send_and_advance(sink: Sink, tmp_path: Path) -> None:
     pq.write_table(table([("a", 1, 0, 1), ("b", 2, 1, 1)]), path)
     env = {**sink.env(), "MVSINK_ROW_SCHEMA": sink.config.row_schema}
     cli = [sys.executable, "-m", "mvsink.cli", "desired"]
-    sent = subprocess.run([*cli, "send", str(path), "--advance-to", "2"], env=env,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    sent = subprocess.run(
+        [*cli, "send", str(path), "--advance-to", "2"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert sent.returncode == 0 and "sent 2 updates" in sent.stderr, sent.stderr
-    moved = subprocess.run([*cli, "advance", "--to", "5"], env=env, capture_output=True,
-                           text=True, timeout=120)  # fmt: skip
+    moved = subprocess.run(
+        [*cli, "advance", "--to", "5"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert moved.returncode == 0 and "desired frontier {5}" in moved.stderr, moved.stderr
-    back = subprocess.run([*cli, "advance", "--to", "3"], env=env, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    back = subprocess.run(
+        [*cli, "advance", "--to", "3"], env=env, capture_output=True, text=True, timeout=120
+    )
     assert back.returncode == 2 and "cannot move the frontier back" in back.stderr
     assert os.path.exists(path)

@@ -97,8 +97,11 @@ def test_a_second_mint_fences_the_first(sink: Sink, procs: list[Service]) -> Non
     second = start(procs, sink, "mint", "-second")
     wait_until(lambda: "started: epoch" in second.text(), 60, "second mint started")
     sink.advance_desired(F(2))
-    wait_until(lambda: first.proc is not None and first.proc.poll() is not None, 60,
-               "the first mint to exit")  # fmt: skip
+    wait_until(
+        lambda: first.proc is not None and first.proc.poll() is not None,
+        60,
+        "the first mint to exit",
+    )
     assert first.proc is not None and first.proc.returncode == 0
     assert "fenced by a newer mint" in first.text()
     wait_until(lambda: len(sink.descs()) >= 1, 30, "the second mint to mint")
@@ -115,8 +118,11 @@ def test_a_read_only_mint_mints_nothing_until_promote(sink: Sink, procs: list[Se
     assert sink.descs() == []
     promote = subprocess.run(
         [sys.executable, "-m", "mvsink.cli", "promote", sink.config.sink_id],
-        env=sink.env(), capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+        env=sink.env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert promote.returncode == 0, promote.stderr
     wait_until(lambda: len(sink.descs()) == 1, 30, "a description after promotion")
     assert "promoted: writes allowed" in mint.text()
@@ -180,15 +186,33 @@ def test_inspect_decodes_any_topic_and_shows_bad_records(sink: Sink) -> None:
     assert producer.flush(30) == 0
     shown = subprocess.run(
         [sys.executable, "-m", "mvsink.cli", "inspect", sink.config.topics.frontiers],
-        env=sink.env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        env=sink.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert shown.returncode == 0, shown.stderr
     lines = shown.stdout.splitlines()
-    assert any(f"desired:{sink.config.sink_id}:0" in li and "DesiredProgress(" in li and
-               "Frontier([3])" in li for li in lines)  # fmt: skip
+    assert any(
+        f"desired:{sink.config.sink_id}:0" in li
+        and "DesiredProgress(" in li
+        and "Frontier([3])" in li
+        for li in lines
+    )
     assert any("junk" in li and "UNDECODABLE (not an mvsink record" in li for li in lines)
     limited = subprocess.run(
-        [sys.executable, "-m", "mvsink.cli", "inspect", sink.config.topics.frontiers, "--limit", "1"],
-        env=sink.env(), capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "mvsink.cli",
+            "inspect",
+            sink.config.topics.frontiers,
+            "--limit",
+            "1",
+        ],
+        env=sink.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert len(limited.stdout.splitlines()) == 1

@@ -23,8 +23,13 @@ F = Frontier.at
 
 
 def _mvsink(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "mvsink.cli", *args], env=env, text=True,
-                          capture_output=True, timeout=300)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "mvsink.cli", *args],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=300,
+    )
 
 
 def test_shard_show_snapshot_sweep(
@@ -71,8 +76,12 @@ def test_shard_compact_merges_and_reads_before_since_are_refused(
     rows = pa.schema([("k", pa.string()), ("v", pa.int64())])
     shard = open_shard(shard_id, rows, s3_settings, retain_history=0)
     for t in range(3):  # one key whose value changes every time
-        changes = {"k": ["a", "a"][: 1 + bool(t)], "v": [t, t - 1][: 1 + bool(t)],
-                   "_time": [t, t][: 1 + bool(t)], "_diff": [1, -1][: 1 + bool(t)]}  # fmt: skip
+        changes = {
+            "k": ["a", "a"][: 1 + bool(t)],
+            "v": [t, t - 1][: 1 + bool(t)],
+            "_time": [t, t][: 1 + bool(t)],
+            "_diff": [1, -1][: 1 + bool(t)],
+        }
         shard.compare_and_append(
             [shard.stage(pa.table(changes), F(t), F(t + 1), "w1")], F(t), F(t + 1)
         )
@@ -90,13 +99,19 @@ def test_shard_compact_merges_and_reads_before_since_are_refused(
     assert early.returncode == 2 and "compacted away" in early.stderr
 
 
-def test_bench_shard_prints_measured_and_baseline(kafka_bootstrap: str, s3_settings: S3Settings,
-                                                  tmp_path: Path) -> None:  # fmt: skip
+def test_bench_shard_prints_measured_and_baseline(
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path
+) -> None:
     env = cli_env(kafka_bootstrap, s3_settings, tmp_path)
-    bench = _mvsink(["bench", "shard", "--no-stack", "--rows", "20000", "--parts", "2",
-                     "--appends", "5"], env)  # fmt: skip
+    bench = _mvsink(
+        ["bench", "shard", "--no-stack", "--rows", "20000", "--parts", "2", "--appends", "5"], env
+    )
     assert bench.returncode == 0, bench.stderr
-    for figure in ("part write (stage)", "compare_and_append latency p50",
-                   "compare_and_append latency p99", "snapshot read"):  # fmt: skip
+    for figure in (
+        "part write (stage)",
+        "compare_and_append latency p50",
+        "compare_and_append latency p99",
+        "snapshot read",
+    ):
         assert figure in bench.stderr
     assert bench.stderr.count(" x") >= 6  # every figure has its same-run ratio

@@ -40,16 +40,30 @@ pytestmark = pytest.mark.integration
 ROWS = pa.schema([("key", pa.string()), ("value", pa.int64())])
 F = Frontier.at
 P = 2
-FAST = Timing(max_attempt_age=1.0, max_part_age=5.0, min_grace=6.5, poll_interval=0.02,
-              part_grace=0.5, version_grace=2.5, request_timeout=1.0)  # fmt: skip
+FAST = Timing(
+    max_attempt_age=1.0,
+    max_part_age=5.0,
+    min_grace=6.5,
+    poll_interval=0.02,
+    part_grace=0.5,
+    version_grace=2.5,
+    request_timeout=1.0,
+)
 RACE_SECONDS = float(os.environ.get("MVSINK_RACE_SECONDS", "30"))
 
 
 def table(rows: list[tuple[str, int, int, int]]) -> pa.Table:
-    return normalize_updates(pa.table({
-        "key": pa.array([r[0] for r in rows], pa.string()), "value": pa.array([r[1] for r in rows], pa.int64()),
-        "_time": pa.array([r[2] for r in rows], pa.int64()), "_diff": pa.array([r[3] for r in rows], pa.int64()),
-    }), ROWS)  # fmt: skip
+    return normalize_updates(
+        pa.table(
+            {
+                "key": pa.array([r[0] for r in rows], pa.string()),
+                "value": pa.array([r[1] for r in rows], pa.int64()),
+                "_time": pa.array([r[2] for r in rows], pa.int64()),
+                "_diff": pa.array([r[3] for r in rows], pa.int64()),
+            }
+        ),
+        ROWS,
+    )
 
 
 def stage_partitioned(
@@ -174,7 +188,12 @@ def test_a_merge_that_lost_its_race_deletes_its_outputs(s3_settings: S3Settings)
     late = [r.part for r in run_locally(merge_tasks(shard, request, "c2")) if r.part is not None]
     assert late
     assert isinstance(shard.compare_and_merge(request, late), MergeRefused)
-    keys = {o.object_name for o in shard.client.list_objects(shard.bucket, prefix=f"{shard.prefix}/parts/c2/", recursive=True)}  # fmt: skip
+    keys = {
+        o.object_name
+        for o in shard.client.list_objects(
+            shard.bucket, prefix=f"{shard.prefix}/parts/c2/", recursive=True
+        )
+    }
     assert keys == set()
 
 
@@ -216,8 +235,11 @@ def test_appends_racing_compactors_stay_linearizable(s3_settings: S3Settings) ->
                 for _ in range(4)
             ]
             data = table(rows)
-            parts = (stage_partitioned(shard, data, t, t + 1, f"w{n}") if n % 2
-                     else [shard.stage(data, F(t), F(t + 1), f"w{n}")])  # fmt: skip
+            parts = (
+                stage_partitioned(shard, data, t, t + 1, f"w{n}")
+                if n % 2
+                else [shard.stage(data, F(t), F(t + 1), f"w{n}")]
+            )
             result = shard.compare_and_append(parts, F(t), F(t + 1))
             if isinstance(result, Appended):
                 with lock:
@@ -272,12 +294,16 @@ def test_appends_racing_compactors_stay_linearizable(s3_settings: S3Settings) ->
             [blobs[k] for k in version.part_keys] or [part_schema(ROWS).empty_table()]
         )
         for as_of in {version.since.time or 0, version.upper.time or 0}:
-            got = {(r["key"], r["value"]): r["_diff"]
-                   for r in consolidate_at(data, ROWS, F(as_of)).to_pylist()}  # fmt: skip
+            got = {
+                (r["key"], r["value"]): r["_diff"]
+                for r in consolidate_at(data, ROWS, F(as_of)).to_pylist()
+            }
             assert got == model(history, as_of), (version.seqno, as_of)
     assert not acked, "an acknowledged append is missing from the chain"
-    print(f"\n{final.seqno} versions in {RACE_SECONDS:.0f}s: merges {dict(merges)}, "
-          f"{len(final.batches)} live batches at the end")  # fmt: skip
+    print(
+        f"\n{final.seqno} versions in {RACE_SECONDS:.0f}s: merges {dict(merges)}, "
+        f"{len(final.batches)} live batches at the end"
+    )
     assert merges["Merged"] > 0 and final.seqno > merges["Merged"]
 
 
@@ -319,13 +345,23 @@ def test_the_compactor_collects_garbage_while_its_merges_fail(
 
     monkeypatch.setattr(module, "compact_once", lost)
     config = Config(
-        sink_id=shard_id, shard_id=shard_id, partitions=P, append_workers=1, as_of=0,
-        read_only=False, topics=Topics.for_sink(shard_id), kafka_bootstrap="127.0.0.1:9",
-        s3=s3_settings, spark_master="local[1]", shard_max_attempt_age=FAST.max_attempt_age,
-        shard_max_part_age=FAST.max_part_age, shard_min_grace=FAST.min_grace,
-        shard_part_grace=FAST.part_grace, shard_version_grace=FAST.version_grace,
+        sink_id=shard_id,
+        shard_id=shard_id,
+        partitions=P,
+        append_workers=1,
+        as_of=0,
+        read_only=False,
+        topics=Topics.for_sink(shard_id),
+        kafka_bootstrap="127.0.0.1:9",
+        s3=s3_settings,
+        spark_master="local[1]",
+        shard_max_attempt_age=FAST.max_attempt_age,
+        shard_max_part_age=FAST.max_part_age,
+        shard_min_grace=FAST.min_grace,
+        shard_part_grace=FAST.part_grace,
+        shard_version_grace=FAST.version_grace,
         shard_request_timeout=FAST.request_timeout,
-    )  # fmt: skip
+    )
     thread = module.Compactor(config, "w", None)
     thread.enabled.set()
     thread.start()

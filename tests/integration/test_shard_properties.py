@@ -93,15 +93,18 @@ def test_compare_and_append_is_linearizable_under_racing_writers(s3_settings: S3
             assert seen is not None and seen.upper == result.current != F(expected)
 
     per_writer = Counter(n for n, _, _, r in history if isinstance(r, Appended))
-    print(f"\n{len(history)} attempts, {len(acked)} appended, {len(rejected)} rejected, "
-          f"{final.seqno} versions in {RACE_SECONDS:.0f}s; appends per writer {dict(per_writer)}")  # fmt: skip
+    print(
+        f"\n{len(history)} attempts, {len(acked)} appended, {len(rejected)} rejected, "
+        f"{final.seqno} versions in {RACE_SECONDS:.0f}s; appends per writer {dict(per_writer)}"
+    )
     assert len(acked) > 0 and len(per_writer) > 1
 
 
 # -- snapshot vs. a model ---------------------------------------------------------------------
 
-update = st.tuples(st.sampled_from("abcde"), st.integers(0, 2), st.integers(0, 2),
-                   st.integers(-3, 3).filter(bool))  # fmt: skip
+update = st.tuples(
+    st.sampled_from("abcde"), st.integers(0, 2), st.integers(0, 2), st.integers(-3, 3).filter(bool)
+)
 batch = st.tuples(st.integers(1, 3), st.lists(update, max_size=8), st.booleans())
 
 
@@ -121,11 +124,22 @@ def test_snapshot_equals_the_model_of_the_appended_history(
         upper = lower + width
         rows = [(k, v, lower + min(off, width - 1), d) for k, v, off, d in ups]
         history.extend(rows)
-        table = pa.table({
-            "key": [r[0] for r in rows], "value": [r[1] for r in rows],
-            "_time": [r[2] for r in rows], "_diff": [r[3] for r in rows],
-        }, schema=pa.schema([("key", pa.string()), ("value", pa.int64()),
-                             ("_time", pa.int64()), ("_diff", pa.int64())]))  # fmt: skip
+        table = pa.table(
+            {
+                "key": [r[0] for r in rows],
+                "value": [r[1] for r in rows],
+                "_time": [r[2] for r in rows],
+                "_diff": [r[3] for r in rows],
+            },
+            schema=pa.schema(
+                [
+                    ("key", pa.string()),
+                    ("value", pa.int64()),
+                    ("_time", pa.int64()),
+                    ("_diff", pa.int64()),
+                ]
+            ),
+        )
         part = shard.stage(table, F(lower), F(upper), "w")
         assert shard.compare_and_append([part], F(lower), F(upper)) == Appended(
             F(upper), shard.state().seqno
@@ -147,11 +161,14 @@ def test_spark_reader_equals_snapshot(spark: Any, s3_settings: S3Settings) -> No
     shard: Shard = open_shard(f"spark-{uuid.uuid4().hex[:10]}", ROWS, s3_settings, Timing())
     for t in range(4):
         rows = [(f"k{i % 5}", i % 3, t, 1 if (i + t) % 4 else -1) for i in range(50)]
-        table = pa.table({
-            "key": [r[0] for r in rows], "value": pa.array([r[1] for r in rows], pa.int64()),
-            "_time": pa.array([r[2] for r in rows], pa.int64()),
-            "_diff": pa.array([r[3] for r in rows], pa.int64()),
-        })  # fmt: skip
+        table = pa.table(
+            {
+                "key": [r[0] for r in rows],
+                "value": pa.array([r[1] for r in rows], pa.int64()),
+                "_time": pa.array([r[2] for r in rows], pa.int64()),
+                "_diff": pa.array([r[3] for r in rows], pa.int64()),
+            }
+        )
         shard.compare_and_append([shard.stage(table, F(t), F(t + 1), f"w{t % 2}")], F(t), F(t + 1))
     for as_of in (0, 2, 4):
         expected = sorted(tuple(r.values()) for r in shard.snapshot(as_of).to_pylist())

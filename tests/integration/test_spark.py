@@ -47,7 +47,7 @@ def test_executors_write_parquet_to_s3_and_read_it_back(
 
 def test_task_slots_are_the_cores_not_the_default_parallelism(spark: Any) -> None:
     """`local[2,4]` runs 2 tasks at once; `defaultParallelism` says 4 (twice the cores), and
-    sizing the write jobs by it ran them in two waves."""
+    sizing the write jobs by it would run them in two waves."""
     assert spark.sparkContext.defaultParallelism == 4
     assert task_slots(spark) == 2
 

@@ -147,10 +147,29 @@ def test_bench_runs_mvsink_on_the_cluster(
     cluster.scale(2)
     out = tmp_path / "out"
     env = cli_env(kafka_bootstrap, s3_settings, tmp_path)
-    done = subprocess.run([sys.executable, "-m", "mvsink.cli", "bench", "--no-stack", "--systems",
-                           "mvsink", "--spark-master", cluster.url, "--keys", "2000", "--ticks",
-                           "3", "--out", str(out)], env=env, capture_output=True, text=True,
-                          timeout=900)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mvsink.cli",
+            "bench",
+            "--no-stack",
+            "--systems",
+            "mvsink",
+            "--spark-master",
+            cluster.url,
+            "--keys",
+            "2000",
+            "--ticks",
+            "3",
+            "--out",
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     figures = json.loads((out / "bench.json").read_text())
     assert figures["systems"] == ["mvsink"] and figures["mvsink_spark_master"] == cluster.url

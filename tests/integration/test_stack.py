@@ -22,9 +22,12 @@ pytestmark = pytest.mark.integration
 
 def _mvsink(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "mvsink.cli", *args], env=env, text=True, capture_output=True,
+        [sys.executable, "-m", "mvsink.cli", *args],
+        env=env,
+        text=True,
+        capture_output=True,
         timeout=600,
-    )  # fmt: skip
+    )
 
 
 def test_cli_stack_up_status_env_demo_down(tmp_path: Path) -> None:

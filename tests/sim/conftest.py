@@ -7,12 +7,19 @@ import pytest
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("sim", "the shard protocol's deterministic simulation")
-    group.addoption("--sim-seeds", type=int, default=None,
-                    help="seeds to sweep (default: a fixed budget for ./run test)")  # fmt: skip
+    group.addoption(
+        "--sim-seeds",
+        type=int,
+        default=None,
+        help="seeds to sweep (default: a fixed budget for ./run test)",
+    )
     group.addoption("--sim-seed", type=int, default=None, help="replay this one seed")
     group.addoption("--sim-steps", type=int, default=None, help="store calls per seed")
-    group.addoption("--sim-scenario", default="standard",
-                    help="the actors and faults: standard, or a named interleaving")  # fmt: skip
+    group.addoption(
+        "--sim-scenario",
+        default="standard",
+        help="the actors and faults: standard, or a named interleaving",
+    )
     group.addoption("--sim-first", type=int, default=0, help="the first seed of a sweep")
 
 

@@ -49,13 +49,22 @@ ROWS = pa.schema([("k", pa.int64())])
 SHARD = "sim"
 PREFIX = f"shards/{SHARD}"
 #: The bounds, shrunk as the integration tests shrink them; pauses go far past each.
-TIMING = Timing(max_attempt_age=3.0, max_part_age=20.0, min_grace=30.0, poll_interval=0.05,
-                part_grace=2.0, version_grace=8.0, reader_lease=15.0, request_timeout=3.0)  # fmt: skip
+TIMING = Timing(
+    max_attempt_age=3.0,
+    max_part_age=20.0,
+    min_grace=30.0,
+    poll_interval=0.05,
+    part_grace=2.0,
+    version_grace=8.0,
+    reader_lease=15.0,
+    request_timeout=3.0,
+)
 SIM_S3 = S3Settings("sim:0", "sim", "us-east-1", Secret("sim"), Secret("sim-secret"), False)
 POLICY = CompactionPolicy(max_amplification=1.0, size_ratio=1.0, min_merge=2, max_batches=4)
 #: The faults of a seed sweep: pauses past every bound, slow calls, lost replies, crashes.
-FAULTS = Faults(pause_p=0.02, pause=120.0, slow_p=0.1, slow=2.0, lost_p=0.02, crash_p=0.005,
-                skew=0.2)  # fmt: skip
+FAULTS = Faults(
+    pause_p=0.02, pause=120.0, slow_p=0.1, slow=2.0, lost_p=0.02, crash_p=0.005, skew=0.2
+)
 
 Rows = Counter[int]
 
@@ -161,8 +170,11 @@ class Checker:
         """One retained version, picked at random: its contents at a frontier in `[since,
         upper]` equal the model's, unless a part it names is gone (a merge replaced it more
         than `part_grace` ago: readers of that version start over from the latest)."""
-        retained = [int(k.rsplit("/", 1)[-1]) for k in self.world.objects
-                    if k.startswith(f"{PREFIX}/state/") and k not in self.rewritten]  # fmt: skip
+        retained = [
+            int(k.rsplit("/", 1)[-1])
+            for k in self.world.objects
+            if k.startswith(f"{PREFIX}/state/") and k not in self.rewritten
+        ]
         state = self.genuine[self.world.rng.choice(retained)]
         if all(p.key in self.world.objects for p in state.parts()):
             since, upper = state.since.time or 0, state.upper.time or 0
@@ -206,8 +218,16 @@ class Sim:
         self.world.checks.append(self.checker)
         self.world.transient = (*self.world.transient, IndefiniteAppend)
         self.blob = SimBlob(self.world)
-        Shard.create_or_open(None, "sim", SHARD, ROWS, TIMING, 3, blob=self.blob,  # type: ignore[arg-type]
-                             clock=FixedClock(self.world))  # fmt: skip
+        Shard.create_or_open(
+            None,
+            "sim",
+            SHARD,
+            ROWS,
+            TIMING,
+            3,
+            blob=self.blob,  # type: ignore[arg-type]
+            clock=FixedClock(self.world),
+        )
         self.checker()
 
     def shard(self, actor: Actor) -> Shard:
@@ -282,9 +302,13 @@ def appender(sim: Sim, actor: Actor) -> None:
         upper = shard.upper()
         time = upper.time or 0
         keys = [rng.randrange(8) for _ in range(rng.randint(1, 3))]
-        table = pa.table({"k": pa.array(keys, pa.int64()),
-                          TIME: pa.array([time] * len(keys), pa.int64()),
-                          DIFF: pa.array([rng.choice((1, 1, -1)) for _ in keys], pa.int64())})  # fmt: skip
+        table = pa.table(
+            {
+                "k": pa.array(keys, pa.int64()),
+                TIME: pa.array([time] * len(keys), pa.int64()),
+                DIFF: pa.array([rng.choice((1, 1, -1)) for _ in keys], pa.int64()),
+            }
+        )
         part = shard.stage(table, upper, Frontier.at(time + 1), actor.name, 0, 1)
         try:
             result = shard.compare_and_append([part], upper, Frontier.at(time + 1))
@@ -380,8 +404,10 @@ def reader(sim: Sim, actor: Actor) -> None:
 
 def replay(seed: int, steps: int, scenario: str = "standard") -> str:
     """The one-line command that replays a seed of `scenario`."""
-    return (f"./run test tests/sim -k test_seed_sweep --sim-seed {seed} --sim-steps {steps} "
-            f"--sim-scenario {scenario}")  # fmt: skip
+    return (
+        f"./run test tests/sim -k test_seed_sweep --sim-seed {seed} --sim-steps {steps} "
+        f"--sim-scenario {scenario}"
+    )
 
 
 __all__ = ["START", "Sim", "replay"]

@@ -276,9 +276,11 @@ class SimBlob:
         world = self.world
 
         def matching(low: str, high: str | None) -> list[Listed]:
-            return [Listed(k, o.etag, o.modified, len(o.data))
-                    for k, o in sorted(world.objects.items())
-                    if k.startswith(prefix) and k > low and (high is None or k <= high)]  # fmt: skip
+            return [
+                Listed(k, o.etag, o.modified, len(o.data))
+                for k, o in sorted(world.objects.items())
+                if k.startswith(prefix) and k > low and (high is None or k <= high)
+            ]
 
         if getattr(world._local, "actor", None) is None:
             return matching(start_after, None)
@@ -286,11 +288,14 @@ class SimBlob:
         keys = [x.key for x in matching(start_after, None)]
         pivot = world.rng.choice(keys) if keys else None
         first = world._call(lambda: matching(start_after, pivot))
-        rest = world._call(lambda: matching(pivot or start_after, None),
-                           OSError(f"LIST {prefix}: reply lost"))  # fmt: skip
+        rest = world._call(
+            lambda: matching(pivot or start_after, None), OSError(f"LIST {prefix}: reply lost")
+        )
         return [*first, *rest] if pivot is not None else rest  # type: ignore[misc]
 
     def remove(self, keys: Iterable[str]) -> None:
         for key in list(keys):  # one after the other: a pause may fall between two
-            self.world._call(lambda key=key: self.world.objects.pop(key, None),
-                             OSError(f"DELETE {key}: reply lost"))  # fmt: skip
+            self.world._call(
+                lambda key=key: self.world.objects.pop(key, None),
+                OSError(f"DELETE {key}: reply lost"),
+            )

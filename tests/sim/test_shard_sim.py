@@ -73,9 +73,12 @@ def test_seed_sweep(request: pytest.FixtureRequest) -> None:
         fenced["folds rebuilt"] += sum("rebuilding" in line for line in sim.world.trace)
         if n % 100 == 0 or n == len(seeds):
             took = time.monotonic() - started
-            print(f"[sim] {n}/{len(seeds)} seeds, {calls} store calls, {appends} appends, "
-                  f"{folds} folds, {reads} snapshots checked in {took:.0f}s ({n / took:.1f} seeds/s, "
-                  f"{calls / took:.0f} calls/s); fences met: {dict(fenced)}", flush=True)  # fmt: skip
+            print(
+                f"[sim] {n}/{len(seeds)} seeds, {calls} store calls, {appends} appends, "
+                f"{folds} folds, {reads} snapshots checked in {took:.0f}s ({n / took:.1f} seeds/s, "
+                f"{calls / took:.0f} calls/s); fences met: {dict(fenced)}",
+                flush=True,
+            )
     assert appends > 0, "the sweep appended nothing: it checked nothing"
     if scenario == "standard" and len(seeds) >= 10:
         assert folds > 0 and reads > 0, "the sweep folded or read nothing"
@@ -127,13 +130,21 @@ def _stray_below(seed: int) -> Sim:
     return sim
 
 
-SCENARIOS = {"late-append": _late_append, "fold-after-merge": _fold_after_merge,
-             "stale-latest": _stale_latest, "stray-below": _stray_below}  # fmt: skip
+SCENARIOS = {
+    "late-append": _late_append,
+    "fold-after-merge": _fold_after_merge,
+    "stale-latest": _stale_latest,
+    "stray-below": _stray_below,
+}
 #: Each scenario's seed, and its steps, that loses data with the scenario's fence taken out (the
 #: sweep horizon; the since check in every fold; the LIST read and the proven create; the prev
 #: links), so the fence is what makes it pass.
-REGRESSIONS = {"late-append": (0, 3000), "fold-after-merge": (5, 3000), "stale-latest": (5, 3000),
-               "stray-below": (21, 3000)}  # fmt: skip
+REGRESSIONS = {
+    "late-append": (0, 3000),
+    "fold-after-merge": (5, 3000),
+    "stale-latest": (5, 3000),
+    "stray-below": (21, 3000),
+}
 
 
 @pytest.mark.parametrize("name", sorted(REGRESSIONS))
@@ -157,8 +168,16 @@ def test_a_retry_that_writes_a_pruned_version_again_byte_for_byte_proves_nothing
     read it with: that must not count as proof (C starts over and sees the upper moved)."""
     world = World(0)
     blob, clock = SimBlob(world), FixedClock(world)
-    shard = Shard.create_or_open(None, "sim", SHARD, ROWS, TIMING, 3, blob=blob,  # type: ignore[arg-type]
-                                 clock=clock)  # fmt: skip
+    shard = Shard.create_or_open(
+        None,
+        "sim",
+        SHARD,
+        ROWS,
+        TIMING,
+        3,
+        blob=blob,  # type: ignore[arg-type]
+        clock=clock,
+    )
     writer_a = Shard(None, "sim", SHARD, ROWS, TIMING, blob=blob, clock=clock)
     writer_c = Shard(None, "sim", SHARD, ROWS, TIMING, blob=blob, clock=clock)
     writer_a.advance_upper(Frontier.at(1))

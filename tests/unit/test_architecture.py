@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_import_contracts_hold() -> None:
     lint = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
     assert lint, "lint-imports is missing: install the dev extras (./run setup)"
-    done = subprocess.run([lint, "--config", "pyproject.toml", "--no-cache"], cwd=ROOT,
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        [lint, "--config", "pyproject.toml", "--no-cache"], cwd=ROOT, capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert "0 broken" in done.stdout, done.stdout[-4000:]

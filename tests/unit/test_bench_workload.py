@@ -36,14 +36,19 @@ def test_the_changelog_sums_to_the_final_view(keys: int, change: float, ticks: i
 
 
 def test_ticks_do_not_share_buffers_with_later_ticks() -> None:
-    """Regression: Arrow shared the numpy buffer a later tick changed in place."""
+    """A tick's table never shares the numpy buffer a later tick changes in place."""
     tables, _ = Workload(100, 1.0, 2, 4).generate()
     assert set(tables[0].column("value").to_pylist()) == {1}
 
 
 def _offset_system(tmp_path: Path) -> OffsetSystem:
-    env = {"MVSINK_KAFKA_BOOTSTRAP": "127.0.0.1:9", "MVSINK_S3_ENDPOINT": "127.0.0.1:9",
-           "MVSINK_S3_ACCESS_KEY": "k", "MVSINK_S3_SECRET_KEY": "s", "MVSINK_STATE_DIR": str(tmp_path)}  # fmt: skip
+    env = {
+        "MVSINK_KAFKA_BOOTSTRAP": "127.0.0.1:9",
+        "MVSINK_S3_ENDPOINT": "127.0.0.1:9",
+        "MVSINK_S3_ACCESS_KEY": "k",
+        "MVSINK_S3_SECRET_KEY": "s",
+        "MVSINK_STATE_DIR": str(tmp_path),
+    }
     return OffsetSystem(load_config(env=env), tmp_path)
 
 

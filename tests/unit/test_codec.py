@@ -56,12 +56,24 @@ def staged_batches(draw: st.DrawFn) -> StagedBatch:
     lower, upper = draw(bounds())
     covers = tuple(draw(st.sets(st.integers(0, 63), max_size=6)))
     parts = tuple(
-        Part(f"shards/s/parts/w/{i}.parquet", p, 64, draw(st.integers(0, 10**9)), draw(st.integers(0, 10**9)))
+        Part(
+            f"shards/s/parts/w/{i}.parquet",
+            p,
+            64,
+            draw(st.integers(0, 10**9)),
+            draw(st.integers(0, 10**9)),
+        )
         for i, p in enumerate(covers)
-    )  # fmt: skip
+    )
     foreign = Part("shards/s/parts/x/f.parquet", None, None, 1, 1)
-    return StagedBatch(draw(batch_ids), lower, upper, covers,
-                       parts + ((foreign,) if draw(st.booleans()) else ()), draw(ids))  # fmt: skip
+    return StagedBatch(
+        draw(batch_ids),
+        lower,
+        upper,
+        covers,
+        parts + ((foreign,) if draw(st.booleans()) else ()),
+        draw(ids),
+    )
 
 
 @st.composite
@@ -97,15 +109,37 @@ def test_round_trip(record: Record) -> None:
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda: BatchDescription("s", BatchId(0, 0), Frontier.at(5), Frontier.at(5), 0), "not less than"),
-        (lambda: BatchDescription("s", BatchId(0, 0), Frontier.at(6), Frontier.at(5), 0), "not less than"),
-        (lambda: BatchDescription("s", BatchId(0, 0), Frontier.empty(), Frontier.empty(), 0), "lower is the empty"),
+        (
+            lambda: BatchDescription("s", BatchId(0, 0), Frontier.at(5), Frontier.at(5), 0),
+            "not less than",
+        ),
+        (
+            lambda: BatchDescription("s", BatchId(0, 0), Frontier.at(6), Frontier.at(5), 0),
+            "not less than",
+        ),
+        (
+            lambda: BatchDescription("s", BatchId(0, 0), Frontier.empty(), Frontier.empty(), 0),
+            "lower is the empty",
+        ),
         (lambda: BatchDescription("", BatchId(0, 0), Frontier.at(0), Frontier.at(1), 0), "sink_id"),
-        (lambda: BatchDescription("s", BatchId(0, 0), Frontier.at(0), Frontier.at(1), -1), "append_worker"),
-        (lambda: StagedBatch(BatchId(0, 0), Frontier.at(2), Frontier.at(1), (), (), "w"), "not less than"),
-        (lambda: StagedBatch(BatchId(0, 0), Frontier.at(0), Frontier.at(1), (1, 1), (), "w"), "duplicates"),
-        (lambda: StagedBatch(BatchId(0, 0), Frontier.at(0), Frontier.at(1), (0,),
-                             (Part("k", 1, 2, 0, 0),), "w"), "not in covers"),
+        (
+            lambda: BatchDescription("s", BatchId(0, 0), Frontier.at(0), Frontier.at(1), -1),
+            "append_worker",
+        ),
+        (
+            lambda: StagedBatch(BatchId(0, 0), Frontier.at(2), Frontier.at(1), (), (), "w"),
+            "not less than",
+        ),
+        (
+            lambda: StagedBatch(BatchId(0, 0), Frontier.at(0), Frontier.at(1), (1, 1), (), "w"),
+            "duplicates",
+        ),
+        (
+            lambda: StagedBatch(
+                BatchId(0, 0), Frontier.at(0), Frontier.at(1), (0,), (Part("k", 1, 2, 0, 0),), "w"
+            ),
+            "not in covers",
+        ),
         (lambda: Part("k", 2, 2, 0, 0), "out of range"),
         (lambda: Part("k", 0, None, 0, 0), "partition"),
         (lambda: Part("k", None, None, -1, 0), "updates"),
@@ -118,7 +152,7 @@ def test_round_trip(record: Record) -> None:
         (lambda: BatchId(-1, 0), "epoch"),
         (lambda: SinkControl(read_only=1), "bool"),  # type: ignore[arg-type]
     ],
-)  # fmt: skip
+)
 def test_invalid_messages_are_rejected(make: Any, message: str) -> None:
     with pytest.raises(ContractError, match=message):
         make()
@@ -140,12 +174,22 @@ def _frame(kind: str, datum: Any) -> bytes:
         (bytes((codec.MAGIC, 4, 99)), "version 99 is unknown"),
         (bytes((codec.MAGIC, 4, 1)) + b"\x02", "invalid Avro"),
         (codec.encode(SinkControl(True)) + b"\x00", "trailing bytes"),
-        (_frame("BatchDescription", {"sink_id": "s", "id": {"epoch": 0, "seq": 0},
-                                     "lower": [3], "upper": [3], "append_worker": 0}),
-         "not less than"),
+        (
+            _frame(
+                "BatchDescription",
+                {
+                    "sink_id": "s",
+                    "id": {"epoch": 0, "seq": 0},
+                    "lower": [3],
+                    "upper": [3],
+                    "append_worker": 0,
+                },
+            ),
+            "not less than",
+        ),
         (_frame("ShardUpper", {"shard_id": "s", "upper": [1, 2], "seqno": 0}), "at most one"),
     ],
-)  # fmt: skip
+)
 def test_undecodable_bytes_raise_decode_error(data: bytes, reason: str) -> None:
     with pytest.raises(DecodeError, match=reason):
         codec.decode(data)

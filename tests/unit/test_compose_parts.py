@@ -89,10 +89,17 @@ def test_phases_time_each_phase_and_total(capsys: pytest.CaptureFixture[str]) ->
 
 def test_slim_trims_a_debootstrapped_tree(tmp_path: Path) -> None:
     root = tmp_path
-    for name in ("var/cache/apt/archives/a.deb", "var/lib/apt/lists/x_Packages",
-                 "usr/share/man/man1/ls.1.gz", "usr/share/doc/bash/README",
-                 "usr/share/doc/bash/copyright", "usr/share/locale/de/LC_MESSAGES/x.mo",
-                 "usr/share/locale/locale.alias", "etc/apt/sources.list", "usr/bin/bash"):  # fmt: skip
+    for name in (
+        "var/cache/apt/archives/a.deb",
+        "var/lib/apt/lists/x_Packages",
+        "usr/share/man/man1/ls.1.gz",
+        "usr/share/doc/bash/README",
+        "usr/share/doc/bash/copyright",
+        "usr/share/locale/de/LC_MESSAGES/x.mo",
+        "usr/share/locale/locale.alias",
+        "etc/apt/sources.list",
+        "usr/bin/bash",
+    ):
         (root / name).parent.mkdir(parents=True, exist_ok=True)
         (root / name).write_text("x")
     (root / "etc/apt/sources.list").write_text("deb http://mirror.example/debian bookworm main\n")
@@ -102,10 +109,14 @@ def test_slim_trims_a_debootstrapped_tree(tmp_path: Path) -> None:
     engine._slim(root)
     kept = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
     assert kept == {
-        "usr/share/doc/bash/copyright", "usr/share/locale/locale.alias", "usr/bin/bash",
-        "etc/dpkg/dpkg.cfg.d/docker-slim", "etc/apt/sources.list.d/debian.sources",
-        "etc/apt/apt.conf.d/docker-clean", "etc/apt/apt.conf.d/docker-no-languages",
-    }  # fmt: skip
+        "usr/share/doc/bash/copyright",
+        "usr/share/locale/locale.alias",
+        "usr/bin/bash",
+        "etc/dpkg/dpkg.cfg.d/docker-slim",
+        "etc/apt/sources.list.d/debian.sources",
+        "etc/apt/apt.conf.d/docker-clean",
+        "etc/apt/apt.conf.d/docker-no-languages",
+    }
     assert "/var/cache/apt/archives/*.deb" in (root / "etc/apt/apt.conf.d/docker-clean").read_text()
     assert "path-exclude /usr/share/doc/*" in (root / "etc/dpkg/dpkg.cfg.d/docker-slim").read_text()
     sources = (root / "etc/apt/sources.list.d/debian.sources").read_text()
@@ -114,8 +125,9 @@ def test_slim_trims_a_debootstrapped_tree(tmp_path: Path) -> None:
     assert "bookworm-security" in sources and "bookworm-updates" in sources
 
 
-def test_build_env_carries_the_extra_certificates(tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_build_env_carries_the_extra_certificates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(engine, "EXTRA_CA_DIR", tmp_path)
     monkeypatch.delenv("MVSINK_BUILD_CA", raising=False)
     assert "MVSINK_BUILD_CA" not in engine.build_env()

@@ -143,8 +143,15 @@ def test_config_env_loads_back_the_same_config(env: dict[str, str]) -> None:
     """Every setting reaches a child process (services started by the demo and the benches)."""
     from mvsink.io.config import config_env
 
-    config = load_config(env={**env, "MVSINK_RETAIN_HISTORY": "7", "MVSINK_SHARD_COMPACTION": "false",
-                              "MVSINK_SHARD_PART_GRACE": "2.5", "MVSINK_PARTITIONS": "3"})  # fmt: skip
+    config = load_config(
+        env={
+            **env,
+            "MVSINK_RETAIN_HISTORY": "7",
+            "MVSINK_SHARD_COMPACTION": "false",
+            "MVSINK_SHARD_PART_GRACE": "2.5",
+            "MVSINK_PARTITIONS": "3",
+        }
+    )
     again = load_config(env={"MVSINK_STATE_DIR": env["MVSINK_STATE_DIR"], **config_env(config)})
     assert again == config
     assert (again.retain_history, again.compaction, again.shard_timing().part_grace) == (

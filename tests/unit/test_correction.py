@@ -19,11 +19,16 @@ F = Frontier.at
 
 
 def table(rows: list[tuple[str, int, int]]) -> pa.Table:
-    return normalize_updates(pa.table({
-        "k": pa.array([r[0] for r in rows], pa.string()),
-        "_time": pa.array([r[1] for r in rows], pa.int64()),
-        "_diff": pa.array([r[2] for r in rows], pa.int64()),
-    }), ROWS)  # fmt: skip
+    return normalize_updates(
+        pa.table(
+            {
+                "k": pa.array([r[0] for r in rows], pa.string()),
+                "_time": pa.array([r[1] for r in rows], pa.int64()),
+                "_diff": pa.array([r[2] for r in rows], pa.int64()),
+            }
+        ),
+        ROWS,
+    )
 
 
 def as_counter(t: pa.Table) -> Counter[tuple[str, int]]:
@@ -66,10 +71,16 @@ def test_updates_before_an_upper_past_everything_is_the_corrections_themselves()
     assert both < alone * 1.1
 
 
-ops = st.lists(st.tuples(st.sampled_from(["insert", "negated", "since"]),
-                         st.lists(st.tuples(st.sampled_from("abc"), st.integers(0, 6),
-                                            st.integers(-2, 2)), max_size=6),
-                         st.integers(0, 6)), max_size=12)  # fmt: skip
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["insert", "negated", "since"]),
+        st.lists(
+            st.tuples(st.sampled_from("abc"), st.integers(0, 6), st.integers(-2, 2)), max_size=6
+        ),
+        st.integers(0, 6),
+    ),
+    max_size=12,
+)
 
 
 @given(ops, st.integers(0, 8))
@@ -96,8 +107,10 @@ def test_matches_a_counter_model(
     assert dict(as_counter(correction.updates_before(F(upper)))) == before
 
 
-updates_lists = st.lists(st.tuples(st.sampled_from("abcd"), st.integers(0, 9), st.integers(-3, 3).filter(bool)),
-                         max_size=20)  # fmt: skip
+updates_lists = st.lists(
+    st.tuples(st.sampled_from("abcd"), st.integers(0, 9), st.integers(-3, 3).filter(bool)),
+    max_size=20,
+)
 
 
 @given(updates_lists, updates_lists, st.integers(1, 10))
@@ -122,23 +135,42 @@ def test_retract_before_equals_reading_back_our_own_part(
     assert as_counter(negated.consolidate()) == as_counter(dropped.consolidate())
 
 
-@given(st.lists(st.tuples(st.booleans(), st.sampled_from("ab"), st.integers(0, 3), st.integers(-2, 2).filter(bool)),
-                max_size=30))  # fmt: skip
+@given(
+    st.lists(
+        st.tuples(
+            st.booleans(), st.sampled_from("ab"), st.integers(0, 3), st.integers(-2, 2).filter(bool)
+        ),
+        max_size=30,
+    )
+)
 def test_consolidate_sums_row_and_error_updates_separately(
     updates: list[tuple[bool, str, int, int]],
 ) -> None:
     """Row updates and error updates with the same text never merge; each sums by itself."""
     correction = Correction(ROWS, F(0))
-    correction.insert(normalize_updates(pa.table({
-        "k": pa.array([None if err else name for err, name, _, _ in updates], pa.string()),
-        "_err": pa.array([name if err else None for err, name, _, _ in updates], pa.string()),
-        "_time": pa.array([t for _, _, t, _ in updates], pa.int64()),
-        "_diff": pa.array([d for _, _, _, d in updates], pa.int64()),
-    }), ROWS))  # fmt: skip
+    correction.insert(
+        normalize_updates(
+            pa.table(
+                {
+                    "k": pa.array(
+                        [None if err else name for err, name, _, _ in updates], pa.string()
+                    ),
+                    "_err": pa.array(
+                        [name if err else None for err, name, _, _ in updates], pa.string()
+                    ),
+                    "_time": pa.array([t for _, _, t, _ in updates], pa.int64()),
+                    "_diff": pa.array([d for _, _, _, d in updates], pa.int64()),
+                }
+            ),
+            ROWS,
+        )
+    )
     model: Counter[tuple[bool, str, int]] = Counter()
     for err, name, t, d in updates:
         model[(err, name, t)] += d
-    got = {(r["_err"] is not None, r["_err"] or r["k"], r["_time"]): r["_diff"]
-           for r in correction.consolidate().to_pylist()}  # fmt: skip
+    got = {
+        (r["_err"] is not None, r["_err"] or r["k"], r["_time"]): r["_diff"]
+        for r in correction.consolidate().to_pylist()
+    }
     assert got == {k: d for k, d in model.items() if d}
     assert correction.consolidate().schema == correction.schema

@@ -123,8 +123,9 @@ def test_process_without_data(
     output: Frontier,
     expected: tuple[Frontier, list[object]] | None,
 ) -> None:
-    s: SinkState[str] = SinkState(append_times=set(append_times), append_times_progress=progress,
-                                  output_progress=output)  # fmt: skip
+    s: SinkState[str] = SinkState(
+        append_times=set(append_times), append_times_progress=progress, output_progress=output
+    )
     assert s.process() == expected
 
 

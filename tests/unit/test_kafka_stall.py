@@ -52,8 +52,13 @@ def test_partitions_are_judged_apart() -> None:
     assert stall.observe(0, 5, 0, 9, STUCK_AFTER)
 
 
-@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 20), st.floats(0.5, 30.0)),
-                min_size=1, max_size=30))  # fmt: skip
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 50), st.integers(0, 20), st.floats(0.5, 30.0)),
+        min_size=1,
+        max_size=30,
+    )
+)
 def test_a_reader_that_reads_or_is_caught_up_is_never_stalled(
     steps: list[tuple[int, int, float]],
 ) -> None:

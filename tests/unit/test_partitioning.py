@@ -32,11 +32,18 @@ MASK = (1 << 64) - 1
 
 
 def _table(rows: list[tuple[str | None, int | None]], err: list[str | None]) -> pa.Table:
-    return normalize_updates(pa.table({
-        "k": pa.array([r[0] for r in rows], pa.string()), "v": pa.array([r[1] for r in rows], pa.int64()),
-        "_time": pa.array([0] * len(rows), pa.int64()), "_diff": pa.array([1] * len(rows), pa.int64()),
-        "_err": pa.array(err, pa.string()),
-    }), ROWS)  # fmt: skip
+    return normalize_updates(
+        pa.table(
+            {
+                "k": pa.array([r[0] for r in rows], pa.string()),
+                "v": pa.array([r[1] for r in rows], pa.int64()),
+                "_time": pa.array([0] * len(rows), pa.int64()),
+                "_diff": pa.array([1] * len(rows), pa.int64()),
+                "_err": pa.array(err, pa.string()),
+            }
+        ),
+        ROWS,
+    )
 
 
 # -- version 2 as its definition reads, one value at a time -------------------------------------
@@ -89,22 +96,28 @@ def _reference(row: dict[str, object], err: str | None, schema: pa.Schema) -> in
 
 def _wide_rows() -> st.SearchStrategy[list[dict[str, object]]]:
     floats = st.floats(allow_nan=True, allow_infinity=True)
-    row = st.fixed_dictionaries({
-        "f": st.none() | floats,
-        "d": st.none() | st.floats(width=32, allow_nan=True),
-        "b": st.none() | st.booleans(),
-        "dt": st.none() | st.dates(datetime.date(1900, 1, 1), datetime.date(2200, 1, 1)),
-        "ts": st.none() | st.datetimes(datetime.datetime(1900, 1, 1), datetime.datetime(2200, 1, 1)),
-        "bin": st.none() | st.binary(max_size=40),
-        "i": st.none() | st.integers(-(2**31), 2**31 - 1),
-        "s": st.text(max_size=30),
-    })  # fmt: skip
+    row = st.fixed_dictionaries(
+        {
+            "f": st.none() | floats,
+            "d": st.none() | st.floats(width=32, allow_nan=True),
+            "b": st.none() | st.booleans(),
+            "dt": st.none() | st.dates(datetime.date(1900, 1, 1), datetime.date(2200, 1, 1)),
+            "ts": st.none()
+            | st.datetimes(datetime.datetime(1900, 1, 1), datetime.datetime(2200, 1, 1)),
+            "bin": st.none() | st.binary(max_size=40),
+            "i": st.none() | st.integers(-(2**31), 2**31 - 1),
+            "s": st.text(max_size=30),
+        }
+    )
     return st.lists(row, max_size=25)
 
 
 @settings(max_examples=150, deadline=None)
-@given(rows=_wide_rows(), errors=st.lists(st.none() | st.text(max_size=20), max_size=25),
-       start=st.integers(0, 5))  # fmt: skip
+@given(
+    rows=_wide_rows(),
+    errors=st.lists(st.none() | st.text(max_size=20), max_size=25),
+    start=st.integers(0, 5),
+)
 def test_v2_is_its_definition_for_every_column_type(
     rows: list[dict[str, object]], errors: list[str | None], start: int
 ) -> None:
@@ -117,8 +130,11 @@ def test_v2_is_its_definition_for_every_column_type(
     assert hashes_v2(table.slice(start), WIDE).tolist() == expected[start:]
 
 
-@given(st.lists(st.tuples(st.text(max_size=20), st.integers(-(2**63), 2**63 - 1)), max_size=40),
-       st.integers(1, 6), st.integers(1, 64))  # fmt: skip
+@given(
+    st.lists(st.tuples(st.text(max_size=20), st.integers(-(2**63), 2**63 - 1)), max_size=40),
+    st.integers(1, 6),
+    st.integers(1, 64),
+)
 def test_v2_does_not_depend_on_how_the_columns_are_chunked(
     rows: list[tuple[str, int]], cut: int, partitions: int
 ) -> None:
@@ -129,12 +145,27 @@ def test_v2_does_not_depend_on_how_the_columns_are_chunked(
 
 
 def test_v2_pinned_values() -> None:
-    table = _table([("a", 1), ("", 0), (None, None), ("abcdefgh", -1), ("abcdefghi", 2**62),
-                    ("ü" * 20, 7), (None, None)], [None] * 6 + ["boom"])  # fmt: skip
+    table = _table(
+        [
+            ("a", 1),
+            ("", 0),
+            (None, None),
+            ("abcdefgh", -1),
+            ("abcdefghi", 2**62),
+            ("ü" * 20, 7),
+            (None, None),
+        ],
+        [None] * 6 + ["boom"],
+    )
     assert [hex(h) for h in hashes_v2(table, ROWS).tolist()] == [
-        "0x4515df9ede12faba", "0x94cd0c48be6c0b9a", "0xdffa720bb8a16cac", "0x24831a8db20d459f",
-        "0xf9943710fbe5398d", "0x7188d6319fb1fd30", "0xfeca7ea47d61bd4d",
-    ]  # fmt: skip
+        "0x4515df9ede12faba",
+        "0x94cd0c48be6c0b9a",
+        "0xdffa720bb8a16cac",
+        "0x24831a8db20d459f",
+        "0xf9943710fbe5398d",
+        "0x7188d6319fb1fd30",
+        "0xfeca7ea47d61bd4d",
+    ]
     assert partitions_of(table, ROWS, 7).to_pylist() == [5, 5, 4, 4, 2, 6, 2]
     assert partitions_of(table, ROWS, 1000).to_pylist() == [962, 530, 308, 783, 261, 584, 29]
 
@@ -152,8 +183,9 @@ def test_v1_is_blake2b_of_the_avro_row_and_pinned() -> None:
     assert avro_row_schema(ROWS)["fields"][0] == {"name": "k", "type": ["null", "string"]}
     table = _table([("a", 1), (None, None)], [None, "x"])
     assert partitions_of(table, ROWS, 4, partitioning=1).to_pylist() == [
-        partition_of(encoded, 4), partition_of(error_key("x"), 4)
-    ]  # fmt: skip
+        partition_of(encoded, 4),
+        partition_of(error_key("x"), 4),
+    ]
     assert [partition_of(bytes([i]), 7) for i in range(5)] == [1, 5, 4, 4, 6]
     assert partition_of(encoded, 1000) == 206
 
@@ -176,7 +208,12 @@ def test_v2_agrees_across_processes() -> None:
         " '_err': pa.nulls(len(rows), pa.string())})\n"
         "print(json.dumps(partitions_of(t, parse_row_schema('k string, v long'), 13).to_pylist()))\n"
     )
-    there = subprocess.run([sys.executable, "-c", script], input=json.dumps(rows), text=True,
-                           capture_output=True, check=True,
-                           env={**os.environ, "PYTHONHASHSEED": "12345"})  # fmt: skip
+    there = subprocess.run(
+        [sys.executable, "-c", script],
+        input=json.dumps(rows),
+        text=True,
+        capture_output=True,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+    )
     assert json.loads(there.stdout) == here

@@ -29,7 +29,7 @@ def _time_wait_port() -> int:
 def test_a_port_in_time_wait_is_free_for_a_restart() -> None:
     port = _time_wait_port()
     with socket.socket() as plain, pytest.raises(OSError) as refused:
-        plain.bind((LOOPBACK, port))  # what the bind check used to do
+        plain.bind((LOOPBACK, port))  # a bind without address reuse
     assert refused.value.errno == errno.EADDRINUSE
     assert port_is_free(port)
 

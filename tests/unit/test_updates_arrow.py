@@ -16,8 +16,12 @@ SCHEMA = parse_row_schema("key string not null, value long")
 
 
 def _table(**columns: list[object]) -> pa.Table:
-    base: dict[str, list[object]] = {"key": ["a", "b"], "value": [1, None], "_time": [3, 4],
-                                     "_diff": [1, -2]}  # fmt: skip
+    base: dict[str, list[object]] = {
+        "key": ["a", "b"],
+        "value": [1, None],
+        "_time": [3, 4],
+        "_diff": [1, -2],
+    }
     base.update(columns)
     return pa.table(base)
 

@@ -74,15 +74,19 @@ SOURCES = (
 )
 
 
-def docker(*args: str, timeout: float = 60.0, check: bool = False,
-           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def docker(
+    *args: str, timeout: float = 60.0, check: bool = False, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """`docker ARGS`, its output captured as text; with `check`, a failure raises `StackError`
     carrying that output."""
-    result = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout,
-                            env=env)  # fmt: skip
+    result = subprocess.run(
+        ["docker", *args], capture_output=True, text=True, timeout=timeout, env=env
+    )
     if check and result.returncode != 0:
-        raise StackError(f"`docker {' '.join(args)[:200]}` failed (exit {result.returncode}):\n"
-                         f"{result.stdout[-3000:]}{result.stderr[-3000:]}")  # fmt: skip
+        raise StackError(
+            f"`docker {' '.join(args)[:200]}` failed (exit {result.returncode}):\n"
+            f"{result.stdout[-3000:]}{result.stderr[-3000:]}"
+        )
     return result
 
 
@@ -108,13 +112,19 @@ def compose_answers() -> bool:
 
 def _apt_install(packages: Sequence[str], log: Path, say: Say, why: str) -> None:
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise StackError(f"{why}: install {' '.join(packages)} (Docker Engine: "
-                         "https://docs.docker.com/engine/install/), or run as root on Debian")  # fmt: skip
+        raise StackError(
+            f"{why}: install {' '.join(packages)} (Docker Engine: "
+            "https://docs.docker.com/engine/install/), or run as root on Debian"
+        )
     say(f"{why}: apt-get install {' '.join(packages)} ...")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     procs.run_checked(["apt-get", "update", "-q"], log=log, env=env, what="apt-get update")
-    procs.run_checked(["apt-get", "install", "-y", "-q", *packages], log=log, env=env,
-                      what=f"apt-get install {' '.join(packages)}")  # fmt: skip
+    procs.run_checked(
+        ["apt-get", "install", "-y", "-q", *packages],
+        log=log,
+        env=env,
+        what=f"apt-get install {' '.join(packages)}",
+    )
 
 
 def ensure_engine(home: Path, say: Say, timeout: float = 90.0) -> None:
@@ -136,15 +146,23 @@ def ensure_compose(cache: Path, say: Say) -> None:
     built = cache / "compose" / COMPOSE_VERSION / "docker-compose"
     if not built.exists():
         go = procs.require_tool("go", "install Go >= 1.24, or the docker compose v2 plugin")
-        say(f"building docker compose {COMPOSE_VERSION} from its Go module (first run only; "
-            "about 3 minutes on 2 cores) ...")  # fmt: skip
+        say(
+            f"building docker compose {COMPOSE_VERSION} from its Go module (first run only; "
+            "about 3 minutes on 2 cores) ..."
+        )
         log = built.parent / "build.log"
         built.parent.mkdir(parents=True, exist_ok=True)
-        module = subprocess.run([go, "mod", "download", "-json", f"{COMPOSE_MODULE}@{COMPOSE_VERSION}"],
-                                capture_output=True, text=True, timeout=600)  # fmt: skip
+        module = subprocess.run(
+            [go, "mod", "download", "-json", f"{COMPOSE_MODULE}@{COMPOSE_VERSION}"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if module.returncode != 0:
-            raise StackError(f"go mod download {COMPOSE_MODULE}@{COMPOSE_VERSION} failed:\n"
-                             f"{module.stdout}{module.stderr}")  # fmt: skip
+            raise StackError(
+                f"go mod download {COMPOSE_MODULE}@{COMPOSE_VERSION} failed:\n"
+                f"{module.stdout}{module.stderr}"
+            )
         source = Path(json.loads(module.stdout)["Dir"])
         with tempfile.TemporaryDirectory(dir=built.parent) as work:
             tree = Path(work) / "src"
@@ -155,8 +173,11 @@ def ensure_compose(cache: Path, say: Say) -> None:
             env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-buildvcs=false")
             procs.run_checked(
                 [go, "build", "-trimpath", "-ldflags", flags, "-o", f"{built}.tmp", "./cmd"],
-                log=log, env=env, what="building docker compose", cwd=tree,
-            )  # fmt: skip
+                log=log,
+                env=env,
+                what="building docker compose",
+                cwd=tree,
+            )
         Path(f"{built}.tmp").rename(built)
     plugins = Path.home() / ".docker" / "cli-plugins"
     plugins.mkdir(parents=True, exist_ok=True)
@@ -185,8 +206,9 @@ def ensure_base(home: Path, say: Say) -> None:
         _apt_install(["debootstrap"], home / "apt.log", say, "making the base image")
     with tempfile.TemporaryDirectory(dir=home) as work:
         root = Path(work) / "rootfs"
-        procs.run_checked(["debootstrap", "--variant=minbase", "bookworm", str(root)], log=log,
-                          what="debootstrap")  # fmt: skip
+        procs.run_checked(
+            ["debootstrap", "--variant=minbase", "bookworm", str(root)], log=log, what="debootstrap"
+        )
         _slim(root)
         _import(root, log)
 
@@ -194,25 +216,38 @@ def ensure_base(home: Path, say: Say) -> None:
 def _import(root: Path, log: Path) -> None:
     """`tar -C root -c . | docker import - BASE_IMAGE`, failing if either side fails."""
     with log.open("ab") as out:
-        tar = subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE,
-                               stderr=out)  # fmt: skip
-        imported = subprocess.run(["docker", "import", "-c", 'CMD ["bash"]', "-", BASE_IMAGE],
-                                  stdin=tar.stdout, stdout=out, stderr=out)  # fmt: skip
+        tar = subprocess.Popen(
+            ["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE, stderr=out
+        )
+        imported = subprocess.run(
+            ["docker", "import", "-c", 'CMD ["bash"]', "-", BASE_IMAGE],
+            stdin=tar.stdout,
+            stdout=out,
+            stderr=out,
+        )
         assert tar.stdout is not None
         tar.stdout.close()
         tar_exit = tar.wait()
     if tar_exit != 0 or imported.returncode != 0:
         if imported.returncode == 0:  # a partial tree must not pass for the base image
             docker("image", "rm", BASE_IMAGE)
-        raise StackError(f"importing {root} as {BASE_IMAGE} failed (tar exit {tar_exit}, "
-                         f"docker import exit {imported.returncode}); log {log}:\n"
-                         f"{procs.log_tail(log)}")  # fmt: skip
+        raise StackError(
+            f"importing {root} as {BASE_IMAGE} failed (tar exit {tar_exit}, "
+            f"docker import exit {imported.returncode}); log {log}:\n"
+            f"{procs.log_tail(log)}"
+        )
 
 
 def _slim(root: Path) -> None:
     """Trim a debootstrapped tree as the official slim image is, and set Debian's suites."""
-    for pattern in ("var/cache/apt/archives/*.deb", "var/lib/apt/lists/*", "usr/share/man/*",
-                    "usr/share/info/*", "var/log/*.log", "var/log/apt/*"):  # fmt: skip
+    for pattern in (
+        "var/cache/apt/archives/*.deb",
+        "var/lib/apt/lists/*",
+        "usr/share/man/*",
+        "usr/share/info/*",
+        "var/log/*.log",
+        "var/log/apt/*",
+    ):
         for path in root.glob(pattern):
             shutil.rmtree(path) if path.is_dir() else path.unlink()
     for doc in (root / "usr/share/doc").glob("*"):
@@ -238,11 +273,26 @@ def build_env() -> dict[str, str]:
     return {**os.environ, "MVSINK_BUILD_CA": bundle} if bundle else dict(os.environ)
 
 
-def compose(args: Sequence[str], *, project: str, env: dict[str, str] | None = None,
-            timeout: float = 600.0, check: bool = True) -> subprocess.CompletedProcess[str]:  # fmt: skip
+def compose(
+    args: Sequence[str],
+    *,
+    project: str,
+    env: dict[str, str] | None = None,
+    timeout: float = 600.0,
+    check: bool = True,
+) -> subprocess.CompletedProcess[str]:
     """`docker compose -f docker-compose.yaml -p project ARGS` (`docker`)."""
-    return docker("compose", "-f", str(COMPOSE_FILE), "-p", project, *args, timeout=timeout,
-                  check=check, env=env)  # fmt: skip
+    return docker(
+        "compose",
+        "-f",
+        str(COMPOSE_FILE),
+        "-p",
+        project,
+        *args,
+        timeout=timeout,
+        check=check,
+        env=env,
+    )
 
 
 def ensure_images(services: Sequence[str], home: Path, cache: Path, say: Say) -> float:

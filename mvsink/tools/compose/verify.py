@@ -78,13 +78,24 @@ APPEND_HOLDS, APPEND_WORK = "append workers assigned: ", re.compile(r"\bappended
 #: What write logs when it launches its resident tasks, and when a round falls back to a job.
 RESIDENTS, HANDED_BACK = " residents on ", "run as a one-shot job"
 #: Per scaled service: its holds marker, its work pattern, and what its work is called.
-WORK = {"write": (WRITE_HOLDS, WRITE_WORK, "batches staged"),
-        "append": (APPEND_HOLDS, APPEND_WORK, "appends")}  # fmt: skip
+WORK = {
+    "write": (WRITE_HOLDS, WRITE_WORK, "batches staged"),
+    "append": (APPEND_HOLDS, APPEND_WORK, "appends"),
+}
 #: What a failed phase prints of each service, and how many lines of each container: the
 #: sink's services last, where a CI log's tail shows them.
-DIAGNOSE = (("provision", 3), ("minio", 5), ("kafka", 8), ("spark-master", 5),
-            ("spark-worker", 8), ("view", 8), ("ct", 5), ("mint", 10), ("append", 10),
-            ("write", 14))  # fmt: skip
+DIAGNOSE = (
+    ("provision", 3),
+    ("minio", 5),
+    ("kafka", 8),
+    ("spark-master", 5),
+    ("spark-worker", 8),
+    ("view", 8),
+    ("ct", 5),
+    ("mint", 10),
+    ("append", 10),
+    ("write", 14),
+)
 #: Log lines a diagnosis leaves out: Spark's and Kafka's lines at every task and transaction.
 NOISE = re.compile(
     r"TaskSetManager|ExecutorRunner: Launch command|SecurityManager|"
@@ -100,8 +111,10 @@ SPARK_CORES = SCALE["spark-worker"]
 #: The names the write drivers give their Spark applications: `mvsink-write-<sink id>`.
 WRITE_APP = "mvsink-write-"
 #: Read inside a worker container: its own web UI's JSON (id, executors and their applications).
-WORKER_STATE = ("import urllib.request as u; "
-                "print(u.urlopen('http://127.0.0.1:8081/json/', timeout=5).read().decode())")  # fmt: skip
+WORKER_STATE = (
+    "import urllib.request as u; "
+    "print(u.urlopen('http://127.0.0.1:8081/json/', timeout=5).read().decode())"
+)
 
 
 class VerifyError(MvsinkError):
@@ -128,8 +141,9 @@ class Phases:
     def table(self) -> str:
         width = max(len(n) for n in self.seconds)
         rows = [f"  {name:<{width}}  {secs:8.1f}s" for name, secs in self.seconds.items()]
-        return "\n".join(["phase times:", *rows, f"  {'total':<{width}}  "
-                          f"{sum(self.seconds.values()):8.1f}s"])  # fmt: skip
+        return "\n".join(
+            ["phase times:", *rows, f"  {'total':<{width}}  {sum(self.seconds.values()):8.1f}s"]
+        )
 
 
 @dataclass
@@ -166,8 +180,13 @@ class Deployment:
         Kafka log at every task and transaction; the whole logs go to a file under `home`."""
         result = engine.compose(["ps", "-a"], project=self.project, env=self.env, check=False)
         self.say(result.stdout)
-        logs = engine.compose(["logs", "--no-color", "--timestamps"], project=self.project,
-                              env=self.env, check=False, timeout=120)  # fmt: skip
+        logs = engine.compose(
+            ["logs", "--no-color", "--timestamps"],
+            project=self.project,
+            env=self.env,
+            check=False,
+            timeout=120,
+        )
         path = home / "logs" / f"{self.project}.log"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(logs.stdout + logs.stderr)
@@ -181,8 +200,10 @@ class Deployment:
 def last_lines(logs: dict[str, list[str]], count: int) -> dict[str, list[str]]:
     """The last `count` lines of each container's `logs` (`Deployment.logs`), but for blank
     ones and those logged at every Spark task and Kafka transaction."""
-    kept = {container: [line for line in lines if line.strip() and not NOISE.search(line)]
-            for container, lines in sorted(logs.items())}  # fmt: skip
+    kept = {
+        container: [line for line in lines if line.strip() and not NOISE.search(line)]
+        for container, lines in sorted(logs.items())
+    }
     return {container: lines[-count:] for container, lines in kept.items() if lines}
 
 
@@ -239,8 +260,12 @@ def check_once(shard: Shard, config: Config) -> tuple[int, bool, int]:
     schema = parse_row_schema(config.row_schema)
     names = list(schema.names)
     got = _rows(shard.snapshot(upper), names)
-    want = _rows(read_desired(config.kafka_bootstrap, config.topics.desired, config.partitions,
-                              schema, upper), names)  # fmt: skip
+    want = _rows(
+        read_desired(
+            config.kafka_bootstrap, config.topics.desired, config.partitions, schema, upper
+        ),
+        names,
+    )
     return upper, bool(want) and got == want, sum(1 for d in got.values() if d != 1)
 
 
@@ -298,8 +323,10 @@ def check_ct(deployment: Deployment, shard: Shard, upper: int, timeout: float) -
     want = {customer for (customer, total), n in view.items() if n == 1 and total >= CT_THRESHOLD}
     got = [customer for (customer, total, _), n in rows.items() for _ in range(n)]
     if sorted(got) != sorted(want) or any(t < CT_THRESHOLD for _, t, _ in rows):
-        raise VerifyError(f"the continual task's output at {at} is not the customers at or over "
-                          f"{CT_THRESHOLD}: got {sorted(got)}, want {sorted(want)}")  # fmt: skip
+        raise VerifyError(
+            f"the continual task's output at {at} is not the customers at or over "
+            f"{CT_THRESHOLD}: got {sorted(got)}, want {sorted(want)}"
+        )
     written: dict[int, list[str]] = {}
     for container, lines in deployment.logs("ct").items():
         for line in lines:
@@ -309,8 +336,10 @@ def check_ct(deployment: Deployment, shard: Shard, upper: int, timeout: float) -
     if twice:
         raise VerifyError(f"times written by more than one replica: {twice}")
     writers = sorted({c for cs in written.values() for c in cs})
-    deployment.say(f"  continual task at {at}: {len(got)} customers at or over {CT_THRESHOLD:.0f}, "
-                   f"{len(written)} times written, by {writers}")  # fmt: skip
+    deployment.say(
+        f"  continual task at {at}: {len(got)} customers at or over {CT_THRESHOLD:.0f}, "
+        f"{len(written)} times written, by {writers}"
+    )
     return {"upper": at, "customers": len(got), "times_written": len(written), "writers": writers}
 
 
@@ -319,17 +348,20 @@ def check_scaled(deployment: Deployment, timeout: float = 120.0) -> dict[str, An
     an append worker and appended. Their figures."""
     deadline = time.monotonic() + timeout
     while True:
-        figures = {service: _work(deployment.logs(service), holds, work)
-                   for service, (holds, work, _) in WORK.items()}  # fmt: skip
-        busy = {s: [c for c, f in figures[s].items() if f["holds"] and f["done"]]
-                for s in figures}  # fmt: skip
+        figures = {
+            service: _work(deployment.logs(service), holds, work)
+            for service, (holds, work, _) in WORK.items()
+        }
+        busy = {s: [c for c, f in figures[s].items() if f["holds"] and f["done"]] for s in figures}
         if all(len(b) >= 2 for b in busy.values()):
             for service, containers in figures.items():
                 for name, f in containers.items():
                     line = f"  {name}: holds {f['holds']}, {f['done']} {WORK[service][2]}"
                     if service == "write":
-                        line += (f", {f['crews']} resident crews launched, {f['handed_back']} "
-                                 "rounds handed back to a Spark job")  # fmt: skip
+                        line += (
+                            f", {f['crews']} resident crews launched, {f['handed_back']} "
+                            "rounds handed back to a Spark job"
+                        )
                     deployment.say(line)
             return figures
         if time.monotonic() > deadline:
@@ -357,8 +389,9 @@ def _work(
     return figures
 
 
-def check_work_since(deployment: Deployment, since: str, containers: dict[str, str],
-                     timeout: float = 120.0) -> None:  # fmt: skip
+def check_work_since(
+    deployment: Deployment, since: str, containers: dict[str, str], timeout: float = 120.0
+) -> None:
     """Each of `containers` (name -> its service) did work after `since` (RFC 3339): a write
     container staged, an append container appended."""
     deadline, pending = time.monotonic() + timeout, dict(containers)
@@ -384,8 +417,11 @@ def spark_state(deployment: Deployment) -> dict[str, Any]:
     with urllib.request.urlopen(url, timeout=5) as response:
         master = json.load(response)
     alive = {w["id"] for w in master.get("workers", []) if w.get("state") == "ALIVE"}
-    apps = {a["id"]: int(a.get("cores", 0)) for a in master.get("activeapps", [])
-            if str(a.get("name", "")).startswith(WRITE_APP) and a.get("state") == "RUNNING"}  # fmt: skip
+    apps = {
+        a["id"]: int(a.get("cores", 0))
+        for a in master.get("activeapps", [])
+        if str(a.get("name", "")).startswith(WRITE_APP) and a.get("state") == "RUNNING"
+    }
     workers: dict[str, dict[str, Any]] = {}
     for container in deployment.containers("spark-worker"):
         if not _running(container):
@@ -404,8 +440,11 @@ def spread(state: dict[str, Any], workers: int, writers: int) -> bool:
     """Whether `state` (`spark_state`) is `workers` ALIVE workers, each one seen in its
     container, and `writers` running write applications, each with executors on every worker."""
     apps, found = set(state["apps"]), state["workers"]
-    return (len(state["alive"]) == workers == len(found) and len(apps) == writers
-            and all(apps <= set(w["apps"]) for w in found.values()))  # fmt: skip
+    return (
+        len(state["alive"]) == workers == len(found)
+        and len(apps) == writers
+        and all(apps <= set(w["apps"]) for w in found.values())
+    )
 
 
 def check_spark(deployment: Deployment, workers: int, timeout: float = 180.0) -> dict[str, Any]:
@@ -421,14 +460,18 @@ def check_spark(deployment: Deployment, workers: int, timeout: float = 180.0) ->
             state = {"error": f"{type(error).__name__}: {error}"}
         if "error" not in state and spread(state, workers, writers):
             for worker_id, w in sorted(state["workers"].items(), key=lambda i: i[1]["container"]):
-                deployment.say(f"  {w['container']} ({worker_id}): executors of "
-                               f"{', '.join(a for a in w['apps'] if a in state['apps'])}")  # fmt: skip
+                deployment.say(
+                    f"  {w['container']} ({worker_id}): executors of "
+                    f"{', '.join(a for a in w['apps'] if a in state['apps'])}"
+                )
             deployment.say(f"  write applications (cores): {state['apps']}")
             return state
         if time.monotonic() > deadline:
-            raise VerifyError(f"the Spark cluster is not {workers} ALIVE workers running "
-                              f"executors of {writers} write applications after {timeout:.0f}s: "
-                              f"{state}")  # fmt: skip
+            raise VerifyError(
+                f"the Spark cluster is not {workers} ALIVE workers running "
+                f"executors of {writers} write applications after {timeout:.0f}s: "
+                f"{state}"
+            )
         time.sleep(2.0)
 
 
@@ -442,9 +485,12 @@ def _down_stale(say: Say) -> None:
     for project in json.loads(listed.stdout or "[]"):
         if str(project.get("Name", "")).startswith("mvsink-verify-"):
             say(f"  removing {project['Name']}, left behind by an interrupted run")
-            engine.compose(["down", "-v", "--remove-orphans"], project=project["Name"],
-                           env={**os.environ, "MVSINK_S3_ACCESS_KEY": "x",
-                                "MVSINK_S3_SECRET_KEY": "x"}, check=False)  # fmt: skip
+            engine.compose(
+                ["down", "-v", "--remove-orphans"],
+                project=project["Name"],
+                env={**os.environ, "MVSINK_S3_ACCESS_KEY": "x", "MVSINK_S3_SECRET_KEY": "x"},
+                check=False,
+            )
 
 
 def _running(container: str) -> bool:
@@ -461,8 +507,9 @@ def _image_sizes(deployment: Deployment) -> dict[str, int]:
     return sizes
 
 
-def run_verify(home: Path, cache: Path, say: Say, *, keep: bool = False,
-               timeout: float = 300.0) -> dict[str, Any]:  # fmt: skip
+def run_verify(
+    home: Path, cache: Path, say: Say, *, keep: bool = False, timeout: float = 300.0
+) -> dict[str, Any]:
     """The phases of the module docs; the figures (phase seconds, image sizes, work)."""
     phases = Phases(say)
     home.mkdir(parents=True, exist_ok=True)
@@ -542,18 +589,27 @@ def run_verify(home: Path, cache: Path, say: Say, *, keep: bool = False,
         raise
     finally:
         if keep:
-            say(f"[compose] --keep: project {deployment.project} left running "
-                f"(docker compose -p {deployment.project} down -v)")  # fmt: skip
+            say(
+                f"[compose] --keep: project {deployment.project} left running "
+                f"(docker compose -p {deployment.project} down -v)"
+            )
         else:
             with phases.phase("down"):
-                down = engine.compose(["down", "-v", "--remove-orphans"], project=deployment.project,
-                                      env=deployment.env, timeout=300, check=False)  # fmt: skip
+                down = engine.compose(
+                    ["down", "-v", "--remove-orphans"],
+                    project=deployment.project,
+                    env=deployment.env,
+                    timeout=300,
+                    check=False,
+                )
                 if down.returncode != 0:  # say so, but never hide the error that got us here
                     say(f"  docker compose down failed: {down.stderr[-2000:]}")
         say(phases.table())
         figures["seconds"] = phases.seconds
         if failed:
             say("[compose] verification FAILED")
-    say(f"[compose] verification OK: shard == view at upper {figures['upper']}, "
-        "no duplicates, through kills (a Spark worker's too) and restarts")  # fmt: skip
+    say(
+        f"[compose] verification OK: shard == view at upper {figures['upper']}, "
+        "no duplicates, through kills (a Spark worker's too) and restarts"
+    )
     return figures
