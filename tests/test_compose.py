@@ -37,11 +37,27 @@ SPARK = ("spark-master", "spark-worker")
 #: (Spark's `MasterArguments` / `WorkerArguments`), and whether it takes master URLs.
 SPARK_DAEMONS = {
     "org.apache.spark.deploy.master.Master": (
-        {"--host", "-h", "--port", "-p", "--webui-port", "--properties-file"}, False),
+        {"--host", "-h", "--port", "-p", "--webui-port", "--properties-file"},
+        False,
+    ),
     "org.apache.spark.deploy.worker.Worker": (
-        {"--host", "-h", "--port", "-p", "--cores", "-c", "--memory", "-m", "--work-dir", "-d",
-         "--webui-port", "--properties-file"}, True),
-}  # fmt: skip
+        {
+            "--host",
+            "-h",
+            "--port",
+            "-p",
+            "--cores",
+            "-c",
+            "--memory",
+            "-m",
+            "--work-dir",
+            "-d",
+            "--webui-port",
+            "--properties-file",
+        },
+        True,
+    ),
+}
 #: `${NAME:-default}`: a variable the compose file interpolates, with its default.
 VARIABLE = re.compile(r"^\$\{(?P<name>\w+):-(?P<default>[^}]*)\}$")
 
@@ -76,8 +92,13 @@ def test_compose_file_matches_the_compose_specification(compose: dict[str, Any])
     command = _docker_compose()
     if command is not None:
         env = {**os.environ, "MVSINK_S3_ACCESS_KEY": "key", "MVSINK_S3_SECRET_KEY": "secret"}
-        result = subprocess.run([*command, "-f", str(REPO_ROOT / "docker-compose.yaml"), "config",
-                                 "-q"], capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+        result = subprocess.run(
+            [*command, "-f", str(REPO_ROOT / "docker-compose.yaml"), "config", "-q"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
         assert result.returncode == 0, result.stderr
 
 
@@ -201,7 +222,7 @@ def test_scaled_services_have_no_fixed_names_or_host_ports(compose: dict[str, An
 
 def test_service_settings_are_known_to_the_config(compose: dict[str, Any]) -> None:
     """`mvsink.io.config`'s settings, or one `mvsink.io.spark` reads from the environment itself."""
-    spark = (REPO_ROOT / "mvsink" / "spark.py").read_text()
+    spark = (REPO_ROOT / "mvsink" / "io" / "spark.py").read_text()
     known = {f.env for f in FIELDS} | set(re.findall(r"\"(MVSINK_\w+)\"", spark))
     for name in ("provision", *SCALED):
         env = compose["services"][name]["environment"]
@@ -245,8 +266,9 @@ def _stages(dockerfile: str) -> list[list[str]]:
     return stages
 
 
-@pytest.mark.parametrize("dockerfile", ["Dockerfile", "docker/kafka/Dockerfile",
-                                        "docker/minio/Dockerfile"])  # fmt: skip
+@pytest.mark.parametrize(
+    "dockerfile", ["Dockerfile", "docker/kafka/Dockerfile", "docker/minio/Dockerfile"]
+)
 def test_images_are_multi_stage_and_run_as_a_user(dockerfile: str) -> None:
     stages = _stages(dockerfile)
     assert len(stages) == 2, "a build stage and a runtime stage"
