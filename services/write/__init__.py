@@ -65,20 +65,24 @@ Spark tasks that take each batch's steps over a socket, so a batch costs no Spar
 one-shot Spark job of the same tasks where the residents cannot serve. A partition's task goes
 to the executor holding its warm state (`services.write.affinity`: a stable partition ->
 executor map learned from where tasks ran, as Spark executor locality preferences), whose
-Python workers share it through the executor's local directory (`services.write.checkpoint`). The code reaches a cluster's
-executors as a zip the driver builds and ships at start (`mvsink.io.spark`).
+Python workers share it through the executor's local directory (`services.write.checkpoint`).
+The code reaches a cluster's executors as a zip the driver builds and ships at start
+(`mvsink.io.spark`).
 
 Failure handling
 ----------------
 A killed driver or executor loses nothing: the next task resumes from the last checkpoint
 (desired offsets and shard state both replayable), in whichever executor Spark runs it, which
-becomes the partition's home; parts staged but never reported are garbage for the sweeper. Invalid desired records (undecodable, or an update below its
-partition's progress) go to `<sink>.dead-letter` with topic/partition/offset and the reason,
-and never reach the shard.
+becomes the partition's home; parts staged but never reported are garbage for the sweeper.
+Invalid desired records (undecodable, or an update below its partition's progress) go to
+`<sink>.dead-letter` with topic/partition/offset and the reason, and never reach the shard.
 
-`python -m services.write`; decisions in `services.write.state` (pure), the buffer in
+`python -m services.write`; decisions in `services.write.state` (pure: the driver's
+`WriteState`, and each task step's plan, `plan_start` and `plan_batch`), the buffer in
 `services.write.correction` (pure Arrow), placement in `services.write.affinity` (pure), the
-per-partition task in `services.write.task` (run by `services.write.resident`), its folds in
-`services.write.fold` and its checkpoints in `services.write.checkpoint`, the compactor thread
-in `services.write.compactor`, I/O in `services.write.shell`.
+per-partition step in `services.write.task` (a `StepSpec` of a `SinkSpec`, run in a
+`WriteWorker` that holds what a Python worker keeps between steps; one-shot Spark tasks use the
+worker's default one, `services.write.resident` its own), its folds in `services.write.fold`
+and its checkpoints in `services.write.checkpoint`, the compactor thread in
+`services.write.compactor`, I/O in `services.write.shell`.
 """

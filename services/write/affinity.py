@@ -49,7 +49,7 @@ def place(
 
 def groups(placement: Mapping[int, str], slots: int) -> list[tuple[list[int], str]]:
     """One task per executor core: each executor's partitions dealt into at most `slots`
-    groups (a wave of tasks costs ~0.15 s of scheduling here, so one wave per job)."""
+    groups (one wave of tasks per job: each wave pays Spark's scheduling again)."""
     by_executor: dict[str, list[int]] = {}
     for partition, executor in sorted(placement.items()):
         by_executor.setdefault(executor, []).append(partition)

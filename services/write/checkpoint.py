@@ -2,14 +2,15 @@
 (`sinks/<sink>/write/p<N>/<version:020d>.arrow`).
 
 A task continues from the version the driver expects, found in the first of:
-1. `CACHE`, this Python worker's memory;
+1. this Python worker's memory (its `StateCache`, part of the task's
+   `services.write.task.WriteWorker`);
 2. the executor's warm copy (`executor_dir()/warm/<sink>/p<N>.pickle`): an executor runs
    several Python workers and Spark picks any for a task, so each saved state is also written
    where every Python worker of the executor finds it (the executor's local directory, removed
    with it). It includes the parts the state staged, so their read-back stays free. A
-   resident task writes the warm copies of the states it saved when it leaves (`WARM_COPIES`):
-   meanwhile its own memory serves them, and a partition moved to a sibling resident reads
-   the checkpoint;
+   resident task writes the warm copies of the states it saved when it leaves
+   (`StateCache.warm_copies` off): meanwhile its own memory serves them, and a partition moved
+   to a sibling resident reads the checkpoint;
 3. the checkpoint in object storage (a restart, or a partition moved to another executor);
 4. empty (version -1: nothing checkpointed yet).
 
@@ -43,6 +44,7 @@ from mvsink.core.updates import part_schema, updates_to_ipc
 from mvsink.io.s3 import PreconditionFailed, conditional_put, get_bytes, s3_client
 from mvsink.io.spark import executor_dir
 from services.write.correction import Correction
+from services.write.state import since_passed as since_passed
 
 log = logging.getLogger("mvsink.write.task")
 
@@ -63,21 +65,48 @@ class PartitionState:
     legacy: bool = False
 
 
-#: The executor's warm states, by (sink, partition).
-CACHE: dict[tuple[str, int], PartitionState] = {}
-#: Whether `save` also writes the executor's warm copy. A resident task (`services.write.
-#: resident`) keeps its partitions in this worker's memory from step to step and writes their
-#: warm copies once, when it leaves (`save_warm_copies`): ~0.02 s a partition and step saved.
-#: A worker killed meanwhile leaves older warm copies, which are not loaded (wrong version).
-WARM_COPIES = True
-#: The states saved while `WARM_COPIES` was off, whose warm copies are due.
-DEFERRED: set[tuple[str, int]] = set()
+@dataclass
+class StateCache:
+    """The correction states a Python worker holds in memory, and when it writes their warm
+    copies. Steps of different partitions may use one cache from several threads at once; a
+    partition's state is used by one step at a time."""
+
+    #: The states, by (sink, partition). Two caches may share this dict (a resident's and the
+    #: one-shot tasks' of one Python worker: `services.write.task.WriteWorker.resident`).
+    states: dict[tuple[str, int], PartitionState] = field(default_factory=dict)
+    #: Whether `save` also writes the executor's warm copy. Off in a resident task
+    #: (`services.write.resident`): it keeps its partitions in memory from step to step and
+    #: writes their warm copies once, when it leaves (`save_warm_copies`). A worker killed
+    #: meanwhile leaves older warm copies, which are not loaded (wrong version).
+    warm_copies: bool = True
+    #: The states saved while `warm_copies` was off, whose warm copies are due.
+    deferred: set[tuple[str, int]] = field(default_factory=set)
+
+    def drop(self, sink_id: str, partition: int) -> None:
+        """Forget the partition's state (a failed step may have left it half changed)."""
+        self.states.pop((sink_id, partition), None)
+
+    def save_warm_copies(self) -> int:
+        """Write the warm copies `save` deferred (a resident leaving: only the states it saved
+        itself, not older ones this worker still holds); how many. Best effort: a copy that
+        cannot be written only costs its next loader a read of the checkpoint."""
+        written = 0
+        for key in sorted(self.deferred):
+            state = self.states.get(key)
+            try:
+                if state is not None:
+                    _save_warm(*key, state)
+                    written += 1
+            except OSError as error:
+                log.warning("writing the warm copy of %s failed: %r", key, error)
+        self.deferred.clear()
+        return written
 
 
 def checkpoint_key(sink_id: str, partition: int, version: int, suffix: str = "arrow") -> str:
     """Object key of a correction checkpoint: an Arrow IPC stream (LZ4, `updates_to_ipc`), the
-    state's metadata in its schema metadata. Checkpoints written before were Parquet (`suffix="parquet"`) and are
-    still read."""
+    state's metadata in its schema metadata. Legacy Parquet checkpoints (`suffix="parquet"`)
+    are still read."""
     return f"sinks/{sink_id}/write/p{partition}/{version:020d}.{suffix}"
 
 
@@ -92,13 +121,6 @@ def latest(sink_id: str, partition: int, s3: S3Settings) -> int:
     prefix = f"sinks/{sink_id}/write/p{partition}/"
     objects = s3_client(s3).list_objects(s3.bucket, prefix=prefix)
     return max((int(o.object_name.rsplit("/", 1)[-1].split(".")[0]) for o in objects), default=-1)
-
-
-def since_passed(persist_folded: Frontier, since: Frontier) -> bool:
-    """Whether the shard's `since` passed what a state folded of it: merges may have collapsed
-    changes it still has to read, so it must be rebuilt from all of desired. (A state that
-    folded nothing of the shard reads every update anyway, collapsed or not.)"""
-    return Frontier.minimum().less_than(persist_folded) and persist_folded.less_than(since)
 
 
 def exists(sink_id: str, partition: int, version: int, s3: S3Settings) -> bool:
@@ -139,9 +161,16 @@ def read_meta(sink_id: str, partition: int, version: int, s3: S3Settings) -> dic
     return meta
 
 
-def seed(sink_id: str, partition: int, s3: S3Settings, writer_id: str, row_schema: pa.Schema,
-         frontier: Frontier, folded_offset: int, corrections: pa.Table | None = None
-         ) -> int | None:  # fmt: skip
+def seed(
+    sink_id: str,
+    partition: int,
+    s3: S3Settings,
+    writer_id: str,
+    row_schema: pa.Schema,
+    frontier: Frontier,
+    folded_offset: int,
+    corrections: pa.Table | None = None,
+) -> int | None:
     """Write the next checkpoint version of a partition whose desired records before
     `folded_offset` at times before `frontier` equal the shard's contents before `frontier`
     (`services.write.repair`): both inputs folded to `frontier`, `corrections` (desired
@@ -150,27 +179,37 @@ def seed(sink_id: str, partition: int, s3: S3Settings, writer_id: str, row_schem
     correction = Correction(row_schema, frontier)
     if corrections is not None and corrections.num_rows:
         correction.insert(corrections)
-    state = PartitionState(latest(sink_id, partition, s3), correction, folded_offset, frontier,
-                           frontier)  # fmt: skip
-    return state.version if save(sink_id, partition, s3, writer_id, state) is not None else None
+    state = PartitionState(
+        latest(sink_id, partition, s3), correction, folded_offset, frontier, frontier
+    )
+    saved = save(sink_id, partition, s3, writer_id, state, StateCache())
+    return state.version if saved is not None else None
 
 
 def empty(row_schema: pa.Schema, as_of: int, version: int) -> PartitionState:
     """Nothing folded yet: desired from offset 0, the shard from the start."""
-    return PartitionState(version, Correction(row_schema, Frontier.at(as_of)), 0,
-                          Frontier.minimum(), Frontier.minimum())  # fmt: skip
+    correction = Correction(row_schema, Frontier.at(as_of))
+    return PartitionState(version, correction, 0, Frontier.minimum(), Frontier.minimum())
 
 
-def load(sink_id: str, partition: int, version: int, s3: S3Settings, row_schema: pa.Schema,
-         as_of: int) -> tuple[PartitionState, int]:  # fmt: skip
+def load(
+    sink_id: str,
+    partition: int,
+    version: int,
+    s3: S3Settings,
+    row_schema: pa.Schema,
+    as_of: int,
+    cache: StateCache,
+) -> tuple[PartitionState, int]:
     """The state at checkpoint `version` (-1: none yet), and the bytes read from object storage
-    to get it (0 when this executor holds it)."""
-    cached = CACHE.get((sink_id, partition))
+    to get it (0 when this executor holds it: in `cache`, or its warm copy, then kept in
+    `cache`)."""
+    cached = cache.states.get((sink_id, partition))
     if cached is not None and cached.version == version:
         return cached, 0
     warm = _load_warm(sink_id, partition, version)
     if warm is not None:
-        CACHE[(sink_id, partition)] = warm
+        cache.states[(sink_id, partition)] = warm
         return warm, 0
     if version < 0:
         return empty(row_schema, as_of, -1), 0
@@ -178,9 +217,15 @@ def load(sink_id: str, partition: int, version: int, s3: S3Settings, row_schema:
     meta = json.loads(table.schema.metadata[b"mvsink.write"])
     table = table.replace_schema_metadata(None).cast(part_schema(row_schema))
     since = Frontier.from_elements(meta["since"])
-    return PartitionState(version, Correction(row_schema, since, table),
-                          meta["folded_offset"], Frontier.from_elements(meta["desired_frontier"]),
-                          Frontier.from_elements(meta["persist_folded"]), legacy=legacy), size  # fmt: skip
+    state = PartitionState(
+        version,
+        Correction(row_schema, since, table),
+        meta["folded_offset"],
+        Frontier.from_elements(meta["desired_frontier"]),
+        Frontier.from_elements(meta["persist_folded"]),
+        legacy=legacy,
+    )
+    return state, size
 
 
 def _warm_path(sink_id: str, partition: int) -> Path:
@@ -195,23 +240,6 @@ def _load_warm(sink_id: str, partition: int, version: int) -> PartitionState | N
     except (OSError, EOFError, pickle.UnpicklingError):
         return None
     return state if isinstance(state, PartitionState) and state.version == version else None
-
-
-def save_warm_copies() -> int:
-    """Write the warm copies `save` deferred (a resident leaving: only the states it saved
-    itself, not older ones this worker still holds); how many. Best effort: a copy that cannot
-    be written only costs its next loader a read of the checkpoint."""
-    written = 0
-    for key in sorted(DEFERRED):
-        state = CACHE.get(key)
-        try:
-            if state is not None:
-                _save_warm(*key, state)
-                written += 1
-        except OSError as error:
-            log.warning("writing the warm copy of %s failed: %r", key, error)
-    DEFERRED.clear()
-    return written
 
 
 def _save_warm(sink_id: str, partition: int, state: PartitionState | None) -> None:
@@ -243,9 +271,17 @@ def _read(sink_id: str, partition: int, version: int, s3: S3Settings) -> tuple[p
     return pa.ipc.open_stream(data).read_all(), False, len(data)
 
 
-def save(sink_id: str, partition: int, s3: S3Settings, writer_id: str,
-         state: PartitionState) -> int | None:  # fmt: skip
-    """Write `state` as the next version; its size, or None if another owner wrote it first."""
+def save(
+    sink_id: str,
+    partition: int,
+    s3: S3Settings,
+    writer_id: str,
+    state: PartitionState,
+    cache: StateCache,
+) -> int | None:
+    """Write `state` as the next version, kept in `cache` (and its warm copy written, or due,
+    as `cache.warm_copies` says); its size, or None if another owner wrote it first (then the
+    partition is dropped from `cache` and its warm copy deleted)."""
     version = state.version + 1
     meta = {
         "since": state.correction.since.elements(),
@@ -259,15 +295,15 @@ def save(sink_id: str, partition: int, s3: S3Settings, writer_id: str,
     client = s3_client(s3)
     key = checkpoint_key(sink_id, partition, version)
     if isinstance(conditional_put(client, s3.bucket, key, data), PreconditionFailed):
-        CACHE.pop((sink_id, partition), None)
+        cache.drop(sink_id, partition)
         _save_warm(sink_id, partition, None)
         return None
     state.version = version
-    CACHE[(sink_id, partition)] = state
-    if WARM_COPIES:
+    cache.states[(sink_id, partition)] = state
+    if cache.warm_copies:
         _save_warm(sink_id, partition, state)
     else:
-        DEFERRED.add((sink_id, partition))
+        cache.deferred.add((sink_id, partition))
     if version >= 2:  # keep the previous version for a driver that has not seen this one
         client.remove_object(s3.bucket, checkpoint_key(sink_id, partition, version - 2))
     if state.legacy:  # the first Arrow checkpoint after Parquet ones: those are garbage now

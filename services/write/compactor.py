@@ -114,8 +114,9 @@ class Compactor:
     def merge(self) -> None:
         """Up to `MERGES_PER_ROUND` merges as the policy asks."""
         for _ in range(MERGES_PER_ROUND):
-            outcome = compact_once(self.shard, self.policy, self.writer_id, run_locally,
-                                   large=self.large)  # fmt: skip
+            outcome = compact_once(
+                self.shard, self.policy, self.writer_id, run_locally, large=self.large
+            )
             if outcome is None:
                 break
             self._record(outcome)
@@ -148,8 +149,19 @@ class Compactor:
         BYTES_IN.labels(sink).inc(outcome.bytes_in)
         BYTES_OUT.labels(sink).inc(outcome.bytes_out)
         SECONDS.labels(sink).observe(outcome.seconds)
-        log.info("%s merge (%s) of %d batches [%s, %s) at since %s (%s): %d -> %d updates, "
-                 "%d -> %d bytes in %.2fs", "committed" if merged else "refused", request.reason,
-                 len(request.inputs), request.lower, request.upper, request.since, outcome.where,
-                 request.updates, outcome.updates_out, outcome.bytes_in, outcome.bytes_out,
-                 outcome.seconds)  # fmt: skip
+        log.info(
+            "%s merge (%s) of %d batches [%s, %s) at since %s (%s): %d -> %d updates, "
+            "%d -> %d bytes in %.2fs",
+            "committed" if merged else "refused",
+            request.reason,
+            len(request.inputs),
+            request.lower,
+            request.upper,
+            request.since,
+            outcome.where,
+            request.updates,
+            outcome.updates_out,
+            outcome.bytes_in,
+            outcome.bytes_out,
+            outcome.seconds,
+        )

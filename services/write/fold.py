@@ -3,12 +3,12 @@
 ones, with the read-back of the parts this state staged itself done without reading them.
 
 A resident task (`services.write.resident`) keeps each partition's desired reader from one step
-to the next (`KEEP_READERS`, `READERS`): a fold until a batch's upper stops right after the
-`Progress` that reaches it, and meanwhile librdkafka goes on fetching, so the next step finds
-its records already fetched. A kept reader is used only from where the state folded to (any
-other offset, after a failed step or a reload, gets a new one); a read to the end (read-only)
-uses a new one; the resident closes them when it leaves, and a round closes those of the
-partitions it no longer holds. Each prefetches at most `KEPT_QUEUE_KBYTES`.
+to the next (its worker's `Readers`, with `keep` on): a fold until a batch's upper stops right
+after the `Progress` that reaches it, and meanwhile librdkafka goes on fetching, so the next
+step finds its records already fetched. A kept reader is used only from where the state folded
+to (any other offset, after a failed step or a reload, gets a new one); a read to the end
+(read-only) uses a new one; the resident closes them when it leaves, and a round closes those
+of the partitions it no longer holds. Each prefetches at most `KEPT_QUEUE_KBYTES`.
 
 A fold never reads with a hole. Records below a partition's log start are gone (deleted by
 the write service once every checkpoint is past them, by retention, or by hand), and a fold
@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -36,21 +37,41 @@ from mvsink.core.updates import TIME
 from mvsink.io.kafka import NO_RESET, READ_TO_END, Reader, client_config, poll_message
 from mvsink.shard import SelectedPart, Shard, ShardState
 from mvsink.upstream.desired import decode_desired
-from services.write.checkpoint import PartitionState, since_passed
+from services.write.checkpoint import PartitionState
+from services.write.state import since_passed
 
 log = logging.getLogger("mvsink.write.task")
 
 
 #: How long a fold until a batch's upper waits for the partition's progress to reach it.
 PROGRESS_WAIT = 60.0
-#: Whether folds keep their desired readers for the next step (a resident sets it).
-KEEP_READERS = False
-#: The kept readers, by (bootstrap, topic, partition): the reader and the offset it reads next.
-READERS: dict[tuple[str, str, int], tuple[Reader, int]] = {}
 #: The most a kept reader prefetches (librdkafka's default is 64 MiB a partition).
 KEPT_QUEUE_KBYTES = 16384
 #: How long asking the broker for a partition's log start may take.
 WATERMARK_TIMEOUT = 10.0
+
+
+#: A desired partition a reader reads: (bootstrap, topic, partition).
+ReaderKey = tuple[str, str, int]
+
+
+@dataclass
+class Readers:
+    """A Python worker's desired readers kept from one step to the next (module docs). Steps of
+    different partitions may use them from several threads at once; a partition's reader is
+    used by one step at a time."""
+
+    #: Whether folds until a batch's upper keep their readers (a resident's worker).
+    keep: bool = False
+    #: The kept readers, by key: the reader and the offset it reads next.
+    kept: dict[ReaderKey, tuple[Reader, int]] = field(default_factory=dict)
+
+    def close(self, keep: Iterable[ReaderKey] = ()) -> None:
+        """Close the kept readers but those of `keep`."""
+        for key in set(self.kept) - set(keep):
+            kept = self.kept.pop(key, None)
+            if kept is not None:
+                kept[0].close()
 
 
 class SincePassed(MvsinkError):
@@ -59,13 +80,26 @@ class SincePassed(MvsinkError):
     there would subtract them wrongly. The step starts over, and rebuilds."""
 
 
-def fold_desired(bootstrap: str, topic: str, dead_letter_topic: str, partition: int,
-                 row_schema: pa.Schema, partitioning: int, state: PartitionState,
-                 until: Frontier | None = None, wait: float = PROGRESS_WAIT, *,
-                 sink_id: str = "", why: str = "where its corrections folded to") -> int:  # fmt: skip
+def fold_desired(
+    bootstrap: str,
+    topic: str,
+    dead_letter_topic: str,
+    partition: int,
+    row_schema: pa.Schema,
+    partitioning: int,
+    state: PartitionState,
+    until: Frontier | None = None,
+    wait: float = PROGRESS_WAIT,
+    *,
+    sink_id: str = "",
+    why: str = "where its corrections folded to",
+    readers: Readers | None = None,
+) -> int:
     """Read the partition from `folded_offset` to its end, or until its progress reaches
     `until`; the number of records quarantined (undecodable, below the partition's progress,
-    or hashed by another function than `partitioning`).
+    or hashed by another function than `partitioning`). The reader comes from `readers` if it
+    kept one that reads on from there, and is kept there after a read until `until` if
+    `readers.keep` (None: a new reader, closed after the read).
 
     Raises `DesiredGone` (module docs; `sink_id` and `why` the offset is needed name it) and
     folds nothing when records from `folded_offset` on are gone.
@@ -81,8 +115,9 @@ def fold_desired(bootstrap: str, topic: str, dead_letter_topic: str, partition: 
     within `wait` seconds. A partition whose progress already reached `until` is not read."""
     if until is not None and until.less_equal(state.desired_frontier):
         return 0
-    key, keep = (bootstrap, topic, partition), until is not None and KEEP_READERS
-    consumer = _reader(key, state.folded_offset, keep, sink_id, why)
+    readers = Readers() if readers is None else readers
+    key, keep = (bootstrap, topic, partition), until is not None and readers.keep
+    consumer = _reader(readers, key, state.folded_offset, keep, sink_id, why)
     decode_rows = updates_decoder(row_schema)
     dead, tables, kept = 0, [], False
     dead_producer: Producer | None = None
@@ -91,21 +126,28 @@ def fold_desired(bootstrap: str, topic: str, dead_letter_topic: str, partition: 
         done: list[int] = []  # the end, which stops only a read without `until`
         while not done:
             try:
-                message = poll_message(consumer, 1.0,
-                                       on_eof=done.append if until is None else None)  # fmt: skip
+                message = poll_message(consumer, 1.0, on_eof=done.append if until is None else None)
             except KafkaException as error:
                 if error.args[0].code() != KafkaError._AUTO_OFFSET_RESET:
                     raise
                 needed = consumer.position([TopicPartition(topic, partition)])[0].offset
                 low = _log_start(consumer, topic, partition)
-                raise DesiredGone(sink_id, topic, partition, max(needed, state.folded_offset),
-                                  low, f"{why}; deleted while it was read") from error  # fmt: skip
+                raise DesiredGone(
+                    sink_id,
+                    topic,
+                    partition,
+                    max(needed, state.folded_offset),
+                    low,
+                    f"{why}; deleted while it was read",
+                ) from error
             if message is None:
                 if until is not None and time.monotonic() > deadline:
-                    raise MvsinkError(f"{topic}[{partition}]: its progress did not reach {until} "
-                                      f"within {wait:.0f}s (read to offset "
-                                      f"{consumer.position([TopicPartition(topic, partition)])[0].offset}"
-                                      f", progress {state.desired_frontier})")  # fmt: skip
+                    raise MvsinkError(
+                        f"{topic}[{partition}]: its progress did not reach {until} "
+                        f"within {wait:.0f}s (read to offset "
+                        f"{consumer.position([TopicPartition(topic, partition)])[0].offset}"
+                        f", progress {state.desired_frontier})"
+                    )
                 continue
             try:
                 table = decode_desired(message, row_schema, decode_rows, partitioning)
@@ -119,14 +161,20 @@ def fold_desired(bootstrap: str, topic: str, dead_letter_topic: str, partition: 
                 if table.num_rows:
                     low = pc.min(table.column(TIME)).as_py()
                     if not state.desired_frontier.less_equal_time(low):
-                        raise DecodeError(f"update at time {low} is below the partition's "
-                                          f"progress {state.desired_frontier}")  # fmt: skip
+                        raise DecodeError(
+                            f"update at time {low} is below the partition's "
+                            f"progress {state.desired_frontier}"
+                        )
             except DecodeError as error:
                 located = error.located(topic, partition, int(message.offset() or 0))
                 log.error("quarantining desired record: %s", located)
                 dead_producer = dead_producer or Producer(client_config(bootstrap))
-                dead_producer.produce(dead_letter_topic, key=message.key(), value=message.value(),
-                                      headers=[("mvsink-error", str(located).encode())])  # fmt: skip
+                dead_producer.produce(
+                    dead_letter_topic,
+                    key=message.key(),
+                    value=message.value(),
+                    headers=[("mvsink-error", str(located).encode())],
+                )
                 dead += 1
                 continue
             tables.append(table)
@@ -134,7 +182,7 @@ def fold_desired(bootstrap: str, topic: str, dead_letter_topic: str, partition: 
         if position >= 0:
             state.folded_offset = position
         if keep and position >= 0:
-            READERS[key], kept = (consumer, position), True
+            readers.kept[key], kept = (consumer, position), True
     finally:
         if not kept:
             consumer.close()
@@ -153,15 +201,18 @@ def _log_start(consumer: Reader, topic: str, partition: int) -> int:
     return int(low)
 
 
-def _reader(key: tuple[str, str, int], offset: int, keep: bool, sink_id: str, why: str) -> Reader:
-    """The kept reader of `key` if it reads on from `offset` and may be kept, else a new one
+def _reader(
+    readers: Readers, key: ReaderKey, offset: int, keep: bool, sink_id: str, why: str
+) -> Reader:
+    """The reader of `key` `readers` kept if it reads on from `offset` and may be kept, else a
+    new one
     (a read_committed `Reader`: a consumer librdkafka stalled after a broker restart would
     never reach the progress, and hold the batch, and a resident's round, forever).
 
     A new reader is first checked against the partition's log start: `DesiredGone` (naming
     `sink_id` and `why` the offset is needed) if records from `offset` on were deleted. A kept
     one reads on from where it was checked; a deletion meanwhile is its `NO_RESET` error."""
-    kept = READERS.pop(key, None)
+    kept = readers.kept.pop(key, None)
     if kept is not None:
         if keep and kept[1] == offset:
             return kept[0]
@@ -175,14 +226,6 @@ def _reader(key: tuple[str, str, int], offset: int, keep: bool, sink_id: str, wh
         reader.close()
         raise DesiredGone(sink_id, key[1], key[2], offset, low, why)
     return reader
-
-
-def close_readers(keep: Iterable[tuple[str, str, int]] = ()) -> None:
-    """Close the kept readers but those of `keep`."""
-    for key in set(READERS) - set(keep):
-        kept = READERS.pop(key, None)
-        if kept is not None:
-            kept[0].close()
 
 
 def fold_persist(
@@ -204,12 +247,15 @@ def fold_persist(
     """
     folded = state.persist_folded
     if since_passed(folded, shard_state.since):
-        raise SincePassed(f"partition {partition}: the shard's since {shard_state.since} (version "
-                          f"{shard_state.seqno}) passed the folded {folded}")  # fmt: skip
+        raise SincePassed(
+            f"partition {partition}: the shard's since {shard_state.since} (version "
+            f"{shard_state.seqno}) passed the folded {folded}"
+        )
     if not folded.less_than(shard_state.upper):
         return 0
-    selected = shard.parts_for(partition, folded, shard_state.upper, partitions,
-                               shard_state, partitioning)  # fmt: skip
+    selected = shard.parts_for(
+        partition, folded, shard_state.upper, partitions, shard_state, partitioning
+    )
     own = [c for c in selected if c.part.key in state.staged]
     retract_before = None
     if is_next_batch(own, selected, folded):
@@ -228,8 +274,9 @@ def fold_persist(
     state.persist_folded = shard_state.upper
     # A kept part the shard's upper has passed was either read back just now or lost its
     # batch to another writer: it will never be appended.
-    state.staged = {key: kept for key, kept in state.staged.items()
-                    if state.persist_folded.less_than(kept[0])}  # fmt: skip
+    state.staged = {
+        key: kept for key, kept in state.staged.items() if state.persist_folded.less_than(kept[0])
+    }
     return sum(c.part.bytes for c in to_read)
 
 

@@ -97,13 +97,18 @@ def report(config: Config, shard: Shard, state: ShardState | None = None) -> lis
         hold = state.hold(checkpoint.holder_id(config.sink_id, p))
         needs = None
         if persist is not None and checkpoint.since_passed(persist, state.since) and low > 0:
-            needs = (f"the shard's since {state.since} passed checkpoint {version}'s "
-                     f"persist_folded {persist}: a rebuild needs offset 0, deleted below {low}")  # fmt: skip
+            needs = (
+                f"the shard's since {state.since} passed checkpoint {version}'s "
+                f"persist_folded {persist}: a rebuild needs offset 0, deleted below {low}"
+            )
         elif folded is not None and folded < low:
             what = "no checkpoint: a cold start" if version < 0 else f"checkpoint {version}"
             needs = f"{what} needs offset {folded}, deleted below {low}"
-        found.append(PartitionReport(p, low, high, version, folded, persist,
-                                     hold.since if hold else None, needs))  # fmt: skip
+        found.append(
+            PartitionReport(
+                p, low, high, version, folded, persist, hold.since if hold else None, needs
+            )
+        )
     return found
 
 
@@ -123,8 +128,9 @@ class Seed:
     replaces: int
 
 
-def plan(config: Config, shard: Shard, partition: int, state: ShardState,
-         timeout: float = 120.0) -> Seed:  # fmt: skip
+def plan(
+    config: Config, shard: Shard, partition: int, state: ShardState, timeout: float = 120.0
+) -> Seed:
     """The seed of `partition` from its remaining desired records (module docs).
 
     Raises:
@@ -168,8 +174,11 @@ def plan(config: Config, shard: Shard, partition: int, state: ShardState,
         )
     frontier, folded_offset = best
     assert frontier.time is not None
-    ahead = [t.filter(pc.greater_equal(t.column(TIME), frontier.time))
-             for o, t in tables if o < folded_offset]  # fmt: skip
+    ahead = [
+        t.filter(pc.greater_equal(t.column(TIME), frontier.time))
+        for o, t in tables
+        if o < folded_offset
+    ]
     ahead_table = pa.concat_tables(ahead) if ahead else None
     replaces = checkpoint.latest(config.sink_id, partition, config.s3)
     if ahead_table is None:
@@ -190,8 +199,13 @@ def describe(config: Config, state: ShardState, seed: Seed) -> str:
     )
 
 
-def repair(config: Config, partitions: list[int] | None, writer_id: str,
-           say: Callable[[str], None], confirm: Callable[[], bool]) -> list[Seed]:  # fmt: skip
+def repair(
+    config: Config,
+    partitions: list[int] | None,
+    writer_id: str,
+    say: Callable[[str], None],
+    confirm: Callable[[], bool],
+) -> list[Seed]:
     """Re-seed the checkpoints of `partitions` (those that need it if None) from the shard
     (module docs), after printing what it trusts and asking `confirm`; the seeds written.
 
@@ -201,15 +215,20 @@ def repair(config: Config, partitions: list[int] | None, writer_id: str,
     shard = open_shard(config.shard_id, None, config.s3, config.shard_timing())
     state = shard.state()
     reports = report(config, shard, state)
-    chosen = partitions if partitions is not None else [r.partition for r in reports
-                                                         if r.needs_repair]  # fmt: skip
+    chosen = (
+        partitions if partitions is not None else [r.partition for r in reports if r.needs_repair]
+    )
     for r in reports:
-        say(f"partition {r.partition}: log start {r.log_start}, end {r.end}, checkpoint "
+        say(
+            f"partition {r.partition}: log start {r.log_start}, end {r.end}, checkpoint "
             f"{r.version} folded offset {r.folded_offset}: "
-            f"{r.needs_repair or 'continues from its checkpoint'}")  # fmt: skip
+            f"{r.needs_repair or 'continues from its checkpoint'}"
+        )
     if not chosen:
-        raise MvsinkError(f"sink {config.sink_id}: no partition needs a repair (name them with "
-                          "--partition to re-seed them anyway)")  # fmt: skip
+        raise MvsinkError(
+            f"sink {config.sink_id}: no partition needs a repair (name them with "
+            "--partition to re-seed them anyway)"
+        )
     seeds = [plan(config, shard, p, state) for p in chosen]
     for seed in seeds:
         say(describe(config, state, seed))
@@ -217,33 +236,64 @@ def repair(config: Config, partitions: list[int] | None, writer_id: str,
         raise MvsinkError("repair not confirmed: nothing was changed")
     # Hold the shard's since at each seed's frontier first: it must not pass it before the
     # write service folds on from there (the hold is set back to it if needed).
-    shard.set_holds({checkpoint.holder_id(config.sink_id, s.partition): s.frontier
-                     for s in seeds})  # fmt: skip
+    shard.set_holds({checkpoint.holder_id(config.sink_id, s.partition): s.frontier for s in seeds})
     row_schema = parse_row_schema(config.row_schema) if config.row_schema else shard.schema
     done: list[tuple[Seed, int]] = []
     for seed in seeds:
-        version = checkpoint.seed(config.sink_id, seed.partition, config.s3, writer_id,
-                                  row_schema, seed.frontier, seed.folded_offset,
-                                  seed.ahead if seed.ahead.num_rows else None)  # fmt: skip
+        version = checkpoint.seed(
+            config.sink_id,
+            seed.partition,
+            config.s3,
+            writer_id,
+            row_schema,
+            seed.frontier,
+            seed.folded_offset,
+            seed.ahead if seed.ahead.num_rows else None,
+        )
         if version is None:
-            raise MvsinkError(f"partition {seed.partition}: another writer checkpointed it "
-                              "meanwhile; run the repair again")  # fmt: skip
-        log.warning("sink %s partition %d repaired: checkpoint %d seeded from shard %s at %s, "
-                    "desired from offset %d", config.sink_id, seed.partition, version,
-                    config.shard_id, seed.frontier, seed.folded_offset)  # fmt: skip
+            raise MvsinkError(
+                f"partition {seed.partition}: another writer checkpointed it "
+                "meanwhile; run the repair again"
+            )
+        log.warning(
+            "sink %s partition %d repaired: checkpoint %d seeded from shard %s at %s, "
+            "desired from offset %d",
+            config.sink_id,
+            seed.partition,
+            version,
+            config.shard_id,
+            seed.frontier,
+            seed.folded_offset,
+        )
         say(f"partition {seed.partition}: checkpoint version {version} written")
         done.append((seed, version))
     record = SinkRepair(
-        config.sink_id, config.shard_id, writer_id, int(time.time() * 1000), state.upper,
+        config.sink_id,
+        config.shard_id,
+        writer_id,
+        int(time.time() * 1000),
+        state.upper,
         state.since,
-        tuple(RepairedPartition(s.partition, s.frontier, s.folded_offset, s.log_start, v,
-                                s.replaces, s.ahead.num_rows) for s, v in done),
-    )  # fmt: skip
+        tuple(
+            RepairedPartition(
+                s.partition,
+                s.frontier,
+                s.folded_offset,
+                s.log_start,
+                v,
+                s.replaces,
+                s.ahead.num_rows,
+            )
+            for s, v in done
+        ),
+    )
     producer = Producer(client_config(config.kafka_bootstrap))
     produce(producer, config.topics.control, record.key, record)
     if producer.flush(30):
-        raise MvsinkError(f"the checkpoints were re-seeded, but the SinkRepair record did not "
-                          f"reach {config.topics.control}")  # fmt: skip
+        raise MvsinkError(
+            f"the checkpoints were re-seeded, but the SinkRepair record did not "
+            f"reach {config.topics.control}"
+        )
     say(f"repair recorded on {config.topics.control} under {record.key}")
     return [s for s, _ in done]
 
@@ -252,17 +302,23 @@ def show(config: Config) -> int:
     """Print `report` as a table (`mvsink sink show`): 0."""
     shard = open_shard(config.shard_id, None, config.s3, config.shard_timing())
     state = shard.state()
-    print(f"sink {config.sink_id}  shard {config.shard_id}: upper {state.upper}, since "
-          f"{state.since}; desired {config.topics.desired}, {config.partitions} partitions")  # fmt: skip
-    print(f"{'p':>3} {'log start':>10} {'end':>10} {'checkpoint':>10} {'folded':>10} "
-          f"{'persist':>10} {'hold':>10}  state")  # fmt: skip
+    print(
+        f"sink {config.sink_id}  shard {config.shard_id}: upper {state.upper}, since "
+        f"{state.since}; desired {config.topics.desired}, {config.partitions} partitions"
+    )
+    print(
+        f"{'p':>3} {'log start':>10} {'end':>10} {'checkpoint':>10} {'folded':>10} "
+        f"{'persist':>10} {'hold':>10}  state"
+    )
     bad = 0
     for r in report(config, shard, state):
         bad += r.needs_repair is not None
-        print(f"{r.partition:>3} {r.log_start:>10} {r.end:>10} {r.version:>10} "
-              f"{'-' if r.folded_offset is None else r.folded_offset:>10} "
-              f"{r.persist_folded or '-'!s:>10} {r.hold or '-'!s:>10}  "
-              f"{r.needs_repair or 'ok'}")  # fmt: skip
+        print(
+            f"{r.partition:>3} {r.log_start:>10} {r.end:>10} {r.version:>10} "
+            f"{'-' if r.folded_offset is None else r.folded_offset:>10} "
+            f"{r.persist_folded or '-'!s:>10} {r.hold or '-'!s:>10}  "
+            f"{r.needs_repair or 'ok'}"
+        )
     if bad:
         print(f"{bad} partition(s) need `mvsink repair {config.sink_id}`")
     return 0
@@ -299,8 +355,10 @@ def main(argv: list[str] | None = None) -> int:
 
         writer_id = args.writer_id or writer_identity(config, "repair")
         seeds = repair(config, args.partition or None, writer_id, _say, confirm)
-        _say(f"sink {config.sink_id}: repaired partitions {[s.partition for s in seeds]}; the "
-             "write service continues from the new checkpoints by itself")  # fmt: skip
+        _say(
+            f"sink {config.sink_id}: repaired partitions {[s.partition for s in seeds]}; the "
+            "write service continues from the new checkpoints by itself"
+        )
         return 0
 
     return run_command(command)

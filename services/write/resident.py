@@ -5,24 +5,25 @@ they come, so a batch description costs a round trip on a socket instead of a Sp
  write driver                          executor (one resident per core, pinned like a step)
  +-------+  one Spark job: the crew    +----------+
  | Crew  |───────────────────────────> | resident |── connects back, shows the crew's token
- |       |<══ [TaskSpec] ══════════════|  serve() |   run_tasks(specs): the same steps as a
- |       |══> [TaskResult] or error ══>|          |   one-shot task (services.write.task)
+ |       |<══ [StepSpec] ══════════════|  serve() |   run_tasks(specs, worker): the same steps
+ |       |══> [StepResult] or error ══>|          |   as a one-shot task (services.write.task)
  +-------+                             +----------+
 ```
 
-An empty two-task Spark job costs 0.15-0.24 s here, about a third of a description's whole
-cycle (mint -> write -> append -> mint), on top of the steps themselves.
+A Spark job's scheduling, even of empty tasks, is a large share of a description's whole cycle
+(mint -> write -> append -> mint), on top of the steps themselves; a round on a socket is not.
 
 Rules
 -----
 1. A resident runs exactly `run_tasks`: the same loads, folds, stages and conditional
    checkpoints as a one-shot task, so every invariant of `services.write` holds unchanged.
    Its Python worker keeps the partitions' states in memory between steps, as a reused Python
-   worker did, and a group of partitions goes to the same resident every round while the
-   placement holds. Two differences, in speed only: it writes the executor's warm copies of
-   its states when it leaves, not at every step (`services.write.checkpoint.WARM_COPIES`),
-   and it keeps each partition's desired reader from step to step, so librdkafka fetches the
-   next batch's records meanwhile (`services.write.fold.KEEP_READERS`).
+   worker does for one-shot tasks, and a group of partitions goes to the same resident every
+   round while the placement holds. Two differences, in speed only, both in the resident's own
+   `services.write.task.WriteWorker` (`WriteWorker.resident()` of its Python worker's): it
+   writes the executor's warm copies of its states when it leaves, not at every step, and it
+   keeps each partition's desired reader from step to step, so librdkafka fetches the next
+   batch's records meanwhile.
 2. Any trouble dismisses the whole crew and hands the groups it did not finish back to the
    caller, who runs them as one-shot Spark jobs (Spark retries those as before): a crew not
    connected within `READY_WAIT`, a broken connection (the resident's executor or Python worker
@@ -65,8 +66,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mvsink.io.spark import driver_host, executor_id, live_executors, run_pinned
-from services.write import checkpoint, fold
-from services.write.task import TaskResult, TaskSpec, run_tasks
+from services.write.task import StepResult, StepSpec, WriteWorker, default_worker, run_tasks
 
 log = logging.getLogger("mvsink.write.resident")
 
@@ -89,7 +89,7 @@ _TOKEN = 32
 _HELLO_MAX = 4096
 
 #: A group of partitions' specs and the executor they should run on (`affinity.groups`).
-Work = tuple[list[TaskSpec], str]
+Work = tuple[list[StepSpec], str]
 
 
 @dataclass(frozen=True)
@@ -118,16 +118,14 @@ def serve(spec: ResidentSpec) -> list[str]:
         conn = socket.create_connection(spec.address, timeout=CONNECT_TIMEOUT)
     except OSError:
         return []
-    checkpoint.WARM_COPIES, fold.KEEP_READERS = False, True
+    worker = default_worker().resident()
     try:
-        return _serve(spec, conn)
+        return _serve(spec, conn, worker)
     finally:  # this Python worker may run one-shot tasks next: they share through warm copies
-        checkpoint.WARM_COPIES, fold.KEEP_READERS = True, False
-        fold.close_readers()
-        checkpoint.save_warm_copies()
+        worker.leave()
 
 
-def _serve(spec: ResidentSpec, conn: socket.socket) -> list[str]:
+def _serve(spec: ResidentSpec, conn: socket.socket, worker: WriteWorker) -> list[str]:
     with conn:
         try:
             keep_alive(conn)
@@ -140,7 +138,7 @@ def _serve(spec: ResidentSpec, conn: socket.socket) -> list[str]:
                     return []
                 number, specs = request
                 try:
-                    reply: tuple[int, str, Any] = (number, "ok", run_tasks(specs))
+                    reply: tuple[int, str, Any] = (number, "ok", run_tasks(specs, worker))
                 except Exception:  # reported: the driver runs the group as a one-shot job
                     reply = (number, "error", traceback.format_exc())
                 send_frame(conn, pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
@@ -215,8 +213,9 @@ class Crew:
 
     # -- rounds ---------------------------------------------------------------------------
 
-    def run(self, work: Sequence[Work], executors: Sequence[str], slots: int
-            ) -> tuple[list[TaskResult], list[Work]]:  # fmt: skip
+    def run(
+        self, work: Sequence[Work], executors: Sequence[str], slots: int
+    ) -> tuple[list[StepResult], list[Work]]:
         """Run what the crew can of `work` (launching it if it is down and may be); the results,
         and the work left for one-shot jobs. `executors` and `slots` are the live executors and
         the task slots of each, as the caller placed `work` by."""
@@ -235,9 +234,9 @@ class Crew:
             self.maybe_step_aside(force=True)
         return results, left
 
-    def _round(self, work: Sequence[Work]) -> tuple[list[TaskResult], list[Work]]:
+    def _round(self, work: Sequence[Work]) -> tuple[list[StepResult], list[Work]]:
         self.rounds += 1
-        results: list[TaskResult] = []
+        results: list[StepResult] = []
         left: list[Work] = []
         waiting: dict[socket.socket, tuple[_Resident, list[Work]]] = {}
         for resident, items in self.assign(work):
@@ -261,28 +260,41 @@ class Crew:
                     if number != self.rounds:
                         raise ValueError(f"the reply of round {number} in round {self.rounds}")
                 except Exception as error:  # EOF: its executor or Python worker died
-                    log.warning("resident %s/%d failed (%r): partitions %s run as a one-shot "
-                                "job", resident.executor, resident.slot, error, partitions)  # fmt: skip
+                    log.warning(
+                        "resident %s/%d failed (%r): partitions %s run as a one-shot job",
+                        resident.executor,
+                        resident.slot,
+                        error,
+                        partitions,
+                    )
                     left.extend(items)
                     continue
                 if status == "ok":
                     results.extend(reply)
                 else:
-                    log.warning("a step failed in resident %s/%d; partitions %s run as a "
-                                "one-shot job:\n%s", resident.executor, resident.slot,
-                                partitions, reply)  # fmt: skip
+                    log.warning(
+                        "a step failed in resident %s/%d; partitions %s run as a one-shot job:\n%s",
+                        resident.executor,
+                        resident.slot,
+                        partitions,
+                        reply,
+                    )
                     left.extend(items)
             if waiting and time.monotonic() >= next_check:
                 next_check = time.monotonic() + CHECK_EVERY
                 for conn in self._lost(waiting):
                     resident, items = waiting.pop(conn)
-                    log.warning("resident %s/%d is lost (its executor, or the crew's job, "
-                                "ended)", resident.executor, resident.slot)  # fmt: skip
+                    log.warning(
+                        "resident %s/%d is lost (its executor, or the crew's job, ended)",
+                        resident.executor,
+                        resident.slot,
+                    )
                     left.extend(items)
         return results, left
 
-    def _lost(self, waiting: dict[socket.socket, tuple[_Resident, list[Work]]]
-              ) -> list[socket.socket]:  # fmt: skip
+    def _lost(
+        self, waiting: dict[socket.socket, tuple[_Resident, list[Work]]]
+    ) -> list[socket.socket]:
         """The connections among `waiting` that can no longer answer: all of them when the
         crew's job has ended, else those whose executor Spark lost (a host that died sends no
         FIN; Spark declares its executor lost)."""
@@ -312,10 +324,14 @@ class Crew:
         while not self._complete() and not self.closed.is_set() and time.monotonic() < deadline:
             time.sleep(0.005)
         if self.closed.is_set() or not self._covers(work):
-            log.warning("the residents did not connect within %.0fs (%d of %d, executors %s "
-                        "needed): this round runs as a one-shot job", READY_WAIT,
-                        len(self.residents), self.expected,
-                        sorted({executor for _, executor in work}))  # fmt: skip
+            log.warning(
+                "the residents did not connect within %.0fs (%d of %d, executors %s "
+                "needed): this round runs as a one-shot job",
+                READY_WAIT,
+                len(self.residents),
+                self.expected,
+                sorted({executor for _, executor in work}),
+            )
             self.dismiss(failed=True)
             return False
         return True
@@ -355,20 +371,28 @@ class Crew:
         server.settimeout(0.2)
         token = secrets.token_bytes(_TOKEN)
         address = (host, server.getsockname()[1])
-        work = [(ResidentSpec(address, token, i), executor)
-                for i, executor in enumerate(e for e in executors for _ in range(slots))]  # fmt: skip
+        work = [
+            (ResidentSpec(address, token, i), executor)
+            for i, executor in enumerate(e for e in executors for _ in range(slots))
+        ]
         members: list[_Resident] = []
         closed = threading.Event()
         self.residents, self.closed, self.address = members, closed, address
         self.expected = len(work)
         self.launched_at = time.monotonic()
-        threading.Thread(target=self._accept, args=(server, token, members, closed),
-                         name="write-residents-accept", daemon=True).start()  # fmt: skip
-        self.job = threading.Thread(target=self._job, args=(work, closed),
-                                    name="write-residents", daemon=True)  # fmt: skip
+        threading.Thread(
+            target=self._accept,
+            args=(server, token, members, closed),
+            name="write-residents-accept",
+            daemon=True,
+        ).start()
+        self.job = threading.Thread(
+            target=self._job, args=(work, closed), name="write-residents", daemon=True
+        )
         self.job.start()
-        log.info("launching %d residents on %s at %s:%d", len(work), sorted(set(executors)),
-                 *address)  # fmt: skip
+        log.info(
+            "launching %d residents on %s at %s:%d", len(work), sorted(set(executors)), *address
+        )
 
     def _job(self, work: list[tuple[ResidentSpec, str]], closed: threading.Event) -> None:
         sc = self.spark.sparkContext
@@ -381,8 +405,9 @@ class Crew:
         finally:
             closed.set()
 
-    def _accept(self, server: socket.socket, token: bytes, members: list[_Resident],
-                closed: threading.Event) -> None:  # fmt: skip
+    def _accept(
+        self, server: socket.socket, token: bytes, members: list[_Resident], closed: threading.Event
+    ) -> None:
         """Admit residents presenting `token`, one per slot, until the crew is dismissed."""
         with server:
             while not closed.is_set():
@@ -442,16 +467,23 @@ class Crew:
             self.failures += 1
             pause = min(RELAUNCH_MAX, RELAUNCH_AFTER * 2 ** (self.failures - 1))
             self.not_before = time.monotonic() + pause
-            log.warning("the residents are dismissed after a failure; the next crew in %.0fs "
-                        "(failure %d in a row)", pause, self.failures)  # fmt: skip
+            log.warning(
+                "the residents are dismissed after a failure; the next crew in %.0fs "
+                "(failure %d in a row)",
+                pause,
+                self.failures,
+            )
         if job is None:
             return
         job.join(END_WAIT)
         if job.is_alive():
-            log.warning("the residents' Spark job did not end within %.0fs: cancelling it",
-                        END_WAIT)  # fmt: skip
+            log.warning(
+                "the residents' Spark job did not end within %.0fs: cancelling it", END_WAIT
+            )
             self.spark.sparkContext.cancelJobGroup(_JOB_GROUP)
             job.join(END_WAIT)
             if job.is_alive():
-                log.error("the residents' Spark job is still running after its cancel: "
-                          "one-shot jobs may wait for its slots")  # fmt: skip
+                log.error(
+                    "the residents' Spark job is still running after its cancel: "
+                    "one-shot jobs may wait for its slots"
+                )

@@ -9,7 +9,7 @@ desired records themselves, by offset, from where their checkpoint says they sto
 The desired topic's life cycle is the driver's too:
 * a partition it gains is first folded without staging (`_fold`), which finds out whether the
   desired records its checkpoint needs are still there; a partition whose records are gone
-  (`TaskResult.gone`) stops the sink's staging, logs what to do, shows on `/readyz` and
+  (`StepResult.gone`) stops the sink's staging, logs what to do, shows on `/readyz` and
   `mvsink_write_desired_gone`, until its checkpoint version changes (`mvsink repair`);
 * its lease version (renewed on a thread of its own, so a long step cannot let it lapse) moves
   each owned partition's critical hold (`checkpoint.holder_id`) to its
@@ -62,7 +62,7 @@ from services.write.affinity import groups, place
 from services.write.compactor import Compactor
 from services.write.resident import Crew
 from services.write.state import StageJob, WriteState
-from services.write.task import Gone, TaskResult, TaskSpec, run_tasks, warm_up
+from services.write.task import Gone, SinkSpec, StepResult, StepSpec, run_tasks, warm_up
 
 log = logging.getLogger("mvsink.write")
 SHARD_POLL = 1.0
@@ -111,6 +111,20 @@ class WriteShell:
         )
         self.producer = Producer(client_config(config.kafka_bootstrap))
         self.state = WriteState(config.sink_id, config.partitions, config.read_only)
+        #: What every step of the sink shares (`services.write.task`).
+        self.sink = SinkSpec(
+            sink_id=config.sink_id,
+            shard_id=config.shard_id,
+            partitions=config.partitions,
+            partitioning=config.partitioning,
+            bootstrap=config.kafka_bootstrap,
+            desired_topic=config.topics.desired,
+            dead_letter_topic=config.topics.dead_letter,
+            s3=config.s3,
+            row_schema=self.row_schema,
+            as_of=config.as_of,
+            writer_id=self.writer_id,
+        )
         #: Checkpoint version per owned partition (-1: none).
         self.versions: dict[int, int] = {}
         #: The shard upper each owned partition's corrections have folded (task results).
@@ -144,8 +158,9 @@ class WriteShell:
             self.unchecked.add(tp.partition)
         self.state.set_owned(frozenset(self.versions))
         self._lead_compaction()
-        log.info("desired partitions assigned: %s (checkpoints %s)", sorted(self.versions),
-                 self.versions)  # fmt: skip
+        log.info(
+            "desired partitions assigned: %s (checkpoints %s)", sorted(self.versions), self.versions
+        )
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
@@ -179,8 +194,11 @@ class WriteShell:
         owned = sorted(self.state.owned)
         known = [self.folded[p] for p in owned if p in self.folded]
         hold = meet_all(known) if owned and len(known) == len(owned) else None
-        holds = {checkpoint.holder_id(self.config.sink_id, p): self.folded[p]
-                 for p in owned if p in self.folded}  # fmt: skip
+        holds = {
+            checkpoint.holder_id(self.config.sink_id, p): self.folded[p]
+            for p in owned
+            if p in self.folded
+        }
         return hold, holds
 
     def _hold(self) -> bool:
@@ -192,8 +210,9 @@ class WriteShell:
             try:
                 self.lease_shard.lease(self.writer_id, hold, holds=holds)
             except AsOfBeforeSince:  # the lease expired and since moved on
-                log.warning("reader lease of %s lapsed; holding the shard's since again",
-                            self.writer_id)  # fmt: skip
+                log.warning(
+                    "reader lease of %s lapsed; holding the shard's since again", self.writer_id
+                )
                 self.lease_shard.lease(self.writer_id, holds=holds)
         except Exception as error:  # S3 unavailable: the lease outlives many retries
             log.warning("renewing the reader lease failed (retrying): %r", error)
@@ -221,13 +240,19 @@ class WriteShell:
             if was is None or was.log_start != gone.log_start:
                 log.error("%s", gone.message)
         elif was is not None:
-            log.info("partition %d: its checkpoint no longer needs deleted desired records",
-                     partition)  # fmt: skip
+            log.info(
+                "partition %d: its checkpoint no longer needs deleted desired records", partition
+            )
         GONE.labels(self.config.sink_id, str(partition)).set(0 if gone is None else 1)
-        blocked("; ".join(f"desired partition {p}: records from offset {g.needed} are needed but "
-                          f"deleted below {g.log_start} (run `mvsink repair "
-                          f"{self.config.sink_id}`)" for p, g in sorted(self.gone.items()))
-                or None)  # fmt: skip
+        blocked(
+            "; ".join(
+                f"desired partition {p}: records from offset {g.needed} are needed but "
+                f"deleted below {g.log_start} (run `mvsink repair "
+                f"{self.config.sink_id}`)"
+                for p, g in sorted(self.gone.items())
+            )
+            or None
+        )
 
     def _recheck_gone(self) -> None:
         """A gone partition whose checkpoint version changed (repaired, or restored) is folded
@@ -235,8 +260,12 @@ class WriteShell:
         for partition in sorted(self.gone):
             latest = self._latest_checkpoint(partition)
             if latest != self.versions.get(partition):
-                log.warning("partition %d: checkpoint version %s -> %d (repaired?): folding it "
-                            "again", partition, self.versions.get(partition), latest)  # fmt: skip
+                log.warning(
+                    "partition %d: checkpoint version %s -> %d (repaired?): folding it again",
+                    partition,
+                    self.versions.get(partition),
+                    latest,
+                )
                 self.versions[partition] = latest
                 self.kept_offsets.pop(partition, None)
                 self._set_gone(partition, None)
@@ -250,8 +279,11 @@ class WriteShell:
         if interval <= 0 or now < self.next_trim:
             return
         self.next_trim = now + interval
-        below = {p: min(kept) for p, kept in self.kept_offsets.items()
-                 if len(kept) == 2 and p in self.state.owned and p not in self.gone}  # fmt: skip
+        below = {
+            p: min(kept)
+            for p, kept in self.kept_offsets.items()
+            if len(kept) == 2 and p in self.state.owned and p not in self.gone
+        }
         bootstrap, topic = self.config.kafka_bootstrap, self.config.topics.desired
         try:
             for partition in below:
@@ -262,8 +294,11 @@ class WriteShell:
                     below[partition] = min(below[partition], int(last.offset() or 0))
             starts = delete_below(bootstrap, topic, below)
         except Exception as error:
-            log.warning("deleting desired records below the checkpoints failed (retrying in "
-                        "%.0fs): %r", interval, error)  # fmt: skip
+            log.warning(
+                "deleting desired records below the checkpoints failed (retrying in %.0fs): %r",
+                interval,
+                error,
+            )
             return
         for partition, start in starts.items():
             TRIMMED.labels(self.config.sink_id, str(partition)).set(start)
@@ -290,16 +325,25 @@ class WriteShell:
             if self.config.spark_residents:
                 self.crew = Crew(self.spark)
             topics = self.config.topics
-            owner = Consumer(consumer_config(
-                self.config.kafka_bootstrap, group_id=f"{self.config.sink_id}.write",
-                extra={"session.timeout.ms": 10000, "heartbeat.interval.ms": 2000},
-            ))  # fmt: skip
+            owner = Consumer(
+                consumer_config(
+                    self.config.kafka_bootstrap,
+                    group_id=f"{self.config.sink_id}.write",
+                    extra={"session.timeout.ms": 10000, "heartbeat.interval.ms": 2000},
+                )
+            )
             owner.subscribe([topics.desired], on_assign=self._on_assign, on_revoke=self._on_revoke)
-            follow = [tail_consumer(self.config.kafka_bootstrap, t)
-                      for t in (topics.descs, topics.frontiers, topics.control)]  # fmt: skip
+            follow = [
+                tail_consumer(self.config.kafka_bootstrap, t)
+                for t in (topics.descs, topics.frontiers, topics.control)
+            ]
             next_poll, last_fold = 0.0, time.monotonic()
-            log.info("write %s started as %s, read_only=%s", self.config.sink_id, self.writer_id,
-                     self.state.read_only)  # fmt: skip
+            log.info(
+                "write %s started as %s, read_only=%s",
+                self.config.sink_id,
+                self.writer_id,
+                self.state.read_only,
+            )
             while not self.stopping.stopped:
                 owner.poll(0)  # group membership and (re)assignment only
                 # Wait on `descs`, where the next job comes from, not on the ownership consumer:
@@ -368,59 +412,49 @@ class WriteShell:
 
     # -- jobs -------------------------------------------------------------------------------
 
-    def _specs(self, partitions: tuple[int, ...], job: StageJob | None) -> list[TaskSpec]:
-        c = self.config
-        return [
-            TaskSpec(
-                c.sink_id,
-                c.shard_id,
-                p,
-                c.partitions,
-                c.partitioning,
-                c.kafka_bootstrap,
-                c.topics.desired,
-                c.topics.dead_letter,
-                c.s3,
-                self.row_schema,
-                c.as_of,
-                self.writer_id,
-                self.versions.get(p, -1),
-                None if job is None else job.desc.lower,
-                None if job is None else job.desc.upper,
-            )
-            for p in partitions
-        ]
+    def _specs(self, partitions: tuple[int, ...], job: StageJob | None) -> list[StepSpec]:
+        """A step of each of `partitions`, staging `job`'s description or only folding."""
+        desc = None if job is None else job.desc
+        return [StepSpec(self.sink, p, self.versions.get(p, -1), desc) for p in partitions]
 
     def _warm_up(self) -> None:
         """Import the task code in every executor slot; log where the executors got it."""
         slots = self.spark.sparkContext.defaultParallelism
         started = time.monotonic()
         found = set(self.spark.sparkContext.parallelize(range(slots), slots).map(warm_up).collect())
-        log.info("Spark %s: executors %s warmed up in %.2fs, code from %s, %d task slots",
-                 self.spark.sparkContext.master, sorted({e for e, _ in found}),
-                 time.monotonic() - started, sorted({c for _, c in found}),
-                 task_slots(self.spark))  # fmt: skip
+        log.info(
+            "Spark %s: executors %s warmed up in %.2fs, code from %s, %d task slots",
+            self.spark.sparkContext.master,
+            sorted({e for e, _ in found}),
+            time.monotonic() - started,
+            sorted({c for _, c in found}),
+            task_slots(self.spark),
+        )
 
-    def _run(self, specs: list[TaskSpec]) -> list[TaskResult]:
+    def _run(self, specs: list[StepSpec]) -> list[StepResult]:
         """Run `specs` on their partitions' home executors (`services.write.affinity`): in the
         resident tasks while they serve, else (and whatever they hand back) as a Spark job."""
         executors = live_executors(self.spark)
         placement = place((s.partition for s in specs), self.home, executors)
         by_partition = {s.partition: s for s in specs}
-        # One wave: `defaultParallelism` (twice the cores) made two, ~0.1-0.15 s more a job.
+        # One wave of tasks a job: `defaultParallelism` (twice the cores) would make two.
         slots = max(1, task_slots(self.spark) // len(executors))
-        work = [([by_partition[p] for p in group], executor)
-                for group, executor in groups(placement, slots)]  # fmt: skip
-        results: list[TaskResult] = []
+        work = [
+            ([by_partition[p] for p in group], executor)
+            for group, executor in groups(placement, slots)
+        ]
+        results: list[StepResult] = []
         if self.crew is not None:
             results, work = self.crew.run(work, sorted(executors), slots)
         if work:
             results += run_pinned(self.spark, work, run_tasks)
-        moved = {r.partition: f"{self.home[r.partition]} -> {r.executor}" for r in results
-                 if self.home.get(r.partition, r.executor) != r.executor}  # fmt: skip
+        moved = {
+            r.partition: f"{self.home[r.partition]} -> {r.executor}"
+            for r in results
+            if self.home.get(r.partition, r.executor) != r.executor
+        }
         if moved:
-            log.info("partitions moved between executors: %s (alive: %s)", moved,
-                     sorted(executors))  # fmt: skip
+            log.info("partitions moved between executors: %s (alive: %s)", moved, sorted(executors))
         for result in results:
             self.home[result.partition] = result.executor
             if result.partition in self.versions:
@@ -433,8 +467,12 @@ class WriteShell:
                 # of this driver's own task (its executor died after checkpointing, Spark ran
                 # the task again): continue from the newest checkpoint either way.
                 latest = self._latest_checkpoint(result.partition)
-                log.warning("partition %d was checkpointed by another owner or a lost task "
-                            "attempt: continuing from version %d", result.partition, latest)  # fmt: skip
+                log.warning(
+                    "partition %d was checkpointed by another owner or a lost task "
+                    "attempt: continuing from version %d",
+                    result.partition,
+                    latest,
+                )
                 self.versions[result.partition] = latest
             elif result.partition in self.versions:
                 self.versions[result.partition] = result.version
@@ -442,8 +480,11 @@ class WriteShell:
                 kept = self.kept_offsets.setdefault(result.partition, [])
                 kept[:] = [*kept, result.folded_offset][-2:]
             if result.rebuilt:
-                log.warning("partition %d rebuilt its corrections from all of desired: the "
-                            "shard's since had passed its checkpoint", result.partition)  # fmt: skip
+                log.warning(
+                    "partition %d rebuilt its corrections from all of desired: the "
+                    "shard's since had passed its checkpoint",
+                    result.partition,
+                )
             CORRECTIONS.labels(self.config.sink_id, str(result.partition)).set(result.corrections)
             DEAD.labels(self.config.sink_id).inc(result.dead_letters)
             READ_BACK.labels(self.config.sink_id).inc(result.bytes_read_back)
@@ -457,8 +498,11 @@ class WriteShell:
         if desc is None or time.monotonic() - self.staged_at < bound:
             return
         if desc.lower == self.state.persist_frontier and self.state.restage():
-            log.warning("%s staged %.0fs ago and still not appended: staging it again", desc,
-                        time.monotonic() - self.staged_at)  # fmt: skip
+            log.warning(
+                "%s staged %.0fs ago and still not appended: staging it again",
+                desc,
+                time.monotonic() - self.staged_at,
+            )
             self.staged_at = time.monotonic()
 
     def _stage(self, job: StageJob) -> None:
@@ -469,18 +513,32 @@ class WriteShell:
             log.info("%s is outdated (the shard moved on): nothing reported", job.desc)
             return
         if any(r.gone is not None for r in results):
-            log.error("%s: desired records of partitions %s are gone: nothing reported", job.desc,
-                      sorted(r.partition for r in results if r.gone is not None))  # fmt: skip
+            log.error(
+                "%s: desired records of partitions %s are gone: nothing reported",
+                job.desc,
+                sorted(r.partition for r in results if r.gone is not None),
+            )
             return
         covered = tuple(r.partition for r in results if not r.stale)
         parts = tuple(r.part for r in results if not r.stale and r.part is not None)
         if not covered:
             return
         desc = job.desc
-        batch = StagedBatch(desc.id, desc.lower, desc.upper, covered,
-                            tuple(p.to_message() for p in parts), self.writer_id)  # fmt: skip
-        produce(self.producer, self.config.topics.batches, str(desc.append_worker), batch,
-                desc.append_worker)  # fmt: skip
+        batch = StagedBatch(
+            desc.id,
+            desc.lower,
+            desc.upper,
+            covered,
+            tuple(p.to_message() for p in parts),
+            self.writer_id,
+        )
+        produce(
+            self.producer,
+            self.config.topics.batches,
+            str(desc.append_worker),
+            batch,
+            desc.append_worker,
+        )
         self.producer.flush(30)
         self.state.batch_staged(job, covered)
         self.staged_at = time.monotonic()
@@ -493,16 +551,27 @@ class WriteShell:
             for r in results
             for step in r.seconds
         }
-        log.info("staged %s: partitions %s, %d parts, %d updates in %.2fs (Spark job %.2fs, "
-                 "slowest task's steps: %s)", desc, list(covered), len(parts),
-                 sum(p.updates for p in parts), time.monotonic() - started, ran, steps)  # fmt: skip
+        log.info(
+            "staged %s: partitions %s, %d parts, %d updates in %.2fs (Spark job %.2fs, "
+            "slowest task's steps: %s)",
+            desc,
+            list(covered),
+            len(parts),
+            sum(p.updates for p in parts),
+            time.monotonic() - started,
+            ran,
+            steps,
+        )
 
     def _fold(self, partitions: tuple[int, ...] | None = None) -> None:
         """Fold `partitions` (every owned one by default) without staging."""
         partitions = tuple(sorted(self.state.owned)) if partitions is None else partitions
         results = self._run(self._specs(partitions, None))
-        log.info("folded partitions %s: corrections %s", [r.partition for r in results],
-                 {r.partition: r.corrections for r in results})  # fmt: skip
+        log.info(
+            "folded partitions %s: corrections %s",
+            [r.partition for r in results],
+            {r.partition: r.corrections for r in results},
+        )
 
 
 def run(config: Config, stopping: Stopping) -> int:

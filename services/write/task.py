@@ -1,12 +1,16 @@
 """The write task: what one Spark task does for one desired partition (runs on an executor).
 
-Steps of `run_task`:
+A step is one `StepSpec` (a partition, the checkpoint version to continue from, the batch
+description or none) of one `SinkSpec` (what every step of the sink shares), run in a
+`WriteWorker`: what the Python worker keeps from step to step (states, desired readers, shard
+handles). Its decisions are `services.write.state`'s (`plan_start`, `plan_batch`); the steps
+of `run_task` apply them:
 1. load the partition's correction state at the version the driver expects: this executor's
    (in memory, or its warm copy), else that version's checkpoint in object storage, else empty
-   (`services.write.checkpoint`). If the shard's
-   `since` has passed the upper the state folded (the driver's reader lease lapsed), merges may
-   have collapsed the changes it still needs: start from empty instead (all of desired, the
-   whole shard), keeping the version chain;
+   (`services.write.checkpoint`). If the shard's `since` has passed the upper the state folded
+   (`Rebuild`: the driver's reader lease lapsed), merges may have collapsed the changes it
+   still needs: start from empty instead (all of desired, the whole shard), keeping the
+   version chain;
 2. (`services.write.fold`) fold in new desired records (Kafka offsets from `folded_offset`,
    read_committed) as positive updates, until the partition's `Progress` reaches the batch's
    upper, waiting for it past the end (to the end in read-only mode); quarantine invalid ones
@@ -20,17 +24,21 @@ Steps of `run_task`:
    not read back: the task kept what it wrote (`PartitionState.staged`) and negates that, so in
    steady state the read-back costs no object reads. Every other part (a racing replica's, a
    foreign writer's, ours after a restart or a move to another executor) is read;
-4. for a batch description whose lower is the shard's upper: stage the corrections with
-   time `< upper` as one part (none if there are none); written updates stay in the
-   corrections until the read-back cancels them;
+4. for a batch description whose lower is the shard's upper (`Stage`; else `Outdated`, or
+   `FoldOnly` without one): stage the corrections with time `< upper` as one part (none if
+   there are none); written updates stay in the corrections until the read-back cancels them;
 5. checkpoint the state as the next version (conditional create: a second owner loses;
    `services.write.checkpoint`).
 
 A step that would have to read desired records the broker has deleted (a cold start or a
 rebuild on a topic that no longer starts at offset 0, a checkpoint older than what is left)
-stages nothing and checkpoints nothing: it reports the hole (`TaskResult.gone`) and the driver
+stages nothing and checkpoints nothing: it reports the hole (`StepResult.gone`) and the driver
 holds the sink there until the checkpoints are repaired (`mvsink repair`). A step whose
 expected version is no longer the newest checkpoint is stale before it starts such a read.
+
+Python workers are reused: a one-shot task's steps run in the worker's `default_worker()`, a
+resident's in `WriteWorker.resident()` of it (the same states in memory, warm copies deferred
+until it leaves, desired readers kept), passed to `run_tasks` explicitly.
 """
 
 from __future__ import annotations
@@ -44,12 +52,24 @@ import pyarrow as pa
 
 from mvsink.core.errors import DesiredGone, MvsinkError
 from mvsink.core.frontier import Frontier
+from mvsink.core.messages import BatchDescription
 from mvsink.core.settings import S3Settings
 from mvsink.io.service import quiet_retries
 from mvsink.io.spark import each_on_a_thread, executor_id, trim_worker_path
 from mvsink.shard import PartGone, PartRef, Shard, ShardState, open_shard
 from services.write import checkpoint
-from services.write.fold import SincePassed, close_readers, fold_desired, fold_persist
+from services.write.checkpoint import PartitionState, StateCache
+from services.write.fold import Readers, SincePassed, fold_desired, fold_persist
+from services.write.state import (
+    FoldOnly,
+    Outdated,
+    Rebuild,
+    Stage,
+    StepBatch,
+    StepStart,
+    plan_batch,
+    plan_start,
+)
 
 log = logging.getLogger("mvsink.write.task")
 
@@ -58,12 +78,12 @@ trim_worker_path()
 
 
 @dataclass(frozen=True)
-class TaskSpec:
-    """Everything a task needs (pickled to the executor)."""
+class SinkSpec:
+    """What every step of one sink shares (pickled to the executor with its steps)."""
 
     sink_id: str
     shard_id: str
-    partition: int
+    #: P, the number of desired partitions.
     partitions: int
     #: The desired partitioning function (`mvsink.core.partitioning`).
     partitioning: int
@@ -74,11 +94,19 @@ class TaskSpec:
     row_schema: pa.Schema
     as_of: int
     writer_id: str
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """One step of one desired partition (pickled to the executor)."""
+
+    sink: SinkSpec
+    partition: int
     #: The checkpoint version the driver expects to continue from (-1: none yet).
     version: int
-    #: The batch to stage, or None to only fold and consolidate (read-only mode).
-    lower: Frontier | None = None
-    upper: Frontier | None = None
+    #: The batch to stage, or None to only fold and consolidate (read-only mode, a gained
+    #: partition's first fold).
+    desc: BatchDescription | None = None
 
 
 @dataclass(frozen=True)
@@ -92,11 +120,13 @@ class Gone:
 
 
 @dataclass(frozen=True)
-class TaskResult:
-    """What a task reports back to the driver."""
+class StepResult:
+    """What a step reports back to the driver."""
 
     partition: int
+    #: The partition's checkpoint version after the step (the expected one if it wrote none).
     version: int
+    #: The part staged, if any.
     part: PartRef | None
     folded_offset: int
     desired_frontier: Frontier
@@ -108,29 +138,75 @@ class TaskResult:
     bytes_read_back: int
     #: Bytes written to object storage: the staged part and the checkpoint.
     bytes_written: int
-    #: The shard moved past the description's lower: nothing was staged.
-    outdated: bool
-    #: Another owner checkpointed this partition first: this task's work is void.
-    stale: bool
-    #: Seconds per step (load, desired, persist, consolidate, stage, checkpoint): the profile.
-    seconds: dict[str, float] = field(default_factory=dict)
-    #: The checkpoint was older than the shard's since: rebuilt from all of desired.
+    #: The shard moved past the description's lower: nothing was staged (`Outdated`).
+    outdated: bool = False
+    #: Another owner checkpointed this partition first: this step's work is void.
+    stale: bool = False
+    #: The checkpoint was older than the shard's since: rebuilt from all of desired (`Rebuild`).
     rebuilt: bool = False
-    #: The executor the task ran in (`mvsink.io.spark.executor_id`): the partition's new home.
-    executor: str = "driver"
     #: Desired records it needed were gone: nothing was staged or checkpointed.
     gone: Gone | None = None
+    #: The executor the step ran in (`mvsink.io.spark.executor_id`): the partition's new home.
+    executor: str = "driver"
+    #: Seconds per step (load, desired, persist, consolidate, stage, checkpoint, and the whole
+    #: task's): the profile.
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class WriteWorker:
+    """What one Python worker keeps from step to step: its partitions' correction states and
+    when their warm copies are written, its kept desired readers, and its shard handles. One
+    instance serves the steps of a round on several threads (each partition on one)."""
+
+    states: StateCache = field(default_factory=StateCache)
+    readers: Readers = field(default_factory=Readers)
+    #: Open shards, by shard id.
+    shards: dict[str, Shard] = field(default_factory=dict)
+
+    def shard(self, sink: SinkSpec) -> Shard:
+        """The sink's shard, opened once per worker."""
+        shard = self.shards.get(sink.shard_id)
+        if shard is None:
+            shard = self.shards[sink.shard_id] = open_shard(sink.shard_id, None, sink.s3)
+        return shard
+
+    def resident(self) -> WriteWorker:
+        """The worker of a resident task in this Python worker (`services.write.resident`, rule
+        1): the same states in memory and shards, but the warm copies written only when it
+        leaves (`leave`), and the desired readers kept from step to step."""
+        return WriteWorker(
+            StateCache(self.states.states, warm_copies=False), Readers(keep=True), self.shards
+        )
+
+    def leave(self) -> None:
+        """A resident leaving: close its readers and write the warm copies it deferred, for the
+        one-shot tasks this Python worker may run next."""
+        self.readers.close()
+        self.states.save_warm_copies()
+
+
+_DEFAULT: WriteWorker | None = None
+
+
+def default_worker() -> WriteWorker:
+    """This Python worker's `WriteWorker` for one-shot Spark tasks, created on first use."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = WriteWorker()
+    return _DEFAULT
 
 
 #: How often a fold starts over when merges replace the parts it is reading.
 _READ_ATTEMPTS = 5
-_SHARDS: dict[str, Shard] = {}
 
 
-def run_task(spec: TaskSpec, shard_state: ShardState | None = None) -> TaskResult:
-    """One desired partition's step (see the module docs), from `shard_state` (the shard's
-    state read for the whole round) or the latest. A step that fails drops the state
-    this Python worker holds in memory: the steps change it in place, so it may be half a step
+def run_task(
+    spec: StepSpec, worker: WriteWorker, shard_state: ShardState | None = None
+) -> StepResult:
+    """One desired partition's step (see the module docs) in `worker`, from `shard_state`
+    (the shard's state read for the whole round) or the latest. A step that fails drops the
+    state `worker` holds in memory: the steps change it in place, so it may be half a step
     past its version, and the next attempt (a Spark retry, or the next step, in this reused
     worker) must load that version again (the executor's warm copy or the checkpoint).
     A step that finds the shard's `since` past its fold in a state it reads later than the
@@ -139,93 +215,180 @@ def run_task(spec: TaskSpec, shard_state: ShardState | None = None) -> TaskResul
     try:
         for _ in range(_READ_ATTEMPTS):
             try:
-                return _step(spec, shard_state)
+                return _step(spec, worker, shard_state)
             except SincePassed as error:
-                checkpoint.CACHE.pop((spec.sink_id, spec.partition), None)
+                worker.states.drop(spec.sink.sink_id, spec.partition)
                 log.warning("%s: starting the step over", error)
                 shard_state = None
         raise MvsinkError(f"partition {spec.partition}: the shard's since kept passing its fold")
     except BaseException:
-        checkpoint.CACHE.pop((spec.sink_id, spec.partition), None)
+        worker.states.drop(spec.sink.sink_id, spec.partition)
         raise
 
 
-def _step(spec: TaskSpec, shard_state: ShardState | None) -> TaskResult:
-    lap = _Laps()
+def _step(spec: StepSpec, worker: WriteWorker, shard_state: ShardState | None) -> StepResult:
+    sink, lap = spec.sink, _Laps()
     state, bytes_read = checkpoint.load(
-        spec.sink_id, spec.partition, spec.version, spec.s3, spec.row_schema, spec.as_of
+        sink.sink_id,
+        spec.partition,
+        spec.version,
+        sink.s3,
+        sink.row_schema,
+        sink.as_of,
+        worker.states,
     )
-    shard = _shard(spec)
+    shard = worker.shard(sink)
     shard_state = shard_state or shard.state()
-    rebuilt = checkpoint.since_passed(state.persist_folded, shard_state.since)
-    if rebuilt and checkpoint.exists(spec.sink_id, spec.partition, spec.version + 1, spec.s3):
-        # A driver that has not seen the newest checkpoint (which the critical hold protects):
-        # its result would be stale anyway, and a rebuild would read all of desired.
-        return _void(spec, state, lap, bytes_read)
-    if rebuilt:
-        log.warning("partition %d: shard since %s passed checkpoint %d (folded %s): rebuilding",
-                    spec.partition, shard_state.since, state.version, state.persist_folded)  # fmt: skip
-        why = (f"the shard's since {shard_state.since} passed checkpoint {state.version}'s "
-               f"persist_folded {state.persist_folded}: a rebuild from all of desired")  # fmt: skip
-        state = checkpoint.empty(spec.row_schema, spec.as_of, state.version)
-    elif state.version < 0:
-        why = "the partition has no checkpoint: a cold start reads all of desired"
-    else:
-        why = f"checkpoint {state.version} folded it up to there"
+    start = plan_start(state.version, state.persist_folded, shard_state.since)
+    if isinstance(start, Rebuild):
+        if _newer_checkpoint(spec):
+            # A driver that has not seen the newest checkpoint (which the critical hold
+            # protects): its result would be stale anyway, and a rebuild reads all of desired.
+            return _void(spec, state, lap, bytes_read)
+        log.warning(
+            "partition %d: shard since %s passed checkpoint %d (folded %s): rebuilding",
+            spec.partition,
+            start.since,
+            start.version,
+            start.persist_folded,
+        )
+        state = checkpoint.empty(sink.row_schema, sink.as_of, state.version)
     lap("load")
     try:
-        dead = fold_desired(spec.bootstrap, spec.desired_topic, spec.dead_letter_topic,
-                            spec.partition, spec.row_schema, spec.partitioning, state,
-                            spec.upper, sink_id=spec.sink_id, why=why)  # fmt: skip
+        dead = fold_desired(
+            sink.bootstrap,
+            sink.desired_topic,
+            sink.dead_letter_topic,
+            spec.partition,
+            sink.row_schema,
+            sink.partitioning,
+            state,
+            None if spec.desc is None else spec.desc.upper,
+            sink_id=sink.sink_id,
+            why=start.why,
+            readers=worker.readers,
+        )
     except DesiredGone as error:
-        checkpoint.CACHE.pop((spec.sink_id, spec.partition), None)  # folded nothing, but unsure
-        if checkpoint.exists(spec.sink_id, spec.partition, spec.version + 1, spec.s3):
+        worker.states.drop(sink.sink_id, spec.partition)  # folded nothing, but unsure
+        if _newer_checkpoint(spec):
             return _void(spec, state, lap, bytes_read)
-        gone = Gone(error.needed, error.log_start, str(error))
-        return _void(spec, state, lap, bytes_read, gone)
+        return _void(spec, state, lap, bytes_read, Gone(error.needed, error.log_start, str(error)))
     lap("desired")
-    for _ in range(_READ_ATTEMPTS):
-        try:
-            bytes_read += fold_persist(spec.partition, spec.partitions, spec.partitioning, state,
-                                       shard, shard_state)  # fmt: skip
-            break
-        except PartGone:  # a merge replaced what we were reading: same contents, newer parts
-            shard_state = shard.state()
-    else:
-        raise PartGone(f"partition {spec.partition}: shard parts kept vanishing")
+    shard_state, read_back = _fold_persist(spec, state, shard, shard_state)
+    bytes_read += read_back
     lap("persist")
     state.correction.advance_since(shard_state.upper)
     state.correction.consolidate()
     lap("consolidate")
-    part, outdated = None, False
-    if spec.lower is not None and spec.upper is not None:
-        if shard_state.upper != spec.lower:
-            outdated = True
-        else:
-            updates = state.correction.updates_before(spec.upper)
-            if updates.num_rows:
-                part = shard.stage(updates, spec.lower, spec.upper, spec.writer_id,
-                                   spec.partition, spec.partitions, spec.partitioning)  # fmt: skip
-                state.staged[part.key] = (spec.upper, updates)
+    batch = plan_batch(spec.desc, shard_state.upper)
+    part = _stage(spec, state, shard, batch)
     lap("stage")
-    checkpointed = checkpoint.save(spec.sink_id, spec.partition, spec.s3, spec.writer_id, state)
+    checkpointed = checkpoint.save(
+        sink.sink_id, spec.partition, sink.s3, sink.writer_id, state, worker.states
+    )
     lap("checkpoint")
-    return TaskResult(spec.partition, state.version, part, state.folded_offset,
-                      state.desired_frontier, state.persist_folded, len(state.correction),
-                      dead, bytes_read, (part.bytes if part else 0) + (checkpointed or 0),
-                      outdated, checkpointed is None, lap.seconds, rebuilt,
-                      executor_id())  # fmt: skip
+    return _result(spec, state, start, batch, part, checkpointed, dead, bytes_read, lap)
 
 
-def _void(spec: TaskSpec, state: checkpoint.PartitionState, lap: _Laps, bytes_read: int,
-          gone: Gone | None = None) -> TaskResult:  # fmt: skip
+def _newer_checkpoint(spec: StepSpec) -> bool:
+    """Whether a checkpoint newer than the one the driver expects exists (its step is stale)."""
+    return checkpoint.exists(spec.sink.sink_id, spec.partition, spec.version + 1, spec.sink.s3)
+
+
+def _fold_persist(
+    spec: StepSpec, state: PartitionState, shard: Shard, shard_state: ShardState
+) -> tuple[ShardState, int]:
+    """Step 3's fold of the shard, from the latest state again when a merge replaced a part it
+    was reading (same contents, newer parts); the state it folded to, and the bytes read."""
+    sink = spec.sink
+    for _ in range(_READ_ATTEMPTS):
+        try:
+            read = fold_persist(
+                spec.partition, sink.partitions, sink.partitioning, state, shard, shard_state
+            )
+            return shard_state, read
+        except PartGone:
+            shard_state = shard.state()
+    raise PartGone(f"partition {spec.partition}: shard parts kept vanishing")
+
+
+def _stage(spec: StepSpec, state: PartitionState, shard: Shard, batch: StepBatch) -> PartRef | None:
+    """Step 4, as `batch` says: the part staged, if any (kept in `state.staged`)."""
+    match batch:
+        case Stage(desc=desc):
+            updates = state.correction.updates_before(desc.upper)
+            if not updates.num_rows:
+                return None
+            sink = spec.sink
+            part = shard.stage(
+                updates,
+                desc.lower,
+                desc.upper,
+                sink.writer_id,
+                spec.partition,
+                sink.partitions,
+                sink.partitioning,
+            )
+            state.staged[part.key] = (desc.upper, updates)
+            return part
+        case Outdated() | FoldOnly():
+            return None
+
+
+def _result(
+    spec: StepSpec,
+    state: PartitionState,
+    start: StepStart,
+    batch: StepBatch,
+    part: PartRef | None,
+    checkpointed: int | None,
+    dead: int,
+    bytes_read: int,
+    lap: _Laps,
+) -> StepResult:
+    """The result of a step that ran to its checkpoint (`checkpointed`: its size, or None if
+    another owner wrote that version first)."""
+    return StepResult(
+        partition=spec.partition,
+        version=state.version,
+        part=part,
+        folded_offset=state.folded_offset,
+        desired_frontier=state.desired_frontier,
+        persist_folded=state.persist_folded,
+        corrections=len(state.correction),
+        dead_letters=dead,
+        bytes_read_back=bytes_read,
+        bytes_written=(part.bytes if part else 0) + (checkpointed or 0),
+        outdated=isinstance(batch, Outdated),
+        stale=checkpointed is None,
+        rebuilt=isinstance(start, Rebuild),
+        executor=executor_id(),
+        seconds=lap.seconds,
+    )
+
+
+def _void(
+    spec: StepSpec, state: PartitionState, lap: _Laps, bytes_read: int, gone: Gone | None = None
+) -> StepResult:
     """A step that staged and checkpointed nothing: stale (a newer checkpoint exists), or
     `gone` (the desired records it needed were deleted)."""
     lap("desired")
-    return TaskResult(spec.partition, spec.version, None, state.folded_offset,
-                      state.desired_frontier, state.persist_folded, len(state.correction), 0,
-                      bytes_read, 0, False, gone is None, lap.seconds, False, executor_id(),
-                      gone)  # fmt: skip
+    return StepResult(
+        partition=spec.partition,
+        version=spec.version,
+        part=None,
+        folded_offset=state.folded_offset,
+        desired_frontier=state.desired_frontier,
+        persist_folded=state.persist_folded,
+        corrections=len(state.correction),
+        dead_letters=0,
+        bytes_read_back=bytes_read,
+        bytes_written=0,
+        stale=gone is None,
+        gone=gone,
+        executor=executor_id(),
+        seconds=lap.seconds,
+    )
 
 
 def warm_up(_: object) -> tuple[str, str]:
@@ -237,25 +400,28 @@ def warm_up(_: object) -> tuple[str, str]:
     return executor_id(), os.path.dirname(os.path.dirname(mvsink.__file__ or ""))
 
 
-def run_tasks(specs: list[TaskSpec]) -> list[TaskResult]:
+def run_tasks(specs: list[StepSpec], worker: WriteWorker | None = None) -> list[StepResult]:
     """`run_task` for each of `specs` (one Spark task or resident round covering several
-    partitions) from one read of the shard's state, each on its own thread, each result's
+    partitions) in `worker` (None: this Python worker's `default_worker()`, a one-shot Spark
+    task's) from one read of the shard's state, each on its own thread, each result's
     `seconds["task"]` the whole task's.
-    The steps wait on Kafka and S3 for much of their time, and Arrow releases the GIL: with
-    resident tasks a thread per partition was measured at 933k against 834k updates/s
-    (medians of 5 bench runs each; with a Spark job per batch it had been no faster). The
-    partitions share nothing but this worker's caches (keyed by partition) and clients; a
-    failed step drops only its own partition's state (`run_task`), and its error is raised
-    once the other steps have ended."""
+    The steps wait on Kafka and S3 for much of their time, and Arrow releases the GIL, so a
+    thread per partition overlaps those waits. The partitions share nothing but the worker's
+    states and readers (keyed by partition) and clients; a failed step drops only its own
+    partition's state (`run_task`), and its error is raised once the other steps have ended."""
+    worker = default_worker() if worker is None else worker
     quiet_retries()  # one line per outage, not librdkafka's per reconnect (this worker too)
     started = time.monotonic()
-    close_readers(keep={(s.bootstrap, s.desired_topic, s.partition) for s in specs})
+    worker.readers.close(
+        keep={(s.sink.bootstrap, s.sink.desired_topic, s.partition) for s in specs}
+    )
     # The shard's state once for the round, not once a partition (each read probes the state
-    # log for versions newer than the last seen: a few GETs, ~10 ms, on every step's path).
-    shards = {spec.shard_id: spec for spec in specs}
-    shard_states = {shard_id: _shard(spec).state() for shard_id, spec in shards.items()}
-    results = each_on_a_thread(lambda spec: run_task(spec, shard_states[spec.shard_id]), specs,
-                               "write-step")  # fmt: skip
+    # log for versions newer than the last seen: a few GETs on every step's path).
+    sinks = {spec.sink.shard_id: spec.sink for spec in specs}
+    shard_states = {shard_id: worker.shard(sink).state() for shard_id, sink in sinks.items()}
+    results = each_on_a_thread(
+        lambda spec: run_task(spec, worker, shard_states[spec.sink.shard_id]), specs, "write-step"
+    )
     took = round(time.monotonic() - started, 4)
     for result in results:  # the whole Spark task's wall clock, beside its steps
         result.seconds["task"] = took
@@ -273,10 +439,3 @@ class _Laps:
         now = time.monotonic()
         self.seconds[step] = round(now - self.last, 4)
         self.last = now
-
-
-def _shard(spec: TaskSpec) -> Shard:
-    shard = _SHARDS.get(spec.shard_id)
-    if shard is None:
-        shard = _SHARDS[spec.shard_id] = open_shard(spec.shard_id, None, spec.s3)
-    return shard

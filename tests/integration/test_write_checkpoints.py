@@ -1,5 +1,5 @@
-"""Write-task checkpoints in real MinIO: Arrow IPC now, Parquet ones from before still load and
-are removed once an Arrow checkpoint replaces them."""
+"""Write-task checkpoints in real MinIO: written as Arrow IPC; Parquet ones (the older format)
+still load and are removed once an Arrow checkpoint replaces them."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from mvsink.core.updates import normalize_updates
 from mvsink.io.config import S3Settings
 from mvsink.io.s3 import ensure_bucket, s3_client
 from services.write import checkpoint
+from services.write.checkpoint import StateCache
 
 pytestmark = pytest.mark.integration
 ROWS = parse_row_schema("k string not null")
@@ -25,9 +26,9 @@ ROWS = parse_row_schema("k string not null")
 
 @pytest.fixture(autouse=True)
 def _fresh_executor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test runs as a fresh executor: its own local directory and empty memory."""
+    """Each test runs as a fresh executor: its own local directory (and a `StateCache` of its
+    own: empty memory)."""
     monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-1"))
-    checkpoint.CACHE.clear()
 
 
 def test_a_parquet_checkpoint_loads_and_is_replaced(
@@ -35,7 +36,7 @@ def test_a_parquet_checkpoint_loads_and_is_replaced(
 ) -> None:
     client = s3_client(s3_settings)
     ensure_bucket(client, s3_settings.bucket)
-    sink = f"ckpt-{uuid.uuid4().hex[:6]}"
+    sink, cache = f"ckpt-{uuid.uuid4().hex[:6]}", StateCache()
     rows = normalize_updates(pa.table({"k": ["a", "b"], "_time": [3, 3], "_diff": [1, -1]}), ROWS)
     meta = {
         "since": [3],
@@ -47,19 +48,25 @@ def test_a_parquet_checkpoint_loads_and_is_replaced(
     for version in (4, 5):  # the two versions a writer keeps, as Parquet
         buf = io.BytesIO()
         pq.write_table(rows.replace_schema_metadata({"mvsink.write": json.dumps(meta)}), buf)
-        client.put_object(s3_settings.bucket, checkpoint.checkpoint_key(sink, 0, version, "parquet"),
-                          io.BytesIO(buf.getvalue()), len(buf.getvalue()))  # fmt: skip
-    state, size = checkpoint.load(sink, 0, 5, s3_settings, ROWS, 0)
+        client.put_object(
+            s3_settings.bucket,
+            checkpoint.checkpoint_key(sink, 0, version, "parquet"),
+            io.BytesIO(buf.getvalue()),
+            len(buf.getvalue()),
+        )
+    state, size = checkpoint.load(sink, 0, 5, s3_settings, ROWS, 0, cache)
     assert size == len(buf.getvalue())
     assert state.legacy and state.folded_offset == 7 and state.desired_frontier == Frontier.at(4)
     assert sorted(state.correction.consolidate().column("k").to_pylist()) == ["a", "b"]
-    assert checkpoint.save(sink, 0, s3_settings, "w", state)  # writes version 6 as Arrow
-    names = sorted(o.object_name.rsplit("/", 1)[-1] for o in
-                   client.list_objects(s3_settings.bucket, prefix=f"sinks/{sink}/write/p0/"))  # fmt: skip
+    assert checkpoint.save(sink, 0, s3_settings, "w", state, cache)  # writes version 6 as Arrow
+    names = sorted(
+        o.object_name.rsplit("/", 1)[-1]
+        for o in client.list_objects(s3_settings.bucket, prefix=f"sinks/{sink}/write/p0/")
+    )
     assert names == [f"{6:020d}.arrow"]
     monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-2"))
-    checkpoint.CACHE.clear()  # a new executor: loads version 6 from object storage
-    again, size = checkpoint.load(sink, 0, 6, s3_settings, ROWS, 0)
+    cache = StateCache()  # a new executor: loads version 6 from object storage
+    again, size = checkpoint.load(sink, 0, 6, s3_settings, ROWS, 0, cache)
     assert size > 0
     assert (
         not again.legacy
@@ -75,26 +82,26 @@ def test_another_python_worker_of_the_executor_continues_from_its_warm_copy(
     partition continues from the executor's warm copy (staged parts included) without reading
     object storage; another executor reads the checkpoint; a lost race drops the warm copy."""
     ensure_bucket(s3_client(s3_settings), s3_settings.bucket)
-    sink = f"warm-{uuid.uuid4().hex[:6]}"
-    state, size = checkpoint.load(sink, 3, -1, s3_settings, ROWS, 0)
+    sink, cache = f"warm-{uuid.uuid4().hex[:6]}", StateCache()
+    state, size = checkpoint.load(sink, 3, -1, s3_settings, ROWS, 0, cache)
     assert size == 0 and state.version == -1
     rows = normalize_updates(pa.table({"k": ["a"], "_time": [1], "_diff": [1]}), ROWS)
     state.correction.insert(rows)
     state.staged["part-key"] = (Frontier.at(2), rows)
-    assert checkpoint.save(sink, 3, s3_settings, "w", state)
-    checkpoint.CACHE.clear()  # the same executor, another Python worker
-    warm, size = checkpoint.load(sink, 3, 0, s3_settings, ROWS, 0)
+    assert checkpoint.save(sink, 3, s3_settings, "w", state, cache)
+    cache = StateCache()  # the same executor, another Python worker
+    warm, size = checkpoint.load(sink, 3, 0, s3_settings, ROWS, 0, cache)
     assert size == 0 and warm.version == 0 and warm is not state
     assert warm.staged["part-key"][1].equals(rows) and len(warm.correction) == 1
     monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-2"))
-    checkpoint.CACHE.clear()
-    cold, size = checkpoint.load(sink, 3, 0, s3_settings, ROWS, 0)
+    cache = StateCache()
+    cold, size = checkpoint.load(sink, 3, 0, s3_settings, ROWS, 0, cache)
     assert size > 0 and cold.version == 0 and cold.staged == {}
     monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-1"))
     stale = checkpoint.PartitionState(
         -1, warm.correction, 0, Frontier.minimum(), Frontier.minimum()
     )
-    assert checkpoint.save(sink, 3, s3_settings, "other", stale) is None  # version 0 exists
-    checkpoint.CACHE.clear()
-    _, size = checkpoint.load(sink, 3, 0, s3_settings, ROWS, 0)
+    assert checkpoint.save(sink, 3, s3_settings, "other", stale, cache) is None  # version 0 exists
+    cache = StateCache()
+    _, size = checkpoint.load(sink, 3, 0, s3_settings, ROWS, 0, cache)
     assert size > 0  # the warm copy went with the lost race

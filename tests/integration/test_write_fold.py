@@ -39,8 +39,17 @@ def test_a_fold_until_an_upper_stops_at_its_progress_and_the_next_reads_on(
 
     def fold(until: Frontier | None, wait: float = 30.0) -> list[str]:
         before = state.correction.consolidate().column("k").to_pylist()
-        fold_desired(kafka_bootstrap, config.topics.desired, config.topics.dead_letter, 0,
-                     schema, config.partitioning, state, until, wait)  # fmt: skip
+        fold_desired(
+            kafka_bootstrap,
+            config.topics.desired,
+            config.topics.dead_letter,
+            0,
+            schema,
+            config.partitioning,
+            state,
+            until,
+            wait,
+        )
         after = state.correction.consolidate().column("k").to_pylist()
         return sorted(set(after) - set(before))
 
@@ -53,8 +62,17 @@ def test_a_fold_until_an_upper_stops_at_its_progress_and_the_next_reads_on(
     # (the step fails; its half-folded state is dropped, as here).
     reached = state.folded_offset
     with pytest.raises(MvsinkError, match=r"did not reach \{9\} within 1s"):
-        fold_desired(kafka_bootstrap, config.topics.desired, config.topics.dead_letter, 0,
-                     schema, config.partitioning, checkpoint.empty(schema, 0, -1), F(9), 1.0)  # fmt: skip
+        fold_desired(
+            kafka_bootstrap,
+            config.topics.desired,
+            config.topics.dead_letter,
+            0,
+            schema,
+            config.partitioning,
+            checkpoint.empty(schema, 0, -1),
+            F(9),
+            1.0,
+        )
 
     # A progress still to come (its transaction's markers reach the partitions one by one):
     # the read waits for it past the end.
@@ -86,38 +104,47 @@ def test_a_resident_keeps_its_readers_from_where_the_state_folded(
     for tick in (0, 1, 2):
         producer.send(pa.table({"k": [f"key-{tick}"], "v": [tick], "_time": [tick], "_diff": [1]}))
         producer.advance_to(F(tick + 1))
-    monkeypatch.setattr(fold, "KEEP_READERS", True)
+    readers = fold.Readers(keep=True)  # a resident's
     key = (kafka_bootstrap, config.topics.desired, 0)
 
     def run(state: checkpoint.PartitionState, until: Frontier | None) -> None:
-        fold_desired(kafka_bootstrap, config.topics.desired, config.topics.dead_letter, 0,
-                     schema, config.partitioning, state, until)  # fmt: skip
+        fold_desired(
+            kafka_bootstrap,
+            config.topics.desired,
+            config.topics.dead_letter,
+            0,
+            schema,
+            config.partitioning,
+            state,
+            until,
+            readers=readers,
+        )
 
     state = checkpoint.empty(schema, 0, -1)
     try:
         run(state, F(1))
-        reader, offset = fold.READERS[key]
+        reader, offset = readers.kept[key]
         assert offset == state.folded_offset
         run(state, F(2))  # reads on with the same reader
-        assert fold.READERS[key][0] is reader and fold.READERS[key][1] == state.folded_offset
+        assert readers.kept[key][0] is reader and readers.kept[key][1] == state.folded_offset
         # A state reloaded at another offset (a failed step, a checkpoint) gets a new reader,
         # from its own offset: it folds what it has not, nothing twice.
         again = checkpoint.empty(schema, 0, -1)
         run(again, F(3))
-        assert fold.READERS[key][0] is not reader
+        assert readers.kept[key][0] is not reader
         assert sorted(again.correction.consolidate().column("k").to_pylist()) == [
             "key-0",
             "key-1",
             "key-2",
         ]
         run(again, None)  # read-only: a new reader, read to the end and closed
-        assert key not in fold.READERS
+        assert key not in readers.kept
         run(state, F(3))
-        fold.close_readers(keep=[key])
-        assert key in fold.READERS
+        readers.close(keep=[key])
+        assert key in readers.kept
     finally:
-        fold.close_readers()
-    assert not fold.READERS
+        readers.close()
+    assert not readers.kept
     assert sorted(state.correction.consolidate().column("k").to_pylist()) == [
         "key-0",
         "key-1",

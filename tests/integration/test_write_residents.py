@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 
 from mvsink.core.frontier import Frontier
-from mvsink.core.messages import Progress
+from mvsink.core.messages import BatchDescription, BatchId, Progress
 from mvsink.core.rows import parse_row_schema
 from mvsink.io.config import S3Settings
 from mvsink.io.spark import executor_dir, run_pinned
 from mvsink.upstream.desired import decode_desired
-from services.write import checkpoint, fold, task
+from services.write import fold, task
 from services.write.resident import Crew, Work
-from services.write.task import TaskResult, TaskSpec, run_tasks
+from services.write.task import SinkSpec, StepResult, StepSpec, WriteWorker, run_tasks
 from tests.integration.sinkkit import ROW_SCHEMA, Sink, Upstream, wait_until
 
 pytestmark = pytest.mark.integration
@@ -45,18 +45,32 @@ def crew(spark: Any) -> Iterator[Crew]:
 
 def specs(
     sink: Sink, versions: dict[int, int], stage: tuple[int, int] | None = None
-) -> list[TaskSpec]:
+) -> list[StepSpec]:
     """Specs as the write driver makes them, for every partition of `sink`, staging
     `[lower, upper)` or only folding."""
     c = sink.config
-    lower, upper = (Frontier.at(stage[0]), Frontier.at(stage[1])) if stage else (None, None)
-    return [TaskSpec(c.sink_id, c.shard_id, p, c.partitions, c.partitioning, c.kafka_bootstrap,
-                     c.topics.desired, c.topics.dead_letter, c.s3, parse_row_schema(ROW_SCHEMA),
-                     c.as_of, "test-writer", versions.get(p, -1), lower, upper)
-            for p in range(c.partitions)]  # fmt: skip
+    desc = None
+    if stage:
+        desc = BatchDescription(
+            c.sink_id, BatchId(0, 0), Frontier.at(stage[0]), Frontier.at(stage[1]), 0
+        )
+    of = SinkSpec(
+        sink_id=c.sink_id,
+        shard_id=c.shard_id,
+        partitions=c.partitions,
+        partitioning=c.partitioning,
+        bootstrap=c.kafka_bootstrap,
+        desired_topic=c.topics.desired,
+        dead_letter_topic=c.topics.dead_letter,
+        s3=c.s3,
+        row_schema=parse_row_schema(ROW_SCHEMA),
+        as_of=c.as_of,
+        writer_id="test-writer",
+    )
+    return [StepSpec(of, p, versions.get(p, -1), desc) for p in range(c.partitions)]
 
 
-def one_each(of: list[TaskSpec]) -> list[Work]:
+def one_each(of: list[StepSpec]) -> list[Work]:
     """A group per partition, on the local executor (two task slots)."""
     return [([spec], "driver") for spec in of]
 
@@ -80,11 +94,11 @@ def test_residents_run_the_steps_and_keep_the_state_in_memory(
     pids = {r.pid for r in crew.residents}
     assert len(pids) == 2 and os.getpid() not in pids  # in Spark's Python workers
     # The next round: the same residents, each holding its partition's state in memory.
-    checkpoint.CACHE.clear()  # (the driver's own memory proves nothing)
     warm = Path(local) / "warm" / sink.config.sink_id
     assert not warm.exists()  # residents write no warm copies while they serve
-    again, left = crew.run(one_each(specs(sink, {r.partition: r.version for r in results})),
-                           ["driver"], 2)  # fmt: skip
+    again, left = crew.run(
+        one_each(specs(sink, {r.partition: r.version for r in results})), ["driver"], 2
+    )
     assert left == [] and {r.pid for r in crew.residents} == pids
     assert all(r.version == 1 and r.bytes_read_back == 0 for r in again)
     # Leaving, they write them, for the executor's other Python workers.
@@ -110,7 +124,7 @@ def test_a_lost_resident_hands_its_partitions_back(sink: Sink, crew: Crew, spark
     assert [r.partition for r in done] == [work[1][0][0].partition]
     assert crew.job is None and crew.residents == []
     assert crew.run(work, ["driver"], 2) == ([], work)  # no relaunch right after a failure
-    rerun: list[TaskResult] = run_pinned(spark, left, run_tasks)
+    rerun: list[StepResult] = run_pinned(spark, left, run_tasks)
     assert len(rerun) == 1 and not rerun[0].stale and rerun[0].version == 1
     before = next(r for r in results if r.partition == rerun[0].partition)
     assert rerun[0].folded_offset > before.folded_offset  # it folded the second tick
@@ -184,11 +198,11 @@ def test_a_failed_step_drops_the_state_it_changed_in_memory(
     the next attempt from that state would read the tick's updates again, find them below the
     progress, and quarantine them (they would be lost to the view)."""
     monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor"))
-    checkpoint.CACHE.clear()
+    worker = WriteWorker()
     sink = Sink.create(kafka_bootstrap, s3_settings, tmp_path, partitions=1)
     upstream = Upstream(sink, keys=2)
     upstream.tick()
-    [first] = [task.run_task(s) for s in specs(sink, {})]  # version 0, kept in memory
+    [first] = [task.run_task(s, worker) for s in specs(sink, {})]  # version 0, kept in memory
     upstream.tick()
     upstream.tick()  # partition 0 now holds: updates 1, progress 2, updates 2, progress 3
     [spec] = specs(sink, {0: first.version})
@@ -204,9 +218,9 @@ def test_a_failed_step_drops_the_state_it_changed_in_memory(
     with monkeypatch.context() as patch:
         patch.setattr(fold, "decode_desired", flaky)
         with pytest.raises(RuntimeError):
-            task.run_task(spec)
+            task.run_task(spec, worker)
     assert isinstance(calls[1], Progress)  # the fold had taken tick 1's progress
-    assert (spec.sink_id, 0) not in checkpoint.CACHE
-    again = task.run_task(spec)
+    assert (spec.sink.sink_id, 0) not in worker.states.states
+    again = task.run_task(spec, worker)
     assert again.dead_letters == 0 and again.version == 1
     assert again.desired_frontier == Frontier.at(3) and again.corrections == 4

@@ -15,18 +15,25 @@ from services.write.affinity import groups, place
         # first placement: dealt evenly
         ([0, 1, 2, 3], {}, {"0", "1"}, {0: "0", 1: "1", 2: "0", 3: "1"}),
         # homes kept while their executors live
-        ([0, 1, 2, 3], {0: "1", 1: "1", 2: "0", 3: "0"}, {"0", "1"},
-         {0: "1", 1: "1", 2: "0", 3: "0"}),
+        (
+            [0, 1, 2, 3],
+            {0: "1", 1: "1", 2: "0", 3: "0"},
+            {"0", "1"},
+            {0: "1", 1: "1", 2: "0", 3: "0"},
+        ),
         # executor 1 died: its partitions go to the survivor, the others stay
-        ([0, 1, 2, 3], {0: "0", 1: "1", 2: "0", 3: "1"}, {"0"},
-         {0: "0", 1: "0", 2: "0", 3: "0"}),
+        ([0, 1, 2, 3], {0: "0", 1: "1", 2: "0", 3: "1"}, {"0"}, {0: "0", 1: "0", 2: "0", 3: "0"}),
         # executor 2 joined: the fewest partitions move to it
-        ([0, 1, 2, 3], {0: "0", 1: "0", 2: "0", 3: "0"}, {"0", "2"},
-         {0: "0", 1: "0", 2: "2", 3: "2"}),
+        (
+            [0, 1, 2, 3],
+            {0: "0", 1: "0", 2: "0", 3: "0"},
+            {"0", "2"},
+            {0: "0", 1: "0", 2: "2", 3: "2"},
+        ),
         # local mode: everything on the driver
         ([0, 1, 2], {}, {"driver"}, {0: "driver", 1: "driver", 2: "driver"}),
     ],
-)  # fmt: skip
+)
 def test_place(
     partitions: list[int], home: dict[int, str], executors: set[str], expected: dict[int, str]
 ) -> None:
