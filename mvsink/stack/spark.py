@@ -110,8 +110,8 @@ class SparkMaster(Component):
 
 @dataclass
 class SparkWorker(Component):
-    """Standalone worker `index`, registered with `master` (its executors log under
-    `home/work/`)."""
+    """Standalone worker `index`, registered with `master` (its executors log in the `work`
+    folder of its home)."""
 
     LOG = "worker.log"
 
