@@ -1,0 +1,243 @@
+"""`mvsink bench [WHAT]`: benchmarks that print measured figures next to same-run baselines.
+
+Without WHAT: mvsink vs the Structured Streaming peer vs the raw limit on one workload
+(`mvsink.bench.compare`); WHAT runs a narrower benchmark (`shard`, `pipeline`, `faults`,
+`restart`, `readonly`, `soak`). Each exits 1 when its figures show a wrong result.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mvsink.bench import FAULTS
+from mvsink.cli.common import embedded_stack, say
+from mvsink.core.errors import MvsinkError
+from mvsink.io.config import load_config
+
+if TYPE_CHECKING:
+    from mvsink.cli.common import Commands
+
+
+def add_bench(commands: Commands) -> None:
+    """`mvsink bench` and its narrower benchmarks."""
+    bench = commands.add_parser(
+        "bench",
+        help="benchmarks against same-run baselines",
+        description="Without WHAT: mvsink vs the Structured Streaming peer vs the raw limit on "
+        "one workload (see mvsink.bench.compare); WHAT runs a narrower benchmark.",
+    )
+    bench.add_argument("--quick", action="store_true", help="100k keys, 6 ticks (< 5 min)")
+    bench.add_argument("--out", default="bench-out", help="directory for bench.json, bench.png")
+    bench.add_argument("--keys", type=int, default=0, help="view size (default 1M, quick 100k)")
+    bench.add_argument("--ticks", type=int, default=0, help="ticks after the load (20, quick 6)")
+    bench.add_argument("--change", type=float, default=0.1, help="share of keys changed per tick")
+    bench.add_argument("--partitions", type=int, default=4, help="P (desired partitions)")
+    bench.add_argument("--append-workers", type=int, default=2, help="A (append workers)")
+    bench.add_argument("--in-flight", type=int, default=2, help="ticks published, not durable")
+    bench.add_argument(
+        "--systems",
+        default="",
+        help="comma list of mvsink,peer,delta,raw,mvsink-e2e,peer-e2e (default all)",
+    )
+    bench.add_argument(
+        "--wire",
+        choices=("arrow", "avro"),
+        default="arrow",
+        help="desired records: v2 UpdatesArrow (default) or v1 Avro rows",
+    )
+    bench.add_argument("--spark-master", help="mvsink's write service runs on this Spark master")
+    bench.add_argument(
+        "--spark-workers",
+        metavar="N,N,...",
+        help="mvsink once per size of the embedded Spark cluster, e.g. 0,1,2 "
+        "(0: local[*]), side by side",
+    )
+    bench.add_argument("--no-stack", action="store_true", help="use configured endpoints")
+    bench.set_defaults(func=cmd_bench_compare)
+    bench_commands = bench.add_subparsers(dest="bench_command", required=False, metavar="WHAT")
+    bench_shard = bench_commands.add_parser("shard", help="shard library vs raw S3 calls")
+    bench_shard.add_argument("--rows", type=int, default=1_000_000)
+    bench_shard.add_argument("--parts", type=int, default=8)
+    bench_shard.add_argument("--appends", type=int, default=200)
+    bench_shard.add_argument("--no-stack", action="store_true", help="use configured endpoints")
+    bench_shard.set_defaults(func=cmd_bench_shard)
+    bench_pipeline = bench_commands.add_parser("pipeline", help="updates/s and freshness")
+    bench_pipeline.add_argument("--seconds", type=float, default=30.0)
+    bench_pipeline.add_argument("--keys", type=int, default=10_000)
+    bench_pipeline.add_argument("--change", type=float, default=0.1, help="share changed per tick")
+    bench_pipeline.add_argument(
+        "--interval",
+        type=float,
+        default=0.0,
+        help="seconds between ticks (0: as fast as the producer can)",
+    )
+    bench_pipeline.add_argument("--no-stack", action="store_true", help="use configured endpoints")
+    bench_pipeline.set_defaults(func=cmd_bench_pipeline)
+    faults = bench_commands.add_parser(
+        "faults", help="the fault matrix: Kafka, MinIO and each service killed or stalled"
+    )
+    faults.add_argument(
+        "--faults",
+        default=",".join(FAULTS),
+        help=f"comma-separated, in order (default all: {','.join(FAULTS)})",
+    )
+    faults.add_argument("--outage", type=float, default=15.0, help="seconds each fault lasts")
+    faults.add_argument("--keys", type=int, default=40)
+    faults.add_argument("--change", type=int, default=8, help="keys changed per tick")
+    faults.add_argument("--interval", type=float, default=1.0, help="seconds between ticks")
+    faults.add_argument("--out", default="bench-out", help="directory for faults.json")
+    faults.set_defaults(func=cmd_bench_faults)
+    restart = bench_commands.add_parser("restart", help="resume time over a shard equal to desired")
+    restart.add_argument("--updates", type=int, default=10_000_000, help="updates in the shard")
+    readonly = bench_commands.add_parser("readonly", help="correction state of a read-only replica")
+    readonly.add_argument("--minutes", type=float, default=10.0)
+    readonly.add_argument("--keys", type=int, default=100_000)
+    readonly.add_argument("--change", type=float, default=0.1, help="share changed per tick")
+    readonly.add_argument("--interval", type=float, default=1.0, help="seconds between ticks")
+    soak = bench_commands.add_parser("soak", help="many ticks: the shard stays small and fast")
+    soak.add_argument("--ticks", type=int, default=600, help="ticks after the initial load")
+    soak.add_argument("--keys", type=int, default=10_000)
+    soak.add_argument("--change", type=float, default=0.1, help="share changed per tick")
+    soak.add_argument(
+        "--early",
+        type=int,
+        default=100,
+        help="the tick the early window ends at (at most half of --ticks)",
+    )
+    soak.add_argument("--window", type=int, default=50, help="ticks per window")
+    for sub, func in (
+        (restart, cmd_bench_restart),
+        (readonly, cmd_bench_readonly),
+        (soak, cmd_bench_soak),
+    ):
+        sub.add_argument("--partitions", type=int, default=4, help="P (desired partitions)")
+        sub.add_argument("--out", default="bench-out", help="directory for the JSON figures")
+        sub.add_argument("--no-stack", action="store_true", help="use configured endpoints")
+        sub.set_defaults(func=func)
+
+
+def cmd_bench_compare(args: argparse.Namespace) -> int:
+    from mvsink.bench.compare import SYSTEMS, run
+    from mvsink.bench.workload import Workload
+
+    spark_workers = (
+        tuple(int(n) for n in args.spark_workers.split(",")) if args.spark_workers else ()
+    )
+    if spark_workers and (args.no_stack or args.spark_master or min(spark_workers) < 0):
+        raise MvsinkError(
+            "--spark-workers takes sizes >= 0 of the embedded cluster: not with "
+            "--no-stack or --spark-master"
+        )
+    if not args.no_stack:
+        embedded_stack().up()
+    keys, ticks = (
+        (args.keys or 100_000, args.ticks or 6)
+        if args.quick
+        else (args.keys or 1_000_000, args.ticks or 20)
+    )
+    systems = tuple(s.strip() for s in args.systems.split(",")) if args.systems else SYSTEMS
+    unknown = set(systems) - set(SYSTEMS)
+    if unknown:
+        say(f"unknown system(s) {sorted(unknown)}: choose from {', '.join(SYSTEMS)}")
+        return 2
+    workload = Workload(keys, args.change, ticks, args.partitions)
+    stack = embedded_stack()
+    try:
+        figures = run(
+            load_config(args.config),
+            workload,
+            Path(args.out),
+            say,
+            args.in_flight,
+            systems,
+            args.append_workers,
+            args.wire,
+            args.spark_master,
+            spark_workers,
+            lambda n: stack.spark_up(n),
+        )
+    finally:
+        if spark_workers:
+            stack.spark_up(0)
+    correct = [v for k, v in figures.items() if k.endswith("shard_equals_desired")]
+    return 0 if all(v in (True, None) for v in correct) else 1
+
+
+def cmd_bench_shard(args: argparse.Namespace) -> int:
+    from mvsink.bench.shard import run
+
+    if not args.no_stack:
+        embedded_stack().up()
+    run(load_config(args.config), args.rows, args.parts, args.appends, say)
+    return 0
+
+
+def cmd_bench_pipeline(args: argparse.Namespace) -> int:
+    from mvsink.bench.pipeline import run
+
+    if not args.no_stack:
+        embedded_stack().up()
+    figures = run(
+        load_config(args.config), args.seconds, args.keys, args.change, say, args.interval
+    )
+    return 0 if figures["converged"] else 1
+
+
+def cmd_bench_faults(args: argparse.Namespace) -> int:
+    from mvsink.bench.faults import run_faults
+
+    figures = run_faults(
+        args.config,
+        [f for f in args.faults.split(",") if f],
+        args.outage,
+        args.keys,
+        args.change,
+        args.interval,
+        Path(args.out),
+        say,
+    )
+    return 0 if figures["passed"] else 1
+
+
+def cmd_bench_restart(args: argparse.Namespace) -> int:
+    from mvsink.bench.steady import run_restart
+
+    if not args.no_stack:
+        embedded_stack().up()
+    figures = run_restart(
+        load_config(args.config), args.updates, args.partitions, Path(args.out), say
+    )
+    return 0 if figures["cold_bytes_rewritten"] == 0 and figures["warm_bytes_rewritten"] == 0 else 1
+
+
+def cmd_bench_readonly(args: argparse.Namespace) -> int:
+    from mvsink.bench.steady import run_readonly
+
+    if not args.no_stack:
+        embedded_stack().up()
+    run_readonly(
+        load_config(args.config),
+        args.keys,
+        args.change,
+        args.minutes,
+        args.interval,
+        args.partitions,
+        Path(args.out),
+        say,
+    )
+    return 0
+
+
+def cmd_bench_soak(args: argparse.Namespace) -> int:
+    from mvsink.bench.soak import run_soak
+    from mvsink.bench.workload import Workload
+
+    if not args.no_stack:
+        embedded_stack().up()
+    workload = Workload(args.keys, args.change, args.ticks, args.partitions)
+    figures = run_soak(
+        load_config(args.config), workload, args.early, args.window, Path(args.out), say
+    )
+    return 0 if figures["correct"] and figures["measured"] else 1

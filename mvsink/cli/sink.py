@@ -1,0 +1,197 @@
+"""`mvsink desired`, `promote`, `sink`, `repair`, `inspect`: a sink's topics and replicas.
+
+Publishing desired updates and progress as the upstream does, switching a read-only replica to
+writing, a replica's desired partitions and the holds its checkpoints keep on the shard's since,
+re-seeding checkpoints whose desired records were deleted, and decoding any of mvsink's topics.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from mvsink.cli.common import say
+from mvsink.core.errors import MvsinkError
+from mvsink.core.frontier import Frontier
+from mvsink.io.config import Topics, load_config
+
+if TYPE_CHECKING:
+    from mvsink.cli.common import Commands
+    from mvsink.upstream.producer import DesiredProducer
+
+
+def add_desired(commands: Commands) -> None:
+    """`mvsink desired send|advance`."""
+    desired = commands.add_parser("desired", help="publish desired updates and progress")
+    desired.add_argument("--producer-id", help="transactional id (default cli.<sink>)")
+    desired_commands = desired.add_subparsers(
+        dest="desired_command", required=True, metavar="ACTION"
+    )
+    send = desired_commands.add_parser("send", help="send (row..., _time, _diff) from a file")
+    send.add_argument("file", help=".parquet or .csv with the row columns, _time, _diff[, _err]")
+    send.add_argument("--advance-to", type=int, help="then advance the frontier to this time")
+    send.set_defaults(func=cmd_desired_send)
+    advance_cmd = desired_commands.add_parser("advance", help="advance the desired frontier")
+    advance_cmd.add_argument("--to", type=int, required=True)
+    advance_cmd.set_defaults(func=cmd_desired_advance)
+
+
+def _desired_producer(args: argparse.Namespace) -> DesiredProducer:
+    from mvsink.core.rows import parse_row_schema
+    from mvsink.shard import open_shard
+    from mvsink.upstream.producer import DesiredProducer
+
+    config = load_config(args.config)
+    schema = (
+        parse_row_schema(config.row_schema)
+        if config.row_schema
+        else open_shard(config.shard_id, None, config.s3).schema
+    )
+    producer = DesiredProducer(config, schema, args.producer_id or f"cli.{config.sink_id}")
+    producer.start()
+    return producer
+
+
+def cmd_desired_send(args: argparse.Namespace) -> int:
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    path = Path(args.file)
+    table = pq.read_table(path) if path.suffix == ".parquet" else pacsv.read_csv(path)
+    producer = _desired_producer(args)
+    sent = producer.send(table)
+    if args.advance_to is not None:
+        producer.advance_to(Frontier.at(args.advance_to))
+    else:
+        producer.advance_to(producer.frontier)  # commit at the unchanged frontier
+    say(f"sent {sent} updates to {producer.config.topics.desired}; frontier {producer.frontier}")
+    return 0
+
+
+def cmd_desired_advance(args: argparse.Namespace) -> int:
+    producer = _desired_producer(args)
+    producer.advance_to(Frontier.at(args.to))
+    say(f"sink {producer.config.sink_id}: desired frontier {producer.frontier}")
+    return 0
+
+
+def add_promote(commands: Commands) -> None:
+    """`mvsink promote SINK`."""
+    promote = commands.add_parser("promote", help="switch a read-only sink to writing")
+    promote.add_argument("sink", help="sink id")
+    promote.set_defaults(func=cmd_promote)
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    from confluent_kafka import Producer
+
+    from mvsink.core.messages import SinkControl
+    from mvsink.io.kafka import client_config, produce
+
+    config = load_config(args.config)
+    topic = Topics.for_sink(args.sink).control
+    producer = Producer(client_config(config.kafka_bootstrap))
+    produce(producer, topic, args.sink, SinkControl(read_only=False))
+    if producer.flush(30):
+        raise MvsinkError(f"could not deliver the promotion to {topic}")
+    say(f"sink {args.sink} promoted: SinkControl(read_only=false) on {topic}")
+    return 0
+
+
+def add_sink(commands: Commands) -> None:
+    """`mvsink sink show|release SINK`."""
+    sink = commands.add_parser("sink", help="a sink replica's desired partitions")
+    sink.add_argument("--shard", default="", help="shard id (default: the configured one)")
+    sink_commands = sink.add_subparsers(dest="sink_command", required=True, metavar="ACTION")
+    sink_show = sink_commands.add_parser(
+        "show", help="each desired partition: log start, end, checkpoint, hold, repair needed"
+    )
+    sink_show.add_argument("sink", help="sink id")
+    sink_show.set_defaults(func=cmd_sink_show)
+    sink_release = sink_commands.add_parser(
+        "release", help="drop a dropped sink's holds on the shard's since (its checkpoints')"
+    )
+    sink_release.add_argument("sink", help="sink id")
+    sink_release.add_argument("--yes", action="store_true", help="release, not only list")
+    sink_release.set_defaults(func=cmd_sink_release)
+
+
+def _write_tool(args: argparse.Namespace, *argv: str) -> int:
+    """Run the write service's operator tool (`python -m services.write.repair`) on this sink:
+    the checkpoints are the write service's own, so the tool that reads and re-seeds them ships
+    with it, and the library only starts it."""
+    env = dict(os.environ)
+    if args.config:
+        env["MVSINK_CONFIG"] = args.config
+    shard = ["--shard", args.shard] if args.shard else []
+    command = [sys.executable, "-m", "services.write.repair", *argv, args.sink, *shard]
+    return subprocess.call(command, env=env)
+
+
+def cmd_sink_show(args: argparse.Namespace) -> int:
+    return _write_tool(args, "show")
+
+
+def cmd_sink_release(args: argparse.Namespace) -> int:
+    from mvsink.shard import open_shard
+
+    config = load_config(args.config)
+    shard = open_shard(args.shard or config.shard_id, None, config.s3, config.shard_timing())
+    prefix = f"checkpoint:{args.sink}:"
+    held = [h for h in shard.state().holds if h.holder_id.startswith(prefix)]
+    if not held:
+        say(f"shard {shard.shard_id} holds nothing for sink {args.sink}")
+        return 0
+    for hold in held:
+        say(f"{hold.holder_id} holds since at {hold.since}")
+    if not args.yes:
+        raise MvsinkError(
+            "releasing them lets since pass the sink's checkpoints (a dropped "
+            "sink's are no longer needed): run it again with --yes"
+        )
+    state = shard.release_holds(h.holder_id for h in held)
+    say(f"released {len(held)} holds of sink {args.sink}; since is now {state.since}")
+    return 0
+
+
+def add_repair(commands: Commands) -> None:
+    """`mvsink repair SINK`."""
+    repair = commands.add_parser(
+        "repair", help="re-seed checkpoints whose desired records were deleted, from the shard"
+    )
+    repair.add_argument("sink", help="sink id")
+    repair.add_argument("--shard", default="", help="shard id (default: the configured one)")
+    repair.add_argument(
+        "--partition",
+        type=int,
+        action="append",
+        help="re-seed this partition (repeatable; default: those that need it)",
+    )
+    repair.add_argument("--yes", action="store_true", help="do not ask before acting")
+    repair.set_defaults(func=cmd_repair)
+
+
+def cmd_repair(args: argparse.Namespace) -> int:
+    partitions = [f"--partition={p}" for p in args.partition or []]
+    return _write_tool(args, "repair", *partitions, *(["--yes"] if args.yes else []))
+
+
+def add_inspect(commands: Commands) -> None:
+    """`mvsink inspect TOPIC`."""
+    inspect = commands.add_parser("inspect", help="decode and print any mvsink topic")
+    inspect.add_argument("topic")
+    inspect.add_argument("--follow", "-f", action="store_true", help="keep printing new records")
+    inspect.add_argument("--limit", type=int, default=0, help="stop after N records")
+    inspect.set_defaults(func=cmd_inspect)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from mvsink.tools.inspect import inspect_topic
+
+    config = load_config(args.config)
+    inspect_topic(config.kafka_bootstrap, args.topic, follow=args.follow, limit=args.limit)
+    return 0
