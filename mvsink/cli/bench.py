@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mvsink.bench import FAULTS
-from mvsink.cli.common import embedded_stack, say
+from mvsink.cli.common import embedded_stack
 from mvsink.core.errors import MvsinkError
 from mvsink.io.config import load_config
+from mvsink.io.service import say
 
 if TYPE_CHECKING:
     from mvsink.cli.common import Commands

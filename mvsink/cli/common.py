@@ -6,25 +6,17 @@ The group modules import this, never the package's `__init__` (which imports the
 from __future__ import annotations
 
 import argparse
-import sys
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeAlias
 
 from mvsink.io.config import cache_dir, load_config, state_dir
+from mvsink.io.service import say
 from mvsink.stack.manager import Stack
 from mvsink.stack.state import stack_home
 
 if TYPE_CHECKING:
     Commands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
     """The `mvsink` parser's subcommands, which each group module adds to."""
-
-
-def say(message: str) -> None:
-    """Progress output: stderr, flushed, timestamped."""
-    # One write per line, so lines from parallel steps (builds) never interleave.
-    sys.stderr.write(f"[{time.strftime('%H:%M:%S')}] {message}\n")
-    sys.stderr.flush()
 
 
 def embedded_stack() -> Stack:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mvsink.cli.common import demo_arguments, demo_on_stack
 from mvsink.core.errors import MvsinkError
 from mvsink.io.config import load_config
+from mvsink.io.service import module_process
 
 if TYPE_CHECKING:
     from mvsink.cli.common import Commands
@@ -43,7 +43,8 @@ def cmd_ct_run(args: argparse.Namespace) -> int:
     if args.config:
         env["MVSINK_CONFIG"] = args.config
     # The continual task service is its own process, as deployed (`python -m services.ct`).
-    os.execve(sys.executable, [sys.executable, "-m", "services.ct"], env)
+    command, env = module_process("services.ct", env)
+    os.execve(command[0], command, env)
 
 
 def cmd_ct_show(args: argparse.Namespace) -> int:

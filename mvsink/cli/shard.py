@@ -9,9 +9,9 @@ import sys
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from mvsink.cli.common import say
 from mvsink.core.errors import MvsinkError
 from mvsink.io.config import load_config
+from mvsink.io.service import say
 
 if TYPE_CHECKING:
     from mvsink.cli.common import Commands

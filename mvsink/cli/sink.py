@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mvsink.cli.common import say
 from mvsink.core.errors import MvsinkError
 from mvsink.core.frontier import Frontier
 from mvsink.io.config import Topics, load_config
+from mvsink.io.service import run_module, say
 
 if TYPE_CHECKING:
     from mvsink.cli.common import Commands
@@ -124,12 +122,9 @@ def _write_tool(args: argparse.Namespace, *argv: str) -> int:
     """Run the write service's operator tool (`python -m services.write.repair`) on this sink:
     the checkpoints are the write service's own, so the tool that reads and re-seeds them ships
     with it, and the library only starts it."""
-    env = dict(os.environ)
-    if args.config:
-        env["MVSINK_CONFIG"] = args.config
+    env = {**os.environ, **({"MVSINK_CONFIG": args.config} if args.config else {})}
     shard = ["--shard", args.shard] if args.shard else []
-    command = [sys.executable, "-m", "services.write.repair", *argv, args.sink, *shard]
-    return subprocess.call(command, env=env)
+    return run_module("services.write.repair", [*argv, args.sink, *shard], env)
 
 
 def cmd_sink_show(args: argparse.Namespace) -> int:

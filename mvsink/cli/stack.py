@@ -12,9 +12,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mvsink.cli.common import demo_arguments, demo_on_stack, embedded_stack, say
+from mvsink.cli.common import demo_arguments, demo_on_stack, embedded_stack
 from mvsink.core.errors import MvsinkError
 from mvsink.io.config import Config, Topics, cache_dir, load_config, state_dir
+from mvsink.io.service import say
 from mvsink.stack.state import stack_home
 
 if TYPE_CHECKING:

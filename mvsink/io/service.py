@@ -14,11 +14,13 @@ import logging
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import FrameType
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
@@ -137,6 +139,34 @@ EXIT_CODES = """exit codes: 0 stopped by SIGTERM/SIGINT (or a mint fenced by a n
 (its traceback is in the log). An unavailable Kafka or S3 is retried with backoff, never an
 exit; /healthz (liveness) and /readyz (readiness, the reason in the body) are served next to
 /metrics."""
+
+
+def say(message: str) -> None:
+    """Progress output of an operator command: stderr, flushed, timestamped."""
+    # One write per line, so lines from parallel steps (builds) never interleave.
+    sys.stderr.write(f"[{time.strftime('%H:%M:%S')}] {message}\n")
+    sys.stderr.flush()
+
+
+def module_process(module: str, env: Mapping[str, str]) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment that run `python -m <module>` from the code this
+    process runs: the package root first on the path and the working directory not on it
+    (`-P`), so another checkout's or folder's `services` package is never picked up, and a
+    relative `MVSINK_CONFIG` made absolute."""
+    root = str(Path(__file__).resolve().parents[2])
+    env = dict(env)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    if env.get("MVSINK_CONFIG"):
+        env["MVSINK_CONFIG"] = str(Path(env["MVSINK_CONFIG"]).resolve())
+    return [sys.executable, "-P", "-m", module], env
+
+
+def run_module(module: str, args: list[str], env: Mapping[str, str]) -> int:
+    """Run `python -m <module> ARGS` (`module_process`) in the foreground, this process's stdin
+    and output its own: its exit status, 128 + n if signal n ended it."""
+    command, env = module_process(module, env)
+    status = subprocess.call([*command, *args], env=env)
+    return 128 - status if status < 0 else status
 
 
 def run_command(command: Callable[[], int]) -> int:

@@ -248,10 +248,8 @@ class Shard:
                 "mvsink.writer_id": writer_id,
             },
         )
-        key = self._part_key(writer_id)
-        self.blob.put(key, data, PARQUET)
-        return PartRef(
-            key,
+        part = PartRef(
+            self._part_key(writer_id),
             partition,
             partitions_total,
             table.num_rows,
@@ -260,7 +258,9 @@ class Shard:
             lower=lower,
             upper=upper,
             writer_id=writer_id,
-        )
+        )  # checked before anything is written
+        self.blob.put(part.key, data, PARQUET)
+        return part
 
     def compare_and_append(
         self, parts: Iterable[PartRef], expected_upper: Frontier, new_upper: Frontier

@@ -57,7 +57,7 @@ from mvsink.io.kafka import (
     sink_config,
     watermarks,
 )
-from mvsink.io.service import run_command, writer_identity
+from mvsink.io.service import run_command, say, writer_identity
 from mvsink.shard import Shard, ShardState, open_shard
 from mvsink.upstream.desired import decode_desired
 from services.write import checkpoint
@@ -324,10 +324,6 @@ def show(config: Config) -> int:
     return 0
 
 
-def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
 def main(argv: list[str] | None = None) -> int:
     """`show SINK` or `repair SINK [--partition P]... [--yes]`, with `--shard` and the
     configuration of `mvsink.io.config` (`MVSINK_CONFIG`, `MVSINK_*`)."""
@@ -349,13 +345,13 @@ def main(argv: list[str] | None = None) -> int:
             if args.yes:
                 return True
             if not sys.stdin.isatty():
-                _say("not confirmed: run it again with --yes once you have read the above")
+                say("not confirmed: run it again with --yes once you have read the above")
                 return False
             return input("re-seed these checkpoints from the shard? [y/N] ").strip().lower() == "y"
 
         writer_id = args.writer_id or writer_identity(config, "repair")
-        seeds = repair(config, args.partition or None, writer_id, _say, confirm)
-        _say(
+        seeds = repair(config, args.partition or None, writer_id, say, confirm)
+        say(
             f"sink {config.sink_id}: repaired partitions {[s.partition for s in seeds]}; the "
             "write service continues from the new checkpoints by itself"
         )
