@@ -384,6 +384,10 @@ class WriteShell:
                 self.compactor.stop()
             self.lease_stop.set()
             keeper.join(timeout=30)
+            # The keeper moves the critical holds up to a second after a checkpoint: move them
+            # to the last checkpoints now, so a stop right after the first ones leaves them held.
+            self.target = self._hold_target()
+            self._hold()
             try:
                 self.shard.release(self.writer_id)
             except Exception as error:

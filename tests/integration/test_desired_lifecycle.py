@@ -271,3 +271,29 @@ def test_a_write_service_away_longer_than_its_lease_continues_from_its_checkpoin
     released = mvsink(first, "sink", "release", first.config.sink_id, "--yes")
     assert released.returncode == 0, released.stderr
     assert not any(first.config.sink_id in h.holder_id for h in first.shard.state().holds)
+
+
+def test_a_write_service_stopped_right_after_its_first_checkpoints_leaves_them_held(
+    sink: Sink, procs: list[Service]
+) -> None:
+    """The lease keeper moves the critical holds up to a second after a checkpoint; a write
+    service stopped inside that second (here: as soon as it logs its first staged batch) moves
+    them on its way out, so `since` cannot pass the checkpoints it leaves: each partition's
+    hold is its newest checkpoint's `persist_folded`."""
+    from services.write import checkpoint
+
+    write = start(procs, sink, "write")
+    for name in ("mint", "append"):
+        start(procs, sink, name)
+    upstream = Upstream(sink)
+    upstream.tick()
+    wait_until(lambda: "staged desc" in write.text(), 120, "the first staged batch")
+    assert write.stop() == 0
+    c, state = sink.config, sink.shard.state()
+    for p in range(c.partitions):
+        meta = checkpoint.read_meta(c.sink_id, p, checkpoint.latest(c.sink_id, p, c.s3), c.s3)
+        assert meta is not None, f"partition {p} has no checkpoint"
+        folded = Frontier.from_elements(meta["persist_folded"])
+        hold = state.hold(checkpoint.holder_id(c.sink_id, p))
+        assert hold is not None and hold.since == folded, (p, state.holds)
+        assert not folded.less_than(state.since), (p, state.since, folded)
