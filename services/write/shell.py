@@ -386,6 +386,8 @@ class WriteShell:
             keeper.join(timeout=30)
             # The keeper moves the critical holds up to a second after a checkpoint: move them
             # to the last checkpoints now, so a stop right after the first ones leaves them held.
+            # (A driver paused past its lease loses only the lease: critical holds never expire,
+            # so the checkpoints they hold stay valid; test_desired_lifecycle pauses one.)
             self.target = self._hold_target()
             self._hold()
             try:

@@ -348,22 +348,18 @@ def _result(
 ) -> StepResult:
     """The result of a step that ran to its checkpoint (`checkpointed`: its size, or None if
     another owner wrote that version first)."""
-    return StepResult(
-        partition=spec.partition,
+    return _report(
+        spec,
+        state,
+        lap,
+        bytes_read,
         version=state.version,
         part=part,
-        folded_offset=state.folded_offset,
-        desired_frontier=state.desired_frontier,
-        persist_folded=state.persist_folded,
-        corrections=len(state.correction),
         dead_letters=dead,
-        bytes_read_back=bytes_read,
         bytes_written=(part.bytes if part else 0) + (checkpointed or 0),
         outdated=isinstance(batch, Outdated),
         stale=checkpointed is None,
         rebuilt=isinstance(start, Rebuild),
-        executor=executor_id(),
-        seconds=lap.seconds,
     )
 
 
@@ -373,18 +369,41 @@ def _void(
     """A step that staged and checkpointed nothing: stale (a newer checkpoint exists), or
     `gone` (the desired records it needed were deleted)."""
     lap("desired")
+    return _report(
+        spec, state, lap, bytes_read, version=spec.version, stale=gone is None, gone=gone
+    )
+
+
+def _report(
+    spec: StepSpec,
+    state: PartitionState,
+    lap: _Laps,
+    bytes_read: int,
+    *,
+    version: int,
+    part: PartRef | None = None,
+    dead_letters: int = 0,
+    bytes_written: int = 0,
+    outdated: bool = False,
+    stale: bool = False,
+    rebuilt: bool = False,
+    gone: Gone | None = None,
+) -> StepResult:
+    """A step's result: what `state` holds now, with the step's outcome."""
     return StepResult(
         partition=spec.partition,
-        version=spec.version,
-        part=None,
+        version=version,
+        part=part,
         folded_offset=state.folded_offset,
         desired_frontier=state.desired_frontier,
         persist_folded=state.persist_folded,
         corrections=len(state.correction),
-        dead_letters=0,
+        dead_letters=dead_letters,
         bytes_read_back=bytes_read,
-        bytes_written=0,
-        stale=gone is None,
+        bytes_written=bytes_written,
+        outdated=outdated,
+        stale=stale,
+        rebuilt=rebuilt,
         gone=gone,
         executor=executor_id(),
         seconds=lap.seconds,
