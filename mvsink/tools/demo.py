@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import random
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -33,6 +32,7 @@ from mvsink.core.frontier import Frontier
 from mvsink.core.rows import parse_row_schema
 from mvsink.io.config import Config, Topics, config_env
 from mvsink.io.kafka import TopicSpec, client_config, consumer_config, ensure_topics, poll_message
+from mvsink.io.service import module_process
 from mvsink.shard import Appended, Shard, open_shard
 from mvsink.tools.provision import provision
 from mvsink.upstream.producer import DesiredProducer
@@ -220,13 +220,9 @@ def start_service(config: Config, name: str, logs: Path, **env: str) -> subproce
     """Start `python -m services.<name>` for the sink of `config`, appending its output to
     `logs/<name>.log`; `env` adds to `service_env` (e.g. a fixed `MVSINK_METRICS_PORT`)."""
     logs.mkdir(parents=True, exist_ok=True)
+    command, environment = module_process(f"services.{name}", {**service_env(config), **env})
     with (logs / f"{name}.log").open("ab") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", f"services.{name}"],
-            env={**service_env(config), **env},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+        return subprocess.Popen(command, env=environment, stdout=out, stderr=subprocess.STDOUT)
 
 
 def start_services(config: Config, logs: Path) -> list[subprocess.Popen[bytes]]:
