@@ -143,9 +143,15 @@ def _provision(config: Config) -> None:
         if result.shard_upper is None
         else f"; shard {config.shard_id} upper {result.shard_upper}"
     )
+    subjects = (
+        f"; schemas registered under {', '.join(result.subjects)} in {config.schema_registry_url}"
+        if result.subjects
+        else ""
+    )
     say(
         f"sink {config.sink_id}: topics created: {created}; "
         f"bucket {config.s3.bucket}: {'created' if result.bucket_created else 'exists'}{shard}"
+        f"{subjects}"
     )
 
 

@@ -1,11 +1,22 @@
 """Avro codecs for the records of docs/design.md §3.1: one module maps `schemas/` to `mvsink.core.messages`.
 
-Wire format of every value we produce::
+Two wire formats, both always read. mvsink's own, the default::
 
     byte 0      MAGIC (0x6D, 'm')
     byte 1      record kind (see `KINDS`: which schema family)
     byte 2      schema version of the writer (the `vN` in `schemas/<Kind>/vN.avsc`)
     bytes 3..   Avro binary of the record, written with that schema
+
+and the Confluent Schema Registry's, written where a registry is configured
+(`mvsink.io.registry`), so generic tools (Kafka Connect, ksqlDB, Flink, kcat) decode it::
+
+    byte 0      REGISTRY_MAGIC (0x00)
+    bytes 1..4  the writer schema's id in the registry, big-endian
+    bytes 5..   Avro binary of the record, written with that schema
+
+A registry-framed value does not say its kind and version itself: the reader maps the id to one
+of `schemas/` through the registry (a `SchemaLookup`, `match_schema`), or, with no registry at
+hand, trusts the `SCHEMA_HEADER` every mvsink producer sets (`schema_of_header`).
 
 Readers always decode with the *latest* version of the kind's schema as reader schema and the
 writer's version (from the header) as writer schema, so records written by any version kept in
@@ -21,7 +32,7 @@ from __future__ import annotations
 import io
 import json
 import zipfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib.resources.abc import Traversable
@@ -51,6 +62,8 @@ from mvsink.core.messages import (
 
 MAGIC = 0x6D
 HEADER_LEN = 3
+REGISTRY_MAGIC = 0x00
+REGISTRY_HEADER_LEN = 5
 #: Kafka header naming the schema of a value, for humans and generic tools (kcat).
 SCHEMA_HEADER = "mvsink-schema"
 
@@ -77,6 +90,8 @@ def _schemas_dir() -> Traversable:
 SCHEMAS_DIR = _schemas_dir()
 
 T = TypeVar("T")
+#: The schema version a registry's schema id stands for (`mvsink.io.registry`).
+SchemaLookup = Callable[[int], "SchemaVersion"]
 
 
 @dataclass(frozen=True)
@@ -108,6 +123,51 @@ def schema_versions(kind: str) -> tuple[SchemaVersion, ...]:
 def latest(kind: str) -> SchemaVersion:
     """The current (reader and writer) version of `kind`."""
     return schema_versions(kind)[-1]
+
+
+def schema_text(version: SchemaVersion) -> str:
+    """The released schema as JSON text, as it is registered in a Schema Registry."""
+    return version.path.read_text()
+
+
+@cache
+def _canonical_versions() -> Mapping[str, SchemaVersion]:
+    found: dict[str, SchemaVersion] = {}
+    for kind in KINDS.values():
+        for version in schema_versions(kind):
+            found[fastavro.schema.to_parsing_canonical_form(version.parsed)] = version
+    return found
+
+
+def match_schema(text: str) -> SchemaVersion:
+    """The released version whose schema is `text` (compared in Avro's parsing canonical form,
+    so a registry's reformatting or dropped docs do not matter).
+
+    Raises:
+        DecodeError: `text` is not Avro, or not one of `schemas/`.
+    """
+    try:
+        canonical = fastavro.schema.to_parsing_canonical_form(
+            fastavro.parse_schema(json.loads(text), named_schemas={})
+        )
+    except Exception as error:  # fastavro and json raise many types for bad schemas
+        raise DecodeError(f"registered schema is not Avro: {error!r}") from error
+    found = _canonical_versions().get(canonical)
+    if found is None:
+        raise DecodeError("the registered writer schema is none of mvsink's (schemas/)")
+    return found
+
+
+def schema_of_header(value: str) -> SchemaVersion:
+    """The version a `SCHEMA_HEADER` value (`Kind/vN`) names.
+
+    Raises:
+        DecodeError: a value of another form, or a kind or version this reader does not know.
+    """
+    kind, _, version = value.partition("/v")
+    if kind not in _KIND_IDS or not version.isdigit():
+        raise DecodeError(f"{SCHEMA_HEADER} {value!r} names no mvsink schema")
+    return _writer_version(kind, int(version))
 
 
 def _writer_version(kind: str, version: int) -> SchemaVersion:
@@ -286,6 +346,24 @@ def encode_datum(kind: str, datum: Any, version: SchemaVersion) -> bytes:
     return buf.getvalue()
 
 
+def encode_registered(record: Record, schema_id: int) -> bytes:
+    """Encode `record` with the latest version of its schema in the Schema Registry wire format,
+    `schema_id` being that version's id in the registry (`mvsink.io.registry`)."""
+    kind, datum = to_datum(record)
+    buf = io.BytesIO()
+    buf.write(bytes((REGISTRY_MAGIC,)))
+    buf.write(schema_id.to_bytes(4, "big"))
+    fastavro.schemaless_writer(buf, latest(kind).parsed, datum)
+    return buf.getvalue()
+
+
+def registered_id(data: bytes) -> int | None:
+    """The schema id of a registry-framed value, None for any other."""
+    if len(data) < REGISTRY_HEADER_LEN or data[0] != REGISTRY_MAGIC:
+        return None
+    return int.from_bytes(data[1:REGISTRY_HEADER_LEN], "big")
+
+
 def encode(record: Record) -> bytes:
     """Encode `record` with the latest version of its schema, framed (see module docs)."""
     kind, _ = to_datum(record)
@@ -298,21 +376,46 @@ def schema_header(record: Record) -> str:
     return f"{kind}/v{latest(kind).version}"
 
 
-def decode_datum(data: bytes) -> tuple[str, Any]:
-    """Decode framed bytes to `(kind, datum)` resolved to the latest schema.
+def decode_datum(
+    data: bytes, lookup: SchemaLookup | None = None, header: str | None = None
+) -> tuple[str, Any]:
+    """Decode framed bytes (either format) to `(kind, datum)` resolved to the latest schema.
+
+    A registry-framed value's writer schema is `lookup(id)` where a lookup is given, else the
+    version `header` (the message's `SCHEMA_HEADER`) names.
 
     Raises:
-        DecodeError: bad frame, unknown kind or version, or bytes that are not valid Avro.
+        DecodeError: bad frame, unknown kind, version or schema id, or bytes that are not valid
+            Avro.
     """
-    if len(data) < HEADER_LEN or data[0] != MAGIC:
+    schema_id = registered_id(data)
+    if schema_id is not None:
+        if lookup is not None:
+            writer = lookup(schema_id)
+        elif header is not None:
+            writer = schema_of_header(header)
+        else:
+            raise DecodeError(
+                f"a Schema Registry framed record (schema id {schema_id}) without an "
+                f"{SCHEMA_HEADER} header: set schema_registry_url to read it"
+            )
+        start = REGISTRY_HEADER_LEN
+    elif len(data) >= HEADER_LEN and data[0] == MAGIC:
+        kind = KINDS.get(data[1])
+        if kind is None:
+            raise DecodeError(f"unknown record kind id {data[1]}")
+        writer = _writer_version(kind, data[2])
+        start = HEADER_LEN
+    else:
         raise DecodeError(f"not an mvsink record (first bytes {data[:HEADER_LEN]!r})")
-    kind = KINDS.get(data[1])
-    if kind is None:
-        raise DecodeError(f"unknown record kind id {data[1]}")
-    writer = _writer_version(kind, data[2])
+    return writer.kind, _read_datum(data, start, writer)
+
+
+def _read_datum(data: bytes, start: int, writer: SchemaVersion) -> Any:
+    kind = writer.kind
     reader = latest(kind)
     buf = io.BytesIO(data)
-    buf.seek(HEADER_LEN)
+    buf.seek(start)
     try:
         datum = fastavro.schemaless_reader(
             buf,
@@ -324,20 +427,26 @@ def decode_datum(data: bytes) -> tuple[str, Any]:
         raise DecodeError(f"{kind}/v{writer.version}: invalid Avro: {error!r}") from error
     if buf.tell() != len(data):
         raise DecodeError(f"{kind}/v{writer.version}: {len(data) - buf.tell()} trailing bytes")
-    return kind, datum
+    return datum
 
 
-def decode(data: bytes, expect: type[T] | tuple[type, ...] | None = None) -> Record:
+def decode(
+    data: bytes,
+    expect: type[T] | tuple[type, ...] | None = None,
+    lookup: SchemaLookup | None = None,
+    header: str | None = None,
+) -> Record:
     """Decode framed bytes into a validated record.
 
     Args:
-        data: a value produced by `encode`.
+        data: a value produced by `encode` or `encode_registered`.
         expect: if given, the record type(s) acceptable here; any other is a `DecodeError`.
+        lookup, header: how a registry-framed value's schema is found (`decode_datum`).
 
     Raises:
         DecodeError: undecodable bytes, a record violating its contract, or an unexpected type.
     """
-    kind, datum = decode_datum(data)
+    kind, datum = decode_datum(data, lookup, header)
     try:
         record = from_datum(kind, datum)
     except MvsinkError as error:
@@ -358,17 +467,30 @@ class KafkaMessage(Protocol):
     def topic(self) -> str | None: ...
     def partition(self) -> int | None: ...
     def offset(self) -> int | None: ...
+    def headers(self) -> Any: ...
+
+
+def message_schema_header(message: KafkaMessage) -> str | None:
+    """The message's `SCHEMA_HEADER` value, if it has one."""
+    for name, value in message.headers() or ():
+        if name == SCHEMA_HEADER and value is not None:
+            return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+    return None
 
 
 def decode_message(
-    message: KafkaMessage, expect: type[T] | tuple[type, ...] | None = None
+    message: KafkaMessage,
+    expect: type[T] | tuple[type, ...] | None = None,
+    lookup: SchemaLookup | None = None,
 ) -> Record:
-    """`decode` a Kafka message's value; errors carry its topic, partition and offset."""
+    """`decode` a Kafka message's value (a registry-framed one's schema by `lookup`, else by its
+    `SCHEMA_HEADER`); errors carry its topic, partition and offset."""
     try:
         value = message.value()
         if value is None:
             raise DecodeError("null value (tombstone)")
-        return decode(value, expect)
+        header = message_schema_header(message) if registered_id(value) is not None else None
+        return decode(value, expect, lookup, header)
     except DecodeError as error:
         raise error.located(
             cast(str, message.topic()), cast(int, message.partition()), cast(int, message.offset())

@@ -34,6 +34,7 @@ from typing import Any
 from mvsink.core.errors import ConfigError, ContractError
 from mvsink.core.partitioning import KNOWN as KNOWN_PARTITIONINGS
 from mvsink.core.settings import CompactionPolicy, S3Settings, Secret, Timing
+from mvsink.io import registry
 
 __all__ = [
     "DEFAULTS",
@@ -241,6 +242,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("frontiers_topic",      "kafka",   "frontiers_topic",     "MVSINK_FRONTIERS_TOPIC",       "frontiers", str,
             "the compacted topic of desired progress and shard uppers (one for all sinks)",
             attr="topics.frontiers"),
+    Setting("schema_registry_url",  "kafka",   "schema_registry_url", "MVSINK_SCHEMA_REGISTRY_URL",   "", str,
+            "a Confluent-compatible Schema Registry (`http://host:port[/path]`): every record mvsink "
+            "writes then uses its wire format, schemas registered at provisioning (empty: mvsink's "
+            "own framing; both are read)"),
     Setting("desired_retention_ms", "kafka",   "desired_retention_ms", "MVSINK_DESIRED_RETENTION_MS", -1, _int,
             "`retention.ms` provisioning sets on `<sink>.desired`, also on an existing topic (-1: the "
             "broker deletes nothing; the write service trims it)"),
@@ -360,6 +365,7 @@ class Config:
     retain_history: int = _default("retain_history")
     desired_retention_ms: int = _default("desired_retention_ms")
     desired_segment_ms: int = _default("desired_segment_ms")
+    schema_registry_url: str = _default("schema_registry_url")
     desired_trim_interval: float = _default("desired_trim_interval")
     compaction: bool = _default("compaction")
     compaction_max_batches: int = _default("compaction_max_batches")
@@ -572,7 +578,9 @@ def _from_stack(env: Mapping[str, str]) -> dict[str, Any]:
 
 
 def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Config:
-    """Load and validate the configuration (see module docs for the sources and their order).
+    """Load and validate the configuration (see module docs for the sources and their order),
+    and make its Schema Registry (or none) the one this process frames records for and looks
+    schema ids up in (`mvsink.io.registry.use`).
 
     Raises:
         ConfigError: naming the offending setting and where it came from.
@@ -584,7 +592,9 @@ def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = 
     if file_path:
         values.update(_from_file(Path(file_path)))
     values.update(_from_env(env))
-    return _build(values)
+    config = _build(values)
+    registry.use(config.schema_registry_url)
+    return config
 
 
 def main(argv: list[str]) -> int:

@@ -36,6 +36,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from mvsink.core import codec
 from mvsink.core.errors import DecodeError, MvsinkError
 from mvsink.core.messages import Record
+from mvsink.io import registry
 from mvsink.io.config import Config, Topics
 
 COMPACTED = {"cleanup.policy": "compact"}
@@ -275,7 +276,8 @@ def produce(
     partition: int | None = None,
     on_delivery: Callable[[KafkaError | None, Message], None] | None = None,
 ) -> None:
-    """Produce `record` framed by `codec.encode`, with the schema header for generic tools."""
+    """Produce `record` framed as this process writes (`mvsink.io.registry.encode`: the Schema
+    Registry's wire format where one is configured), with the schema header for generic tools."""
     kwargs: dict[str, Any] = {}
     if partition is not None:
         kwargs["partition"] = partition
@@ -284,10 +286,17 @@ def produce(
     producer.produce(
         topic,
         key=key.encode(),
-        value=codec.encode(record),
+        value=registry.encode(topic, record),
         headers=[(codec.SCHEMA_HEADER, codec.schema_header(record).encode())],
         **kwargs,
     )
+
+
+def decode_message(
+    message: codec.KafkaMessage, expect: type | tuple[type, ...] | None = None
+) -> Record:
+    """`codec.decode_message` with this process's registry (if any) to look schema ids up in."""
+    return codec.decode_message(message, expect, registry.lookup())
 
 
 def poll_message(
@@ -321,7 +330,7 @@ def drain(
             return
         timeout = 0.0
         try:
-            yield message, codec.decode_message(message)
+            yield message, decode_message(message)
         except DecodeError as error:
             log.error("skipping bad record: %s", error)
 
@@ -336,7 +345,7 @@ def last_record(
         MvsinkError: the end was not read within `timeout`.
     """
     message = last_message(bootstrap, topic, partition, timeout)
-    return None if message is None else codec.decode_message(message)
+    return None if message is None else decode_message(message)
 
 
 def last_message(
@@ -555,7 +564,7 @@ def read_compacted(bootstrap: str, topic: str, timeout: float = 30.0) -> dict[st
             if message is None:
                 continue
             key = (message.key() or b"").decode()
-            latest[key] = codec.decode_message(message)
+            latest[key] = decode_message(message)
         return latest
     finally:
         consumer.close()

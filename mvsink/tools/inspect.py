@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import time
 
-from mvsink.core.codec import decode_message
 from mvsink.core.errors import DecodeError
-from mvsink.io.kafka import poll_message, tail_consumer
+from mvsink.io.kafka import decode_message, poll_message, tail_consumer
 
 
 def inspect_topic(bootstrap: str, topic: str, *, follow: bool = False, limit: int = 0) -> int:

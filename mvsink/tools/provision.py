@@ -1,5 +1,7 @@
-"""Provisioning of one sink replica's topics (docs/design.md §3.1), its bucket, and (when the config
-names a row schema) its shard. Idempotent; an existing shard with another schema is an error."""
+"""Provisioning of one sink replica's topics (docs/design.md §3.1), its bucket, its schemas'
+subjects (when the config names a Schema Registry: `mvsink.io.registry`), and (when the config
+names a row schema) its shard. Idempotent; an existing shard with another schema, or a released
+schema its subject's compatibility level refuses, is an error."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from mvsink.io import registry
 from mvsink.io.config import Config
 from mvsink.io.kafka import ensure_topics, sink_topics
 from mvsink.io.s3 import ensure_bucket, s3_client
@@ -26,11 +29,19 @@ class Provisioned:
     bucket_created: bool
     #: The shard's upper if the config names a row schema (the shard is created then).
     shard_upper: str | None = None
+    #: The Schema Registry subjects provisioned (the config names a registry).
+    subjects: tuple[str, ...] = ()
 
 
 def provision(config: Config, frontiers_config: Mapping[str, str] | None = None) -> Provisioned:
-    """Create whatever of the sink's topics and bucket is missing; check what exists."""
+    """Create whatever of the sink's topics, subjects and bucket is missing; check what exists.
+
+    Raises:
+        IncompatibleSchema: a released schema breaks its subject's compatibility level.
+    """
     created = ensure_topics(config.kafka_bootstrap, sink_topics(config, frontiers_config))
+    schemas = registry.use(config.schema_registry_url)
+    subjects = tuple(schemas.provision(registry.topic_kinds(config.topics))) if schemas else ()
     bucket_created = ensure_bucket(s3_client(config.s3), config.s3.bucket)
     upper = None
     if config.row_schema:
@@ -46,7 +57,7 @@ def provision(config: Config, frontiers_config: Mapping[str, str] | None = None)
         )
         ensure_retention(shard, config.retain_history)
         upper = str(shard.upper())
-    return Provisioned(created, bucket_created, upper)
+    return Provisioned(created, bucket_created, upper, subjects)
 
 
 def ensure_retention(shard: Shard, retain_history: int) -> None:

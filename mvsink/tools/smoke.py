@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from mvsink import Say
-from mvsink.core import codec
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import (
     BatchDescription,
@@ -34,7 +33,14 @@ from mvsink.core.messages import (
     shard_upper_key,
 )
 from mvsink.io.config import Config
-from mvsink.io.kafka import client_config, consumer_config, init_transactions, poll_message, produce
+from mvsink.io.kafka import (
+    client_config,
+    consumer_config,
+    decode_message,
+    init_transactions,
+    poll_message,
+    produce,
+)
 from mvsink.io.s3 import PreconditionFailed, Written, conditional_put, s3_client
 
 
@@ -126,7 +132,7 @@ def roundtrip(bootstrap: str, sample: Sample, timeout: float = 30.0) -> Record:
         while time.monotonic() < deadline:
             message = poll_message(consumer, 0.5)
             if message is not None:
-                return codec.decode_message(message)
+                return decode_message(message)
         raise TimeoutError(f"did not read back {sample.topic}[{sample.partition}]@{offset}")
     finally:
         consumer.close()

@@ -13,12 +13,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, Message, TopicPartition
 
-from mvsink.core.codec import decode_message
 from mvsink.core.errors import DecodeError, MvsinkError
 from mvsink.core.messages import Progress, Updates, UpdatesArrow
 from mvsink.core.rows import updates_decoder
 from mvsink.core.updates import TIME, advance_times, consolidate, part_schema, updates_from_ipc
-from mvsink.io.kafka import NO_RESET, READ_TO_END, consumer_config, poll_message
+from mvsink.io.kafka import NO_RESET, READ_TO_END, consumer_config, decode_message, poll_message
+from mvsink.io.registry import RegistryError
 
 
 def decode_desired(
@@ -38,9 +38,9 @@ def decode_desired(
     """
     try:
         return _decode_desired(message, row_schema, decode_rows, partitioning)
-    except DecodeError:
+    except (DecodeError, RegistryError):  # a registry out of reach is not the record's fault
         raise
-    except Exception as error:  # any failure to decode is the record's
+    except Exception as error:  # any other failure to decode is the record's
         raise DecodeError(f"desired record does not decode: {error!r}") from error
 
 

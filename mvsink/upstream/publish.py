@@ -71,6 +71,7 @@ from mvsink.core.frontier import Frontier
 from mvsink.core.messages import DesiredProgress, Progress
 from mvsink.core.partitioning import partitions_of, split_by_partition
 from mvsink.core.updates import normalize_updates, part_schema, updates_to_ipc
+from mvsink.io import registry
 from mvsink.io.kafka import client_config, init_transactions, last_record, produce
 from mvsink.io.service import quiet_retries
 from mvsink.io.spark import each_on_a_thread, executor_dir, task_slots, trim_worker_path
@@ -125,6 +126,8 @@ class PublishSpec:
     #: Updates in one desired record at most (the producer's `chunk`).
     chunk: int
     hook: Hook | None = None
+    #: The Schema Registry the records are framed for ("" for mvsink's own framing).
+    schema_registry_url: str = ""
 
 
 def publish_dataframe(
@@ -162,6 +165,7 @@ def publish_dataframe(
         frontier,
         producer.chunk,
         hook,
+        config.schema_registry_url,
     )
     spark = df.sparkSession
     # One wave of publishing tasks: a task more than the slots costs a Python task's start
@@ -258,6 +262,7 @@ def _publish(batches: Iterable[pa.RecordBatch], spec: PublishSpec) -> Iterator[p
     updates are held until its transaction commits, so a producer found fenced at commit can
     be replaced and the partition published again."""
     quiet_retries()  # one line per outage, not librdkafka's per reconnect (this worker too)
+    registry.use(spec.schema_registry_url)
     pending: dict[int, list[pa.Table]] = {}
     empty = part_schema(spec.row_schema).empty_table()
     for batch in batches:

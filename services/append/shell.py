@@ -23,7 +23,6 @@ from typing import Any
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 from prometheus_client import Counter, Gauge, Histogram
 
-from mvsink.core.codec import decode_message
 from mvsink.core.errors import DecodeError
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import BatchDescription, ShardUpper, StagedBatch
@@ -33,6 +32,7 @@ from mvsink.io.kafka import (
     Reader,
     client_config,
     consumer_config,
+    decode_message,
     poll_message,
     produce,
     tail_consumer,

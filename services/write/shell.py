@@ -124,6 +124,7 @@ class WriteShell:
             row_schema=self.row_schema,
             as_of=config.as_of,
             writer_id=self.writer_id,
+            schema_registry_url=config.schema_registry_url,
         )
         #: Checkpoint version per owned partition (-1: none).
         self.versions: dict[int, int] = {}

@@ -54,6 +54,7 @@ from mvsink.core.errors import DesiredGone, MvsinkError
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import BatchDescription
 from mvsink.core.settings import S3Settings
+from mvsink.io import registry
 from mvsink.io.service import quiet_retries
 from mvsink.io.spark import each_on_a_thread, executor_id, trim_worker_path
 from mvsink.shard import PartGone, PartRef, Shard, ShardState, open_shard
@@ -94,6 +95,9 @@ class SinkSpec:
     row_schema: pa.Schema
     as_of: int
     writer_id: str
+    #: The Schema Registry the driver's configuration names ("" for none): the executor looks
+    #: registry-framed desired records' schema ids up in it (`mvsink.io.registry`).
+    schema_registry_url: str = ""
 
 
 @dataclass(frozen=True)
@@ -430,6 +434,8 @@ def run_tasks(specs: list[StepSpec], worker: WriteWorker | None = None) -> list[
     partition's state (`run_task`), and its error is raised once the other steps have ended."""
     worker = default_worker() if worker is None else worker
     quiet_retries()  # one line per outage, not librdkafka's per reconnect (this worker too)
+    if specs:  # one sink's steps: one registry
+        registry.use(specs[0].sink.schema_registry_url)
     started = time.monotonic()
     worker.readers.close(
         keep={(s.sink.bootstrap, s.sink.desired_topic, s.partition) for s in specs}
