@@ -44,6 +44,7 @@ from mvsink.core.codec import decode
 from mvsink.core.messages import Progress, Record, Updates, UpdatesArrow
 from mvsink.core.rows import parse_row_schema, updates_decoder
 from mvsink.core.updates import updates_from_ipc
+from mvsink.io import registry
 from mvsink.io.config import Config, S3Settings, cache_dir, load_config
 from mvsink.io.spark import trim_worker_path
 
@@ -116,8 +117,11 @@ def delta_conf(settings: S3Settings) -> dict[str, str]:
 
 
 def decode_updates(values: Iterable[bytes], row_schema: pa.Schema) -> pa.Table | None:
-    """The updates in framed desired records `values` (progress records skipped)."""
-    return updates_of([decode(v, (UpdatesArrow, Updates, Progress)) for v in values], row_schema)
+    """The updates in framed desired records `values` (progress records skipped; a
+    registry-framed one's schema looked up in this process's registry)."""
+    lookup = registry.lookup()
+    records = [decode(v, (UpdatesArrow, Updates, Progress), lookup) for v in values]
+    return updates_of(records, row_schema)
 
 
 def updates_of(records: Iterable[Record], row_schema: pa.Schema) -> pa.Table | None:
@@ -367,6 +371,8 @@ def run_raw(config: Config, topic: str, partitions: int, prefix: str) -> None:
     settings, row_schema = config.s3, parse_row_schema(config.row_schema)
     stop = threading.Event()
 
+    lookup = registry.lookup()
+
     def loop(partition: int) -> None:
         consumer = Consumer(consumer_config(config.kafka_bootstrap, extra=READ_TO_END))
         consumer.assign([TopicPartition(topic, partition, 0)])
@@ -377,7 +383,7 @@ def run_raw(config: Config, topic: str, partitions: int, prefix: str) -> None:
                     value = message.value()
                     if message.error() or value is None:
                         continue
-                    record = decode(value, (UpdatesArrow, Updates, Progress))
+                    record = decode(value, (UpdatesArrow, Updates, Progress), lookup)
                     if not isinstance(record, Progress):
                         pending.append(record)
                         continue

@@ -22,6 +22,7 @@ from mvsink.core.errors import MvsinkError
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import DesiredProgress, Progress
 from mvsink.core.rows import parse_row_schema
+from mvsink.io import registry
 from mvsink.io.config import Config
 from mvsink.io.kafka import client_config, consumer_config
 from mvsink.upstream.producer import DesiredProducer
@@ -134,9 +135,10 @@ def encode_ticks_timed(
     for tick, table in enumerate(tables):
         wall0, cpu0 = time.perf_counter(), time.process_time()
         records, count = producer.records(table)
-        framed = [(p, encode(r)) for p, r in records]
+        framed = [(p, registry.encode(config.topics.desired, r)) for p, r in records]
         wall, cpu = wall + time.perf_counter() - wall0, cpu + time.process_time() - cpu0
-        out.append(EncodedTick(tick, count, framed, encode(Progress(Frontier.at(tick + 1)))))
+        progress = registry.encode(config.topics.desired, Progress(Frontier.at(tick + 1)))
+        out.append(EncodedTick(tick, count, framed, progress))
     total = sum(t.updates for t in out)
     sample = tables[min(1, len(tables) - 1)].slice(0, 50_000)  # partitioning 1, same rows
     v1 = DesiredProducer(replace(config, partitioning=1), parse_row_schema(ROW_SCHEMA), name)
@@ -199,8 +201,8 @@ class Feeder:
             self.producer.produce(
                 config.topics.frontiers,
                 key=record.key.encode(),
-                value=encode(record),
-                headers=self.header,
+                value=registry.encode(config.topics.frontiers, record),
+                headers=[(SCHEMA_HEADER, schema_header(record).encode())],
             )
         if self.producer.flush(60) != 0:
             raise BenchError("the broker did not take a tick within 60 s")

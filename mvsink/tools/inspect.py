@@ -1,11 +1,14 @@
 """`mvsink inspect <topic>`: print every record of one of mvsink's topics, decoded, one line
-each (`partition offset key record`); undecodable records are printed with their error, so the
-command never stops at bad input."""
+each (`partition offset key record`, `[schema id N]` after a record in the Schema Registry's wire
+format); undecodable records are printed with their error, so the command never stops at bad
+input. Both framings are read: a registry-framed record's schema is looked up in the configured
+registry, or named by its `mvsink-schema` header where none is configured."""
 
 from __future__ import annotations
 
 import time
 
+from mvsink.core.codec import registered_id
 from mvsink.core.errors import DecodeError
 from mvsink.io.kafka import decode_message, poll_message, tail_consumer
 
@@ -28,6 +31,9 @@ def inspect_topic(bootstrap: str, topic: str, *, follow: bool = False, limit: in
                 shown = repr(decode_message(message))
             except DecodeError as error:
                 shown = f"UNDECODABLE ({error.reason})"
+            schema_id = registered_id(message.value() or b"")
+            if schema_id is not None:
+                shown += f" [schema id {schema_id}]"
             print(f"{message.partition()}\t{message.offset()}\t{key}\t{shown}", flush=True)
             printed += 1
     finally:
