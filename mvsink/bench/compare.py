@@ -75,10 +75,16 @@ from mvsink.bench.workload import (
     Workload,
     encode_ticks_timed,
 )
+from mvsink.io import registry
 from mvsink.io.config import Config, Topics, state_dir
 from mvsink.tools.provision import provision
 
 SYSTEMS = ("mvsink", "peer", "delta", "raw", "mvsink-e2e", "peer-e2e")
+#: Columns run only when named (`--systems`): mvsink with every record in the Schema Registry
+#: wire format (the desired topic framed by the producer, the services framing theirs).
+OPTIONAL_SYSTEMS = ("mvsink-registry",)
+#: The column of mvsink on the Schema Registry's framing.
+REGISTRY_FRAMED = "mvsink-registry"
 HEADINGS = {
     "mvsink": "mvsink",
     "peer": "peer (Spark SS)",
@@ -86,6 +92,7 @@ HEADINGS = {
     "raw": "raw limit",
     "mvsink-e2e": "mvsink end to end",
     "peer-e2e": "peer end to end",
+    REGISTRY_FRAMED: "mvsink (registry)",
 }
 #: Columns fed from the upstream's DataFrames (`DataFrameFeeder`) instead of encoded bytes.
 END_TO_END = "-e2e"
@@ -102,6 +109,8 @@ class Variant:
     spark_workers: int | None = None
     #: Fed from the upstream job's DataFrames (`publish_dataframe`), not pre-encoded bytes.
     from_dataframes: bool = False
+    #: Every record in the Schema Registry wire format (`REGISTRY_FRAMED`).
+    registry_framed: bool = False
 
 
 def variants(
@@ -112,6 +121,8 @@ def variants(
     for system in systems:
         if system.endswith(END_TO_END):
             found.append(Variant(system, system.removesuffix(END_TO_END), from_dataframes=True))
+        elif system == REGISTRY_FRAMED:
+            found.append(Variant(system, "mvsink", spark_master, registry_framed=True))
         elif system != "mvsink":
             found.append(Variant(system, system))
         elif spark_workers:
@@ -228,9 +239,14 @@ def run(
     spark_master: str | None = None,
     spark_workers: tuple[int, ...] = (),
     scale: Callable[[int], str | None] | None = None,
+    schema_registry: Callable[[], str] | None = None,
 ) -> dict[str, Any]:
     """Run the benchmark; the figures (also written to `out/bench.json` and `out/bench.png`).
-    `scale(n)` runs the embedded Spark cluster with `n` workers (its master URL)."""
+    `scale(n)` runs the embedded Spark cluster with `n` workers (its master URL);
+    `schema_registry()` the URL of a Schema Registry for the `REGISTRY_FRAMED` column (else
+    `config.schema_registry_url`), which gets the same workload encoded in its wire format.
+    Without that column every column frames records as `config` says; with it, the others use
+    mvsink's own framing, so the column compares the two."""
     run_id = f"cmp-{uuid.uuid4().hex[:6]}"
     logs = state_dir() / "bench" / run_id
     base = replace(
@@ -240,6 +256,15 @@ def run(
         append_workers=append_workers,
         partitioning=1 if wire == "avro" else config.partitioning,
     )
+    framed_url = ""
+    if REGISTRY_FRAMED in systems:
+        framed_url = schema_registry() if schema_registry else config.schema_registry_url
+        if not framed_url:
+            raise BenchError(
+                f"{REGISTRY_FRAMED} needs a Schema Registry: [kafka] schema_registry_url"
+            )
+        base = replace(base, schema_registry_url="")
+    registry.use(base.schema_registry_url)  # the framing of the ticks encoded next
     ticks, final, producer_rate = encode_ticks_timed(base, workload, say, wire)
     upstream: DataFrameFeeder | None = None
     if {"peer", "delta"} & set(systems):
@@ -257,6 +282,7 @@ def run(
         "raw": RawSystem,
     }
     columns = variants(systems, spark_master, spark_workers)
+    producer_registry_rate: dict[str, Any] = {}
     for variant in columns:
         name, master = variant.name, variant.spark_master
         if variant.spark_workers is not None:
@@ -266,7 +292,16 @@ def run(
         if variant.from_dataframes and upstream is None:
             upstream = DataFrameFeeder(config.kafka_bootstrap, workload, say)
             upstream.warm_up(provisioned(base, f"{run_id}-warm-up"), say)
-        sink = provisioned(base, f"{run_id}-{name}", master)
+        fed = ticks
+        framing = replace(base, schema_registry_url=framed_url) if variant.registry_framed else base
+        # provisioning registers the subjects of a registry-framed sink and makes its registry
+        # this process's (none for the others), so the encoding below and the frontier reads
+        # frame and look up through it
+        sink = provisioned(framing, f"{run_id}-{name}", master)
+        if variant.registry_framed:
+            say(f"{name}: encoding the workload in the registry's wire format ...")
+            fed, _, framed_rate = encode_ticks_timed(sink, workload, say, wire)
+            producer_registry_rate = framed_rate.figures()
         system = kinds[variant.system](sink, logs / name)
         system.name = name
         say(
@@ -278,7 +313,7 @@ def run(
         system.start()
         sampler = RssSampler({label: proc.pid for label, proc in system.procs.items()})
         try:
-            result = drive(system, source, ticks, in_flight, say)
+            result = drive(system, source, fed, in_flight, say)
             result.peak_rss_mib = sampler.stop()
             system.finish(result, final)  # while its processes still serve their metrics
         finally:
@@ -295,6 +330,10 @@ def run(
     figures = _figures(workload, in_flight, append_workers, runs)
     figures["workload"]["wire"] = wire
     figures.update(producer_rate.figures())
+    if producer_registry_rate:
+        figures["producer_registry_updates_per_cpu_s"] = producer_registry_rate[
+            "producer_updates_per_cpu_s"
+        ]
     _report(figures, say)
     _chart(figures, save_figures(out, "bench", figures, say, logs).with_suffix(".png"))
     say(f"wrote {out / 'bench.png'}")
@@ -328,6 +367,9 @@ def _figures(
             round(e2e / peer_e2e, 3)
             if (e2e := rate("mvsink-e2e")) and (peer_e2e := rate("peer-e2e"))
             else None
+        ),
+        "ratio_registry_vs_own_framing": (
+            round(framed / mv, 3) if mv and (framed := rate(REGISTRY_FRAMED)) else None
         ),
         "freshness_p50_s": None,
         "freshness_p99_s": None,
@@ -417,6 +459,13 @@ def _report(figures: dict[str, Any], say: Say) -> None:
         say(
             f"end to end (upstream DataFrame -> durable): ratio mvsink/peer "
             f"{show(figures['ratio_e2e_vs_peer_e2e'])}"
+        )
+    if figures.get("ratio_registry_vs_own_framing") is not None:
+        say(
+            f"Schema Registry wire format: ratio mvsink (registry)/mvsink "
+            f"{show(figures['ratio_registry_vs_own_framing'])}; producer "
+            f"{show(figures.get('producer_registry_updates_per_cpu_s'))} updates per CPU second "
+            f"(own framing {show(figures.get('producer_updates_per_cpu_s'))})"
         )
     if "producer_updates_per_cpu_s" in figures:
         say(

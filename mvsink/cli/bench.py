@@ -40,7 +40,9 @@ def add_bench(commands: Commands) -> None:
     bench.add_argument(
         "--systems",
         default="",
-        help="comma list of mvsink,peer,delta,raw,mvsink-e2e,peer-e2e (default all)",
+        help="comma list of mvsink,peer,delta,raw,mvsink-e2e,peer-e2e (default all), and "
+        "mvsink-registry (mvsink on the Schema Registry's wire format; the embedded stack's "
+        "registry, or [kafka] schema_registry_url with --no-stack)",
     )
     bench.add_argument(
         "--wire",
@@ -120,7 +122,7 @@ def add_bench(commands: Commands) -> None:
 
 
 def cmd_bench_compare(args: argparse.Namespace) -> int:
-    from mvsink.bench.compare import SYSTEMS, run
+    from mvsink.bench.compare import OPTIONAL_SYSTEMS, REGISTRY_FRAMED, SYSTEMS, run
     from mvsink.bench.workload import Workload
 
     spark_workers = (
@@ -139,9 +141,10 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
         else (args.keys or 1_000_000, args.ticks or 20)
     )
     systems = tuple(s.strip() for s in args.systems.split(",")) if args.systems else SYSTEMS
-    unknown = set(systems) - set(SYSTEMS)
+    known = (*SYSTEMS, *OPTIONAL_SYSTEMS)
+    unknown = set(systems) - set(known)
     if unknown:
-        say(f"unknown system(s) {sorted(unknown)}: choose from {', '.join(SYSTEMS)}")
+        say(f"unknown system(s) {sorted(unknown)}: choose from {', '.join(known)}")
         return 2
     workload = Workload(keys, args.change, ticks, args.partitions)
     stack = embedded_stack()
@@ -158,6 +161,8 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
             args.spark_master,
             spark_workers,
             lambda n: stack.spark_up(n),
+            # the embedded stack's registry, started for the column that needs one
+            None if args.no_stack or REGISTRY_FRAMED not in systems else stack.registry_up,
         )
     finally:
         if spark_workers:

@@ -16,7 +16,7 @@ from mvsink.cli.common import demo_arguments, demo_on_stack, embedded_stack
 from mvsink.core.errors import MvsinkError
 from mvsink.io.config import Config, Topics, cache_dir, load_config, state_dir
 from mvsink.io.service import say
-from mvsink.stack.state import stack_home
+from mvsink.stack.state import registry_url, stack_home
 
 if TYPE_CHECKING:
     from mvsink.cli.common import Commands
@@ -24,7 +24,9 @@ if TYPE_CHECKING:
 
 def add_stack(commands: Commands) -> None:
     """`mvsink stack up|down|status|env`."""
-    stack = commands.add_parser("stack", help="embedded Kafka + MinIO on loopback")
+    stack = commands.add_parser(
+        "stack", help="embedded Kafka + MinIO (+ Schema Registry, Spark) on loopback"
+    )
     stack_commands = stack.add_subparsers(dest="stack_command", required=True, metavar="ACTION")
     up = stack_commands.add_parser("up", help="build what is missing, start, provision")
     up.add_argument("--timeout", type=float, default=180.0, help="seconds to wait per component")
@@ -37,6 +39,11 @@ def add_stack(commands: Commands) -> None:
     )
     up.add_argument(
         "--spark-cores", type=int, default=1, metavar="C", help="cores per Spark worker (default 1)"
+    )
+    up.add_argument(
+        "--registry",
+        action="store_true",
+        help="also run a Confluent-compatible Schema Registry (Apicurio; needs Java 21+)",
     )
     up.set_defaults(func=cmd_stack_up)
     stack_commands.add_parser("down", help="stop what `up` started").set_defaults(
@@ -54,7 +61,10 @@ def cmd_stack_up(args: argparse.Namespace) -> int:
     if args.spark_workers is not None and args.spark_workers < 0:
         raise MvsinkError(f"--spark-workers must be >= 0, not {args.spark_workers}")
     endpoints = embedded_stack().up(
-        timeout=args.timeout, spark_workers=args.spark_workers, spark_cores=args.spark_cores
+        timeout=args.timeout,
+        spark_workers=args.spark_workers,
+        spark_cores=args.spark_cores,
+        schema_registry=args.registry,
     )
     if not args.no_provision:
         _provision(load_config(args.config))
@@ -62,6 +72,8 @@ def cmd_stack_up(args: argparse.Namespace) -> int:
     print(
         f"\nkafka bootstrap: {endpoints.kafka_bootstrap}\ns3 endpoint:     http://{endpoints.s3_endpoint}"
     )
+    if endpoints.schema_registry_url:
+        print(f"schema registry: {endpoints.schema_registry_url}")
     return 0
 
 
@@ -94,6 +106,9 @@ def cmd_stack_env(args: argparse.Namespace) -> int:
     master = rows.get("spark-master")
     if master is not None and master.state == "running":
         print(f"export MVSINK_SPARK_MASTER={master.address}")
+    schema_registry = rows.get("registry")
+    if schema_registry is not None and schema_registry.state == "running":
+        print(f"export MVSINK_SCHEMA_REGISTRY_URL={registry_url(schema_registry.address)}")
     return 0
 
 

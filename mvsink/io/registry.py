@@ -181,6 +181,12 @@ class Registry:
         """Every subject the registry holds."""
         return list(self._call("listing subjects", self._client.get_subjects))
 
+    def compatibility(self, name: str) -> str:
+        """The compatibility level subject `name` has."""
+        return str(
+            self._call(f"reading {name}'s compatibility", self._client.get_compatibility, name)
+        )
+
     def provision(
         self, topics: Mapping[str, Sequence[str]], level: str = COMPATIBILITY
     ) -> list[str]:
@@ -204,40 +210,55 @@ class Registry:
     def _provision_subject(
         self, name: str, versions: Iterable[codec.SchemaVersion], level: str
     ) -> None:
+        """Set `name`'s level, then register each of `versions` the subject lacks, checked
+        first against what it holds (the versions it already has were checked when they were
+        registered: an old one need not read what a newer one writes)."""
         try:
             self._call(
                 f"setting {name}'s compatibility", self._client.set_compatibility, name, level
             )
-            registered = bool(self._versions_of(name))
+            holds = bool(self._versions_of(name))
             for version in versions:
-                schema = _schema(version)
-                if registered and not self._call(
-                    f"checking {name}",
-                    self._client.test_compatibility,
-                    name,
-                    schema,
-                ):
-                    raise IncompatibleSchema(
-                        f"{version.kind}/v{version.version} ({version.path}) is not {level} "
-                        f"compatible with the schemas registered under {name} in {self.url}: "
-                        "add a version whose new fields have defaults instead (schemas/README.md)"
-                    )
-                try:
-                    schema_id = self._call(
-                        f"registering {name}", self._client.register_schema, name, schema
-                    )
-                except SchemaRegistryError as error:
-                    if error.http_status_code != 409:
-                        raise
-                    raise IncompatibleSchema(
-                        f"{version.kind}/v{version.version} ({version.path}) was refused under "
-                        f"{name} in {self.url} as not {level} compatible: {error}"
-                    ) from error
-                registered = True
+                schema_id = self._registered_id(name, version)
+                if schema_id is None:
+                    schema_id = self._register_checked(name, version, level, holds)
+                holds = True
                 with self._lock:
                     self._versions.setdefault(schema_id, version)
         except SchemaRegistryError as error:
             raise RegistryError(f"provisioning subject {name}: {error}") from error
+
+    def _register_checked(
+        self, name: str, version: codec.SchemaVersion, level: str, holds: bool
+    ) -> int:
+        schema = _schema(version)
+        refused = (
+            f"{version.kind}/v{version.version} ({version.path}) is not {level} compatible with "
+            f"the schemas registered under {name} in {self.url}: add a version whose new fields "
+            "have defaults instead (schemas/README.md)"
+        )
+        if holds and not self._call(
+            f"checking {name}", self._client.test_compatibility, name, schema
+        ):
+            raise IncompatibleSchema(refused)
+        try:
+            return self._call(f"registering {name}", self._client.register_schema, name, schema)
+        except SchemaRegistryError as error:  # the level is transitive: the check saw latest
+            if error.http_status_code != 409:
+                raise
+            raise IncompatibleSchema(f"{refused} ({error})") from error
+
+    def _registered_id(self, name: str, version: codec.SchemaVersion) -> int | None:
+        """The id of `version` under subject `name`, None if the subject lacks it."""
+        try:
+            found = self._call(
+                f"looking {name} up", self._client.lookup_schema, name, _schema(version)
+            )
+        except SchemaRegistryError as error:
+            if error.http_status_code == 404:
+                return None
+            raise
+        return int(found.schema_id) if found.schema_id is not None else None
 
     def _versions_of(self, name: str) -> list[int]:
         try:

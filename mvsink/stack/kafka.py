@@ -45,7 +45,7 @@ class KafkaNode(Component):
 
     def start(self, libs: Path, say: procs.Say) -> int:
         """Configure, format (first start only) and launch the broker; its pid (not yet ready)."""
-        java = procs.require_tool("java", "install a JDK 17")
+        java = procs.java()
         self.home.mkdir(parents=True, exist_ok=True)
         props = self._write_config()
         classpath = f"{libs}/*"

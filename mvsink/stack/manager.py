@@ -2,13 +2,17 @@
 
 Steps of `up`, each idempotent, so a rerun after any failure picks up where it stopped:
 
-1. resolve the Kafka jars (Maven Central) and build MinIO (`go install`) into the cache, in
+1. resolve the Kafka jars (Maven Central) and build MinIO (`go install`) into the cache, and
+   with `schema_registry=True` fetch the Schema Registry's distribution (Maven Central), in
    parallel, once per cache;
 2. reuse the ports recorded by the last start if they are still free, else pick free ones;
 3. start each component that is not running, record its pid, wait until it answers;
-4. with `spark_workers=N`: a Spark standalone master and workers 1..N (`mvsink.stack.spark`),
+4. with `schema_registry=True`: a Confluent-compatible Schema Registry (`mvsink.stack.registry`,
+   Apicurio), optional because nothing needs it unless `schema_registry_url` is set; `up` without
+   it leaves a running one alone;
+5. with `spark_workers=N`: a Spark standalone master and workers 1..N (`mvsink.stack.spark`),
    stopping workers above N, so `up` again with another N scales the cluster;
-5. (the CLI) provision the sink's topics and bucket.
+6. (the CLI) provision the sink's topics and bucket.
 
 Without a cluster, Spark jobs run `local[*]` in-process (`mvsink.io.spark`); with one, a service
 uses it when its `spark.master` (`MVSINK_SPARK_MASTER`) names it (`mvsink stack env` prints it).
@@ -21,8 +25,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from mvsink.stack import kafka, minio, procs, spark
-from mvsink.stack.state import ComponentRecord, credentials, load_records, save_records
+from mvsink.stack import kafka, minio, procs, registry, spark
+from mvsink.stack.state import (
+    ComponentRecord,
+    credentials,
+    load_records,
+    registry_url,
+    save_records,
+)
 
 
 @dataclass(frozen=True)
@@ -33,6 +43,8 @@ class Endpoints:
     s3_endpoint: str
     s3_access_key: str
     s3_secret_key: str
+    #: The Schema Registry's Confluent-compatible API, "" when it does not run.
+    schema_registry_url: str = ""
 
 
 @dataclass(frozen=True)
@@ -65,15 +77,27 @@ class Stack:
     # -- up -----------------------------------------------------------------------------------
 
     def up(
-        self, timeout: float = 180.0, spark_workers: int | None = None, spark_cores: int = 1
+        self,
+        timeout: float = 180.0,
+        spark_workers: int | None = None,
+        spark_cores: int = 1,
+        schema_registry: bool = False,
     ) -> Endpoints:
         """Build what is missing, start what is not running, wait until all answer; with
-        `spark_workers` (0 stops the cluster), a Spark cluster of that many workers."""
+        `schema_registry`, a Schema Registry too; with `spark_workers` (0 stops the cluster), a
+        Spark cluster of that many workers."""
         started = time.monotonic()
-        with ThreadPoolExecutor(max_workers=2) as pool:
+        with ThreadPoolExecutor(max_workers=3) as pool:
             libs_future = pool.submit(kafka.ensure_libs, self.cache, self.say)
             binary_future = pool.submit(minio.ensure_binary, self.cache, self.say)
+            server_future = (
+                pool.submit(registry.ensure_server, self.cache, self.say)
+                if schema_registry
+                else None
+            )
             libs, binary = libs_future.result(), binary_future.result()
+            if server_future is not None:
+                server_future.result()
         records = load_records(self.home)
         access_key, secret_key = credentials(self.home)
         kafka_node = self._kafka_node(records.get("kafka"))
@@ -92,10 +116,13 @@ class Stack:
         procs.wait_ready(
             "MinIO", minio_node.ready, pid=records["minio"].pid, log=minio_node.log, timeout=timeout
         )
+        schema_registry_url = self.registry_up(timeout) if schema_registry else self.registry_url()
         if spark_workers is not None:
             self.spark_up(spark_workers, spark_cores, timeout)
         self.say(f"stack up in {time.monotonic() - started:.1f}s")
-        return Endpoints(kafka_node.address, minio_node.address, access_key, secret_key)
+        return Endpoints(
+            kafka_node.address, minio_node.address, access_key, secret_key, schema_registry_url
+        )
 
     def _kafka_node(self, record: ComponentRecord | None) -> kafka.KafkaNode:
         ports = _reuse_ports(record, kafka.KafkaNode.PORTS)
@@ -104,6 +131,27 @@ class Stack:
     def _minio_node(self, record: ComponentRecord | None) -> minio.MinioNode:
         ports = _reuse_ports(record, minio.MinioNode.PORTS)
         return minio.MinioNode(self.home / "minio", ports["port"], ports["console_port"])
+
+    def registry_up(self, timeout: float = 180.0) -> str:
+        """Run the Schema Registry (fetching it first if it is not in the cache); the URL of its
+        Confluent-compatible API. Needs nothing else of the stack, so a test can run it alone."""
+        server = registry.ensure_server(self.cache, self.say)
+        records = load_records(self.home)
+        ports = _reuse_ports(records.get(REGISTRY), registry.RegistryNode.PORTS)
+        node = registry.RegistryNode(self.home / REGISTRY, ports["port"])
+        if not _running(records.get(REGISTRY)):
+            pid = node.start(server, self.say)
+            records[REGISTRY] = node.record(REGISTRY, pid)
+            save_records(self.home, records)
+        procs.wait_ready(
+            "Schema Registry", node.ready, pid=records[REGISTRY].pid, log=node.log, timeout=timeout
+        )
+        return node.url
+
+    def registry_url(self) -> str:
+        """The running Schema Registry's Confluent-compatible API, "" if none runs."""
+        record = load_records(self.home).get(REGISTRY)
+        return registry_url(record.address) if record is not None and record.alive else ""
 
     def spark_up(self, workers: int, cores: int = 1, timeout: float = 180.0) -> str | None:
         """Run a Spark master and exactly `workers` workers (stopping those above; 0 stops
@@ -176,7 +224,8 @@ class Stack:
         records = load_records(self.home)
         rows = []
         spark_names = sorted(n for n in records if n.startswith("spark-"))
-        for name in ("kafka", "minio", *spark_names):
+        optional = [REGISTRY] if REGISTRY in records else []
+        for name in ("kafka", "minio", *optional, *spark_names):
             record = records.get(name)
             if record is None:
                 rows.append(ComponentStatus(name, "never started", "-", None, "-"))
@@ -186,6 +235,7 @@ class Stack:
         return rows
 
 
+REGISTRY = "registry"
 SPARK_MASTER = "spark-master"
 SPARK_WORKER = "spark-worker-"
 

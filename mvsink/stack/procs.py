@@ -95,6 +95,11 @@ def require_tool(name: str, hint: str) -> str:
     return found
 
 
+def java() -> str:
+    """The `java` every embedded server runs on (Kafka, the Schema Registry): a JDK 17+."""
+    return require_tool("java", "install a JDK 17 (e.g. `apt-get install openjdk-17-jre-headless`)")
+
+
 def go_install(module: str, version: str, binary: str, bindir: Path, say: Say, what: str) -> Path:
     """The executable `binary` of Go package `module@version`, built with `go install` into
     `bindir` (the download/build cache) if not there yet."""

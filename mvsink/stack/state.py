@@ -6,6 +6,7 @@ Layout under the stack home (default `<state dir>/stack`)::
     credentials/s3-access-key, credentials/s3-secret-key   (mode 0600, generated once)
     kafka/                  server.properties, data/, kafka.log
     minio/                  data/, minio.log
+    registry/               registry.log, work/   (only with `up --registry`; storage in memory)
     spark/                  master.log, spark-worker-<i>/ (worker.log, work/: executors' logs)
 
 `down` stops only the pids recorded here, so it never touches anything it did not start.
@@ -81,16 +82,31 @@ def credentials(home: Path) -> tuple[str, str]:
 
 
 def running_endpoints(state_dir: Path) -> dict[str, str]:
-    """Config values pointing at this checkout's running embedded stack, or `{}` if none runs."""
+    """Config values pointing at this checkout's running embedded stack, or `{}` if none runs;
+    `schema_registry_url` only while its optional Schema Registry runs."""
     home = stack_home(state_dir)
     records = load_records(home)
     kafka, minio = records.get("kafka"), records.get("minio")
     if kafka is None or minio is None or not (kafka.alive and minio.alive):
         return {}
     access_key, secret_key = credentials(home)
-    return {
+    endpoints = {
         "kafka_bootstrap": kafka.address,
         "s3_endpoint": minio.address,
         "s3_access_key": access_key,
         "s3_secret_key": secret_key,
     }
+    registry = records.get("registry")
+    if registry is not None and registry.alive:
+        endpoints["schema_registry_url"] = registry_url(registry.address)
+    return endpoints
+
+
+#: Where the embedded Schema Registry (Apicurio, `mvsink.stack.registry`) serves the Confluent-
+#: compatible API.
+CCOMPAT_PATH = "/apis/ccompat/v7"
+
+
+def registry_url(address: str) -> str:
+    """The Confluent-compatible API's base URL of the embedded Schema Registry at `host:port`."""
+    return f"http://{address}{CCOMPAT_PATH}"

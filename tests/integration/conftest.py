@@ -26,3 +26,30 @@ def procs() -> Iterator[list[Service]]:
     for service in started:
         service.stop()
         print(f"--- {service.log.name} ---\n{service.text()[-4000:]}")
+
+
+@pytest.fixture(scope="session")
+def schema_registry_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The Confluent-compatible API of a real Schema Registry for the whole session:
+    `MVSINK_TEST_SCHEMA_REGISTRY_URL` if set, else the embedded stack's (Apicurio,
+    `mvsink.stack.registry`) alone in a fresh home, fetched into the shared cache on first use.
+    Its storage is in memory and shared by the session's tests: each uses subjects of its own."""
+    import os
+    import sys
+
+    from mvsink.io.config import cache_dir
+    from mvsink.stack.manager import Stack
+
+    url = os.environ.get("MVSINK_TEST_SCHEMA_REGISTRY_URL")
+    if url:
+        yield url
+        return
+
+    def say(message: str) -> None:
+        print(f"[fixtures] {message}", file=sys.stderr, flush=True)
+
+    stack = Stack(tmp_path_factory.mktemp("registry"), cache_dir(), say)
+    try:
+        yield stack.registry_up(timeout=180)
+    finally:
+        stack.down()

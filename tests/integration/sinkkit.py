@@ -41,6 +41,19 @@ from mvsink.upstream.producer import DesiredProducer
 ROW_SCHEMA = "k string, v long"
 
 
+def mvsink_cli(
+    args: list[str], env: dict[str, str], timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
+    """`mvsink ARGS` run by this interpreter in environment `env`, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "mvsink.cli", *args],
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+    )
+
+
 def wait_until(
     predicate: Callable[[], bool], timeout: float, what: str, step: Callable[[], None] | None = None
 ) -> None:

@@ -31,6 +31,8 @@ from mvsink.io.config import S3Settings
 from mvsink.io.registry import COMPATIBILITY, IncompatibleSchema, subject
 from mvsink.tools.provision import provision
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 def no_registry_after() -> Iterator[None]:
@@ -164,3 +166,38 @@ def test_provisioning_registers_every_subject_and_refuses_a_breaking_schema_chan
         codec.schema_versions.cache_clear()
         codec._canonical_versions.cache_clear()
     assert len(client.get_versions(descs)) == 1  # nothing of the breaking release registered
+
+
+def test_the_bench_measures_the_registry_framing_beside_mvsinks_own(
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, schema_registry_url: str
+) -> None:
+    """`mvsink bench --systems mvsink,mvsink-registry`: the same workload, once in mvsink's own
+    framing and once in the registry's wire format (its desired topic encoded so, its services
+    framing theirs), in one run; both shards equal the view and the ratio is reported."""
+    env = cli_env(kafka_bootstrap, s3_settings, tmp_path)
+    env["MVSINK_SCHEMA_REGISTRY_URL"] = schema_registry_url
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [
+            *(sys.executable, "-m", "mvsink.cli", "bench", "--no-stack", "--keys", "3000"),
+            *("--ticks", "3", "--systems", "mvsink,mvsink-registry", "--out", str(out)),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    figures = json.loads((out / "bench.json").read_text())
+    assert figures["systems"] == ["mvsink", "mvsink-registry"]
+    assert figures["mvsink_shard_equals_desired"] is True
+    assert figures["mvsink-registry_shard_equals_desired"] is True
+    for key in ("ratio_registry_vs_own_framing", "producer_registry_updates_per_cpu_s"):
+        assert isinstance(figures[key], float) and figures[key] > 0, key
+    assert "Schema Registry wire format: ratio mvsink (registry)/mvsink" in done.stderr
+    # the registry column's desired topic is in the wire format; mvsink's own is not
+    run = re.search(r"/bench/(cmp-[0-9a-f]{6})\b", done.stderr)  # "logs in <state>/bench/<run>"
+    assert run, done.stderr[-3000:]
+    client = SchemaRegistryClient({"url": schema_registry_url})
+    assert f"{run.group(1)}-mvsink-registry.desired-value" in client.get_subjects()
+    assert f"{run.group(1)}-mvsink.desired-value" not in client.get_subjects()

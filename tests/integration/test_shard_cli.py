@@ -4,14 +4,12 @@ the real S3 of the test session."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from sinkkit import cli_env
+from sinkkit import cli_env, mvsink_cli
 
 from mvsink.core.frontier import Frontier
 from mvsink.io.config import S3Settings
@@ -20,16 +18,6 @@ from mvsink.shard import open_shard
 pytestmark = pytest.mark.integration
 
 F = Frontier.at
-
-
-def _mvsink(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "mvsink.cli", *args],
-        env=env,
-        text=True,
-        capture_output=True,
-        timeout=300,
-    )
 
 
 def test_shard_show_snapshot_sweep(
@@ -43,29 +31,29 @@ def test_shard_show_snapshot_sweep(
     shard.compare_and_append([shard.stage(table, F(0), F(3), "w1")], F(0), F(3))
     env = cli_env(kafka_bootstrap, s3_settings, tmp_path)
 
-    show = _mvsink(["shard", "--shard", shard_id, "show"], env)
+    show = mvsink_cli(["shard", "--shard", shard_id, "show"], env)
     assert show.returncode == 0, show.stderr
     assert "upper    {3}" in show.stdout and "parts    1 live  (by writer: w1 1)" in show.stdout
     assert "since    {0}  (retain all history; leases: -)" in show.stdout
     assert "k string, v int64" in show.stdout
 
-    snap = _mvsink(["shard", "--shard", shard_id, "snapshot"], env)
+    snap = mvsink_cli(["shard", "--shard", shard_id, "snapshot"], env)
     assert snap.returncode == 0, snap.stderr
     assert [json.loads(line) for line in snap.stdout.splitlines()] == [
         {"k": "b", "v": 2, "_time": 2, "_diff": 1, "_err": None}
     ]
-    early = _mvsink(
+    early = mvsink_cli(
         ["shard", "--shard", shard_id, "snapshot", "--as-of", "2", "--format", "csv"], env
     )
     assert early.stdout.splitlines()[0] == '"k","v","_time","_diff","_err"'
     assert len(early.stdout.splitlines()) == 3
 
-    refused = _mvsink(["shard", "--shard", shard_id, "sweep", "--grace", "1"], env)
+    refused = mvsink_cli(["shard", "--shard", shard_id, "sweep", "--grace", "1"], env)
     assert refused.returncode == 2 and "below the minimum" in refused.stderr
-    swept = _mvsink(["shard", "--shard", shard_id, "sweep", "--grace", "3600"], env)
+    swept = mvsink_cli(["shard", "--shard", shard_id, "sweep", "--grace", "3600"], env)
     assert swept.returncode == 0 and "parts deleted:     0" in swept.stdout
 
-    missing = _mvsink(["shard", "--shard", "no-such-shard", "show"], env)
+    missing = mvsink_cli(["shard", "--shard", "no-such-shard", "show"], env)
     assert missing.returncode == 2 and "does not exist" in missing.stderr
 
 
@@ -87,15 +75,15 @@ def test_shard_compact_merges_and_reads_before_since_are_refused(
         )
     env = cli_env(kafka_bootstrap, s3_settings, tmp_path)
 
-    compact = _mvsink(["shard", "--shard", shard_id, "compact", "--all"], env)
+    compact = mvsink_cli(["shard", "--shard", shard_id, "compact", "--all"], env)
     assert compact.returncode == 0, compact.stderr
     assert "merged: 3 batches [{0}, {3}) at since {3} (forced): 5 -> 1 updates" in compact.stderr
-    show = _mvsink(["shard", "--shard", shard_id, "show"], env)
+    show = mvsink_cli(["shard", "--shard", shard_id, "show"], env)
     assert "batches  1 live  (updates each, oldest first: 1)" in show.stdout, show.stdout
     assert "since    {3}  (retain 0 times" in show.stdout
-    snap = _mvsink(["shard", "--shard", shard_id, "snapshot"], env)
+    snap = mvsink_cli(["shard", "--shard", shard_id, "snapshot"], env)
     assert [json.loads(line)["v"] for line in snap.stdout.splitlines()] == [2]
-    early = _mvsink(["shard", "--shard", shard_id, "snapshot", "--as-of", "2"], env)
+    early = mvsink_cli(["shard", "--shard", shard_id, "snapshot", "--as-of", "2"], env)
     assert early.returncode == 2 and "compacted away" in early.stderr
 
 
@@ -103,7 +91,7 @@ def test_bench_shard_prints_measured_and_baseline(
     kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path
 ) -> None:
     env = cli_env(kafka_bootstrap, s3_settings, tmp_path)
-    bench = _mvsink(
+    bench = mvsink_cli(
         ["bench", "shard", "--no-stack", "--rows", "20000", "--parts", "2", "--appends", "5"], env
     )
     assert bench.returncode == 0, bench.stderr

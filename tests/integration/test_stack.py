@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from sinkkit import mvsink_cli
 
 from mvsink.core.errors import StackError
 from mvsink.io.config import cache_dir
@@ -20,16 +19,6 @@ from mvsink.stack.state import load_records
 pytestmark = pytest.mark.integration
 
 
-def _mvsink(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "mvsink.cli", *args],
-        env=env,
-        text=True,
-        capture_output=True,
-        timeout=600,
-    )
-
-
 def test_cli_stack_up_status_env_demo_down(tmp_path: Path) -> None:
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")},
@@ -37,27 +26,27 @@ def test_cli_stack_up_status_env_demo_down(tmp_path: Path) -> None:
         "MVSINK_CACHE_DIR": str(cache_dir()),
     }
     try:
-        up = _mvsink(["stack", "up"], env)
+        up = mvsink_cli(["stack", "up"], env)
         assert up.returncode == 0, up.stderr
         assert "topics created: demo.desired" in up.stderr
         assert "demo-smoke" not in up.stderr
-        status = _mvsink(["stack", "status"], env)
+        status = mvsink_cli(["stack", "status"], env)
         assert status.stdout.count(" running ") == 2, status.stdout
-        exports = _mvsink(["stack", "env"], env).stdout
+        exports = mvsink_cli(["stack", "env"], env).stdout
         assert "MVSINK_KAFKA_BOOTSTRAP=127.0.0.1:" in exports
         assert "MVSINK_S3_SECRET_KEY_FILE=" in exports and "SECRET_KEY=" not in exports.replace(
             "SECRET_KEY_FILE=", ""
         )
 
-        demo = _mvsink(["smoke"], env)
+        demo = mvsink_cli(["smoke"], env)
         assert demo.returncode == 0, demo.stderr
         assert "smoke demo OK" in demo.stderr
     finally:
         records = load_records(tmp_path / "state" / "stack")
-        down = _mvsink(["stack", "down"], env)
+        down = mvsink_cli(["stack", "down"], env)
     assert down.returncode == 0 and "kafka" in down.stdout and "minio" in down.stdout
     assert records and not any(procs.pid_alive(r.pid) for r in records.values())
-    assert _mvsink(["stack", "status"], env).stdout.count(" stopped ") == 2
+    assert mvsink_cli(["stack", "status"], env).stdout.count(" stopped ") == 2
 
 
 def test_down_stops_nothing_it_did_not_start(tmp_path: Path) -> None:
@@ -81,7 +70,7 @@ def test_component_that_cannot_start_fails_with_its_log_tail(tmp_path: Path) -> 
 
 def test_cli_error_is_one_clear_line(tmp_path: Path) -> None:
     env = {**os.environ, "MVSINK_STATE_DIR": str(tmp_path / "nothing")}
-    result = _mvsink(["stack", "env"], env)
+    result = mvsink_cli(["stack", "env"], env)
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "mvsink: error: the embedded stack is not running: run `mvsink stack up` first"
