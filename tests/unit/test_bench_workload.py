@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mvsink.bench.compare import percentile
+from mvsink.bench.compare import REGISTRY_FRAMED, Variant, percentile, variants
 from mvsink.bench.contenders import OffsetSystem
 from mvsink.bench.workload import Workload
 from mvsink.io.config import load_config
@@ -92,3 +92,13 @@ def test_percentile() -> None:
     assert percentile([3.0, 1.0, 2.0], 50) == 2.0
     assert percentile([float(i) for i in range(101)], 99) == 99.0
     assert percentile([], 50) != percentile([], 50)  # nan
+
+
+def test_the_registry_column_is_mvsink_on_the_registry_framing() -> None:
+    """`--systems mvsink,mvsink-registry`: two mvsink columns, the second registry-framed, on
+    the same Spark master; the end-to-end columns stay fed from DataFrames."""
+    assert variants(("mvsink", REGISTRY_FRAMED, "peer-e2e"), "spark://m:7077", ()) == [
+        Variant("mvsink", "mvsink", "spark://m:7077"),
+        Variant(REGISTRY_FRAMED, "mvsink", "spark://m:7077", registry_framed=True),
+        Variant("peer-e2e", "peer", from_dataframes=True),
+    ]
