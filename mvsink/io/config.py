@@ -273,6 +273,14 @@ SETTINGS: tuple[Setting, ...] = (
             "whether write runs its steps in long-lived Spark tasks that connect back to the "
             "driver's host on a random TCP port; `false` where executors cannot (a Spark job per "
             "step)"),
+    Setting("spark_cores_max",      "spark",   "cores_max",           "MVSINK_SPARK_CORES_MAX",       0, _int,
+            "the most cores each mvsink Spark application takes of a standalone cluster "
+            "(`spark.cores.max`); 0: the master's `spark.deploy.defaultCores` (docs/operations.md "
+            "§2); >= 0", _at_least(0)),
+    Setting("spark_pack_env",       "spark",   "pack_env",            "MVSINK_SPARK_PACK_ENV",        False, _bool,
+            "on a cluster, ship the libraries of this virtualenv to the executors, packed with "
+            "venv-pack (`spark.archives`), so the workers' Python needs none of them "
+            "(docs/operations.md §2)"),
     Setting("metrics_addr",         "service", "metrics_addr",        "MVSINK_METRICS_ADDR",          "127.0.0.1", str,
             "address of the Prometheus endpoint"),
     Setting("metrics_port",         "service", "metrics_port",        "MVSINK_METRICS_PORT",          0, _int,
@@ -371,6 +379,8 @@ class Config:
     compaction_max_batches: int = _default("compaction_max_batches")
     compaction_max_amplification: float = _default("compaction_max_amplification")
     spark_residents: bool = _default("spark_residents")
+    spark_cores_max: int = _default("spark_cores_max")
+    spark_pack_env: bool = _default("spark_pack_env")
     ct_task: str = _default("ct_task")
 
     def shard_timing(self) -> Timing:

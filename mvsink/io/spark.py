@@ -8,10 +8,21 @@ master Spark accepts (`spark://…`, `yarn`, `k8s://…`). On a cluster:
 * **Code.** The executors get the project's own code the way Spark's Python package
   management recommends for pure-Python code: `code_zip` packs the `mvsink` and `services`
   packages this driver runs (a content-addressed zip, built at session start) and the session
-  ships it with `spark.submit.pyFiles`; PySpark puts it first on each Python worker's path. The
-  third-party libraries (pyarrow, confluent-kafka, minio, fastavro) must be in the executors'
-  Python (`spark.pyspark.python`; the services image has them), or in a packed virtualenv the
-  user adds with `spark.archives`.
+  ships it with `spark.submit.pyFiles`; PySpark puts it first on each Python worker's path.
+* **Libraries.** The third-party libraries (pyarrow, confluent-kafka, minio, fastavro, ...) are
+  either in the executors' Python already (`PYSPARK_PYTHON`, by default this interpreter's path;
+  the services image has them), or, with `pack_env` (`[spark] pack_env`), shipped: `packed_env`
+  packs this virtualenv's distributions that mvsink needs with venv-pack (content-addressed by
+  the Python and those distributions' versions, built once), and the session ships the archive
+  with `spark.archives` (`<archive>#env`) and names `./env/bin/python` as the executors' Python,
+  the way Spark documents it for virtualenvs (`PYSPARK_PYTHON` when the context is made); the
+  driver keeps its own. Spark unpacks it in each executor's directory. The packed `bin/python`
+  links to the virtualenv's base interpreter (`pyvenv.cfg` `home`), so the workers need that
+  Python (the same version at the same path), nothing installed in it.
+* **Cores.** `cores_max` (`[spark] cores_max`) caps the cores the application takes of a
+  standalone cluster (`spark.cores.max`); unset, the master's `spark.deploy.defaultCores`
+  applies (the embedded master's and compose's are set, `mvsink.stack.spark`): without either
+  the first application takes every core and the next gets no executor.
 * **Addresses.** Executors connect back to the driver at `MVSINK_SPARK_DRIVER_HOST` (default
   127.0.0.1; `auto` is this machine's hostname, as in a container). The driver binds 127.0.0.1
   when that is loopback, else every interface.
@@ -23,11 +34,17 @@ master Spark accepts (`spark://…`, `yarn`, `k8s://…`). On a cluster:
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import io
+import logging
 import os
+import platform
+import re
 import socket
 import sys
+import sysconfig
 import tempfile
+import time
 import uuid
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -38,6 +55,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from mvsink.core.errors import ConfigError
 from mvsink.core.settings import S3Settings
 
 if TYPE_CHECKING:
@@ -47,6 +65,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 R = TypeVar("R")
 PART_RESULT_SCHEMA = "key string, rows long, bytes long"
+log = logging.getLogger("mvsink.io.spark")
 
 
 def spark_session(
@@ -56,9 +75,17 @@ def spark_session(
     ui: bool = False,
     shuffle_partitions: int | None = None,
     conf: Mapping[str, str] | None = None,
+    cores_max: int | None = None,
+    pack_env: bool | None = None,
 ) -> SparkSession:
     """A SparkSession for this box: few shuffle partitions, UI off unless asked, quiet logs,
-    Arrow on, executors running this interpreter, every listener on 127.0.0.1."""
+    Arrow on, executors running this interpreter, every listener on 127.0.0.1.
+
+    On a cluster it also ships the code (`code_zip`), caps the application at `cores_max`
+    cores (0: no cap of its own) and with `pack_env` ships this virtualenv (`packed_env`) as
+    the executors' Python; None reads each from its setting's environment variable
+    (`MVSINK_SPARK_CORES_MAX`, `MVSINK_SPARK_PACK_ENV`), as `master` falls back on
+    `MVSINK_SPARK_MASTER`."""
     from pyspark.sql import SparkSession
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -68,6 +95,16 @@ def spark_session(
         os.environ.setdefault("SPARK_LOCAL_IP", host)
     cores = os.cpu_count() or 2
     master = master or os.environ.get("MVSINK_SPARK_MASTER") or "local[*]"
+    cluster: dict[str, str] = {}
+    executor_python = None
+    if not master.startswith("local"):
+        cluster["spark.submit.pyFiles"] = str(code_zip())
+        cores_max = _env_setting("spark_cores_max") if cores_max is None else cores_max
+        if cores_max > 0:
+            cluster["spark.cores.max"] = str(cores_max)
+        if _env_setting("spark_pack_env") if pack_env is None else pack_env:
+            cluster["spark.archives"] = f"{packed_env()}#{PACKED_ENV}"
+            executor_python = f"./{PACKED_ENV}/bin/python"
     settings = {
         "spark.master": master,
         "spark.app.name": app_name,
@@ -86,13 +123,37 @@ def spark_session(
         # so that cost is per-description latency.
         "spark.python.unix.domain.socket.enabled": "true",
         "spark.log.level": "WARN",
-        **({} if master.startswith("local") else {"spark.submit.pyFiles": str(code_zip())}),
+        **cluster,
         **(conf or {}),
     }
     builder = SparkSession.builder
     for key, value in settings.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    if executor_python is None:
+        return builder.getOrCreate()
+    # The context takes the executors' Python from PYSPARK_PYTHON when it is made; afterwards
+    # the variable is this interpreter again, for whatever this process starts next.
+    own = os.environ["PYSPARK_PYTHON"]
+    os.environ["PYSPARK_PYTHON"] = executor_python
+    try:
+        return builder.getOrCreate()
+    finally:
+        os.environ["PYSPARK_PYTHON"] = own
+
+
+def _env_setting(name: str) -> Any:
+    """The value of setting `name` (`mvsink.io.config.SETTINGS`) its environment variable
+    gives, else its default."""
+    from mvsink.io.config import SETTINGS
+
+    [setting] = [s for s in SETTINGS if s.name == name]
+    raw = os.environ.get(setting.env, "")
+    if not raw:
+        return setting.default
+    try:
+        return setting.parse(raw)
+    except (TypeError, ValueError) as error:
+        raise ConfigError(f"{setting.env}: {error}") from error
 
 
 def driver_host() -> str:
@@ -138,6 +199,128 @@ def code_zip(directory: Path | None = None) -> Path:
                 archive.writestr(zipfile.ZipInfo(arcname, (2020, 1, 1, 0, 0, 0)), data)
         partial.replace(target)
     return target
+
+
+#: The packed environment's directory in an executor (`spark.archives` `<archive>#env`).
+PACKED_ENV = "env"
+#: Distributions `packed_env` leaves out: the cluster's own Spark (its executors put their
+#: `pyspark` and `py4j` first on the path anyway), mvsink itself (`code_zip` ships the code
+#: this driver runs, not an install that may be editable), and what only a driver runs (the
+#: benchmark chart, the packer).
+NOT_PACKED = frozenset({"mvsink", "pyspark", "py4j", "matplotlib", "venv-pack"})
+#: Bumped when what `packed_env` puts in an archive changes, so older archives are not reused.
+PACK_LAYOUT = 1
+
+_REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?")
+_EXTRA = re.compile(r"""\bextra\s*==\s*['"]([^'"]+)['"]""")
+
+
+def _normal(name: str) -> str:
+    """A distribution name as PyPI compares them (PEP 503)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def packed_distributions(root: str = "mvsink") -> dict[str, importlib.metadata.Distribution]:
+    """The installed distributions `packed_env` packs, by normalized name: what `root`
+    requires, transitively (with the extras each requirement names), as installed, but none of
+    `NOT_PACKED` nor what only they require. A requirement that is not installed is skipped
+    (its marker excluded it here); one behind an extra only when that extra is asked for."""
+    found: dict[str, importlib.metadata.Distribution] = {}
+    todo: list[tuple[str, frozenset[str]]] = [(root, frozenset())]
+    while todo:
+        name, extras = todo.pop()
+        key = _normal(name)
+        if key in found or (key in NOT_PACKED and key != _normal(root)):
+            continue
+        try:
+            distribution = importlib.metadata.distribution(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        found[key] = distribution
+        for requirement in distribution.requires or []:
+            spec, _, marker = requirement.partition(";")
+            match = _REQUIREMENT.match(spec)
+            gated = {_normal(e) for e in _EXTRA.findall(marker)}
+            if match is None or (gated and not gated & extras):
+                continue
+            wanted = frozenset(_normal(e) for e in (match[2] or "").split(",") if e.strip())
+            todo.append((match[1], wanted))
+    found.pop(_normal(root), None)
+    return found
+
+
+def pack_key(python: str, base: str, versions: Mapping[str, str]) -> str:
+    """The content address of a packed environment: the Python (`python`, implementation,
+    version and platform), its installation (`base`, where the packed `bin/python` links to),
+    each packed distribution's version, and `PACK_LAYOUT`."""
+    digest = hashlib.sha256(f"layout {PACK_LAYOUT}\npython {python}\nbase {base}\n".encode())
+    for name in sorted(versions):
+        digest.update(f"{name}=={versions[name]}\n".encode())
+    return digest.hexdigest()[:16]
+
+
+def packed_env(directory: Path | None = None) -> Path:
+    """A `.tar.gz` of this virtualenv (venv-pack) holding only `packed_distributions` and its
+    `python` links, named by `pack_key` and built once per key in `directory` (default: the
+    temporary directory), for `spark.archives`.
+
+    Raises:
+        ConfigError: this Python is not a virtualenv, or venv-pack refuses it.
+    """
+    if sys.prefix == sys.base_prefix:
+        raise ConfigError(
+            f"[spark] pack_env: {sys.executable} does not run in a virtualenv, which venv-pack "
+            "packs; run mvsink from one (./run setup makes .mvsink/venv)"
+        )
+    distributions = packed_distributions()
+    python = f"{sys.implementation.name}-{platform.python_version()}-{sysconfig.get_platform()}"
+    versions = {name: d.version for name, d in distributions.items()}
+    key = pack_key(python, sys.base_prefix, versions)
+    target = (directory or Path(tempfile.gettempdir())) / f"mvsink-env-{key}.tar.gz"
+    if target.exists():
+        return target
+    import venv_pack  # type: ignore[import-untyped]  # venv-pack has no type hints
+
+    started = time.monotonic()
+    try:
+        env = venv_pack.Env(sys.prefix)
+    except venv_pack.VenvPackException as error:
+        raise ConfigError(
+            f"[spark] pack_env: venv-pack cannot pack {sys.prefix}: {error}"
+        ) from error
+    # Everything out, then in again: the interpreter's links and the packed distributions'
+    # top-level files and folders in site-packages (pyvenv.cfg venv-pack adds itself).
+    env = env.exclude("*").include("bin/python*").include("lib64")
+    sites = {
+        os.path.relpath(sysconfig.get_path(kind), env.prefix) for kind in ("purelib", "platlib")
+    }
+    for distribution in distributions.values():
+        for top in _top_levels(distribution):
+            for site in sites:
+                env = env.include(f"{site}/{top}").include(f"{site}/{top}/*")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    env.pack(output=str(partial), format="tar.gz", force=True)
+    partial.replace(target)
+    log.info(
+        "packed %d distributions of %s into %s (%.0f MiB) in %.1fs",
+        len(distributions),
+        sys.prefix,
+        target,
+        target.stat().st_size / 2**20,
+        time.monotonic() - started,
+    )
+    return target
+
+
+def _top_levels(distribution: importlib.metadata.Distribution) -> set[str]:
+    """The names a distribution installed at the top of site-packages (its RECORD's first path
+    parts; files outside site-packages, such as scripts, left out)."""
+    files = distribution.files
+    if files is None:  # no RECORD: its import names, at least
+        text = distribution.read_text("top_level.txt") or ""
+        return {line.strip() for line in text.splitlines() if line.strip()}
+    return {f.parts[0] for f in files if f.parts and f.parts[0] != ".."}
 
 
 def executor_id() -> str:

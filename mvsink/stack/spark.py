@@ -6,7 +6,11 @@ here with no download. Every listener binds 127.0.0.1; the REST submission serve
 services connect as drivers, nothing submits through it).
 
 * `SparkMaster.start` runs the master on `port` (RPC) and `ui_port` (web UI, whose `/json/` is
-  the readiness check of the master and of its workers);
+  the readiness check of the master and of its workers), giving each application that does not
+  cap itself (`spark.cores.max`) `default_cores` cores (`spark.deploy.defaultCores`, default
+  `APP_CORES`). Without that cap Spark gives the first application every core of the cluster
+  and the next none, so a second driver (the demo's view job next to the write service) waits
+  for executors until the first ends;
 * `SparkWorker.start` runs worker `index` with `cores` and `memory`, registered with the master;
   it is ready when the master lists it ALIVE. Its executors (and their Python workers) are its
   children, in its process group: stopping or `kill -9`-ing the group takes them all.
@@ -23,6 +27,13 @@ from pathlib import Path
 from mvsink.core.errors import StackError
 from mvsink.stack import procs
 from mvsink.stack.component import Component
+
+#: The cores an application gets of the embedded cluster unless it sets `spark.cores.max`: two,
+#: which the master spreads over the workers (`spark.deploy.spreadOut`), so on two or more
+#: workers an application has an executor on two of them and outlives the loss of one. mvsink's
+#: own applications cap themselves lower where several share a cluster (`[spark] cores_max`; the
+#: demo gives its view job and its write driver one core each).
+APP_CORES = 2
 
 
 def spark_home() -> Path:
@@ -75,6 +86,8 @@ class SparkMaster(Component):
     LOG = "master.log"
 
     ui_port: int
+    #: Cores per application that does not set `spark.cores.max` (`spark.deploy.defaultCores`).
+    default_cores: int = APP_CORES
 
     @property
     def address(self) -> str:
@@ -85,8 +98,13 @@ class SparkMaster(Component):
         """Launch the master; its pid (not yet ready)."""
         props = self.home / "master.properties"
         self.home.mkdir(parents=True, exist_ok=True)
-        props.write_text("spark.master.rest.enabled=false\n")
-        say(f"starting Spark master on {self.address} (web UI port {self.ui_port}) ...")
+        props.write_text(
+            f"spark.master.rest.enabled=false\nspark.deploy.defaultCores={self.default_cores}\n"
+        )
+        say(
+            f"starting Spark master on {self.address} (web UI port {self.ui_port}; "
+            f"{self.default_cores} cores per application unless it sets spark.cores.max) ..."
+        )
         return _spark_class(
             self.home,
             "org.apache.spark.deploy.master.Master",

@@ -40,6 +40,10 @@ from mvsink.upstream.publish import publish_dataframe
 
 ROW_SCHEMA = "customer string not null, orders long, total double"
 KEYS = ["customer"]
+#: The cores each of the demo's Spark applications (its view job, the write driver) takes of a
+#: cluster unless `[spark] cores_max` says otherwise: one each, so both get executors on the
+#: smallest cluster of the README (`mvsink stack up --spark-workers 2`, a core per worker).
+DEMO_CORES = 1
 
 
 class ViewJob:
@@ -283,6 +287,9 @@ def run_demo(config: Config, say: Say, ticks: int = 8, orders: int = 200) -> Non
         row_schema=ROW_SCHEMA,
         topics=Topics.for_sink(run, config.topics.frontiers),
     )
+    if not config.spark_master.startswith("local") and not config.spark_cores_max:
+        # Two applications of the demo share the cluster: neither may take every core.
+        config = replace(config, spark_cores_max=DEMO_CORES)
     say(
         f"sink {run}: P={config.partitions} desired partitions, A={config.append_workers} append workers"
     )
@@ -291,7 +298,12 @@ def run_demo(config: Config, say: Say, ticks: int = 8, orders: int = 200) -> Non
     logs = Path(os.environ.get("MVSINK_STATE_DIR", ".mvsink")) / "demo" / run
     procs = start_services(config, logs)
     say(f"started mint, write (Spark), append; logs in {logs}")
-    spark = spark_session(f"mvsink-view-{run}")
+    spark = spark_session(
+        f"mvsink-view-{run}",
+        config.spark_master,
+        cores_max=config.spark_cores_max,
+        pack_env=config.spark_pack_env,
+    )
     view: ViewJob | None = None
     try:
         view = ViewJob(config, spark, say)
@@ -352,7 +364,12 @@ def run_view(
 
     if config.row_schema and config.row_schema != ROW_SCHEMA:
         raise MvsinkError(f"the demo view publishes rows ({ROW_SCHEMA}), not ({config.row_schema})")
-    spark = spark_session(f"mvsink-view-{config.sink_id}", config.spark_master)
+    spark = spark_session(
+        f"mvsink-view-{config.sink_id}",
+        config.spark_master,
+        cores_max=config.spark_cores_max,
+        pack_env=config.spark_pack_env,
+    )
     done, view, backoff, outage = 0, None, Backoff(), None
     try:
         while (ticks == 0 or done < ticks) and not stopped():

@@ -311,7 +311,12 @@ class WriteShell:
     def run(self) -> int:
         from mvsink.io.spark import spark_session
 
-        self.spark = spark_session(f"mvsink-write-{self.config.sink_id}", self.config.spark_master)
+        self.spark = spark_session(
+            f"mvsink-write-{self.config.sink_id}",
+            self.config.spark_master,
+            cores_max=self.config.spark_cores_max,
+            pack_env=self.config.spark_pack_env,
+        )
         self.target = self._hold_target()
         self._hold()  # before any task reads the shard
         keeper = threading.Thread(target=self._keep_lease, name="write-lease", daemon=True)
