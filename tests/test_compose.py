@@ -2,7 +2,8 @@
 project (or the Spark daemons of the PySpark it installs), scale without clashes, and are
 configured only through settings `mvsink` reads; every image it runs is built from this
 repository (no pulls), as a non-root user, at the versions the embedded stack runs; the write
-drivers run their executors on the file's Spark cluster. (`./run compose-test` runs the file for real: `mvsink.tools.compose.verify`.)
+drivers run their executors on the file's Spark cluster; Prometheus scrapes every service that
+serves metrics. (`./run compose-test` runs the file for real: `mvsink.tools.compose.verify`.)
 
 The file is validated by the real `docker compose config` where a Docker engine with compose v2
 answers, and always against the Compose Specification schema the project keeps in
@@ -27,12 +28,20 @@ import yaml
 
 from mvsink.cli import build_parser
 from mvsink.io.config import FIELDS, REPO_ROOT
+from mvsink.stack.jars import CENTRAL
 from mvsink.stack.kafka import KAFKA_VERSION
 from mvsink.stack.minio import MINIO_VERSION
+from mvsink.stack.registry import APICURIO_VERSION
+from mvsink.stack.registry import SETTINGS as REGISTRY_SETTINGS
+from mvsink.stack.registry import SHA256 as REGISTRY_SHA256
+from mvsink.stack.state import CCOMPAT_PATH
+from mvsink.tools.compose.verify import TARGETS
 
 SCALED = ("mint", "write", "append")
 #: The Spark standalone cluster: the master, and the workers (scaled).
 SPARK = ("spark-master", "spark-worker")
+#: Prometheus's configuration, rules and image (`docker/prometheus`).
+PROMETHEUS = REPO_ROOT / "docker" / "prometheus"
 #: Each Spark daemon the compose file runs with `spark-class`: its options that take a value
 #: (Spark's `MasterArguments` / `WorkerArguments`), and whether it takes master URLs.
 SPARK_DAEMONS = {
@@ -108,8 +117,8 @@ def test_the_schema_copy_is_the_recorded_one() -> None:
 
 
 def test_compose_has_every_component(compose: dict[str, Any]) -> None:
-    assert {"kafka", "minio", *SCALED, *SPARK} <= set(compose["services"])
-    for name in ("kafka", "minio", *SCALED, *SPARK):
+    assert {"kafka", "minio", *SCALED, *SPARK, "prometheus"} <= set(compose["services"])
+    for name in ("kafka", "minio", *SCALED, *SPARK, "prometheus"):
         assert "healthcheck" in compose["services"][name], name
 
 
@@ -267,7 +276,13 @@ def _stages(dockerfile: str) -> list[list[str]]:
 
 
 @pytest.mark.parametrize(
-    "dockerfile", ["Dockerfile", "docker/kafka/Dockerfile", "docker/minio/Dockerfile"]
+    "dockerfile",
+    [
+        "Dockerfile",
+        "docker/kafka/Dockerfile",
+        "docker/minio/Dockerfile",
+        "docker/prometheus/Dockerfile",
+    ],
 )
 def test_images_are_multi_stage_and_run_as_a_user(dockerfile: str) -> None:
     stages = _stages(dockerfile)
@@ -291,12 +306,12 @@ def test_images_run_the_versions_the_embedded_stack_runs(compose: dict[str, Any]
     assert compose["services"]["minio"]["image"].endswith(f":{commit_date}")
 
 
-def test_only_kafka_minio_and_the_spark_ui_publish_ports_on_loopback(
+def test_only_kafka_minio_the_spark_ui_the_registry_and_prometheus_publish_ports_on_loopback(
     compose: dict[str, Any],
 ) -> None:
     for name, service in compose["services"].items():
         for port in service.get("ports", []):
-            assert name in ("kafka", "minio", "spark-master"), name
+            assert name in ("kafka", "minio", "spark-master", "registry", "prometheus"), name
             assert str(port).startswith("127.0.0.1:"), (name, port)
 
 
@@ -313,9 +328,27 @@ def test_the_host_listener_is_advertised_on_the_published_port(compose: dict[str
 def test_healthchecks_test_readiness(compose: dict[str, Any]) -> None:
     services = compose["services"]
     assert services["kafka"]["healthcheck"]["test"][1:3] == ["kafka-tool", "broker-api-versions"]
-    assert services["minio"]["healthcheck"]["test"] == ["CMD", "minio-ready"]
-    ready = (REPO_ROOT / "docker/minio/minio-ready").read_text()
-    assert "/minio/health/ready" in ready
+    assert services["minio"]["healthcheck"]["test"] == [
+        "CMD",
+        "http-ready",
+        "9000",
+        "/minio/health/ready",
+    ]
+    assert services["registry"]["healthcheck"]["test"] == [
+        "CMD",
+        "http-ready",
+        "8080",
+        f"{CCOMPAT_PATH}/subjects",
+    ]
+    assert services["prometheus"]["healthcheck"]["test"] == [
+        "CMD",
+        "http-ready",
+        "9090",
+        "/-/ready",
+    ]
+    for image in ("minio", "registry", "prometheus"):
+        dockerfile = (REPO_ROOT / "docker" / image / "Dockerfile").read_text()
+        assert "COPY docker/http-ready /usr/local/bin/http-ready" in dockerfile, image
 
 
 def _spark_command(compose: dict[str, Any], service: str) -> dict[str, str]:
@@ -384,3 +417,69 @@ def test_spark_home_is_the_installed_pyspark() -> None:
     assert home[1] == "/opt/mvsink/venv/lib/python3.11/site-packages/pyspark"  # bookworm: 3.11
     local = _spark_home()
     assert local.parent.name == "site-packages" and (local / "bin" / "spark-class").exists()
+
+
+def test_prometheus_scrapes_every_service_that_serves_metrics(compose: dict[str, Any]) -> None:
+    """Each compose service running an mvsink service (`python -m services.*`, serving /metrics
+    on every interface at MVSINK_METRICS_PORT) is a job of `docker/prometheus/prometheus.yml`,
+    its replicas found by the service's name through Docker's DNS on that port; Prometheus's own
+    job is the only other one, and `mvsink compose verify` expects exactly these jobs."""
+    config = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    served = {
+        name: service
+        for name, service in compose["services"].items()
+        if service.get("command", [])[:2] == ["python", "-m"]
+    }
+    assert set(SCALED) <= set(served)
+    assert set(jobs) == {*served, "prometheus"} == set(TARGETS)
+    for name, service in served.items():
+        (found,) = jobs[name]["dns_sd_configs"]
+        env = service["environment"]
+        assert found["names"] == [name] and found["type"] == "A", name
+        assert found["port"] == int(env["MVSINK_METRICS_PORT"]), name
+        assert env["MVSINK_METRICS_ADDR"] == "0.0.0.0", name
+
+
+def test_prometheus_runs_the_version_its_image_names_on_loopback(compose: dict[str, Any]) -> None:
+    """Debian's package at the version of the image's tag (the build checks it), its UI and API
+    published on loopback at the port it listens on, its data in a volume, ready when /-/ready
+    answers."""
+    service = compose["services"]["prometheus"]
+    dockerfile = (PROMETHEUS / "Dockerfile").read_text()
+    version = re.search(r"^ARG PROMETHEUS_VERSION=(\S+)$", dockerfile, re.MULTILINE)
+    assert version and service["image"] == f"mvsink-prometheus:{version[1]}"
+    assert "apt-get install -y --no-install-recommends prometheus " in dockerfile
+    (published,) = service["ports"]
+    assert published.startswith("127.0.0.1:${MVSINK_PROMETHEUS_HOST_PORT:-")
+    assert published.endswith(":9090") and '"--web.listen-address=:9090"' in dockerfile
+    assert service["volumes"] == ["prometheus-data:/var/lib/prometheus"]
+
+
+def test_the_registry_runs_the_embedded_stacks_apicurio_with_its_settings(
+    compose: dict[str, Any],
+) -> None:
+    """The image fetches the distribution the embedded stack fetches (its version, the version of
+    the tag, and its SHA-256), runs it
+    with the stack's settings, keeps its storage in a volume, and every mvsink process of the
+    file frames its records for it (the URL the registry serves, on the compose network)."""
+    service = compose["services"]["registry"]
+    dockerfile = (REPO_ROOT / "docker" / "registry" / "Dockerfile").read_text()
+    assert service["image"] == f"mvsink-registry:{APICURIO_VERSION}"
+    assert f"ARG APICURIO_VERSION={APICURIO_VERSION}" in dockerfile
+    assert f"ARG APICURIO_SHA256={REGISTRY_SHA256}" in dockerfile
+    assert "sha256sum -c" in dockerfile and f"{CENTRAL}/io/apicurio/" in dockerfile
+    for key, value in REGISTRY_SETTINGS.items():
+        assert f'"-D{key}={value}"' in dockerfile, key
+    assert '"-Dquarkus.http.port=8080"' in dockerfile
+    assert "jdbc:h2:file:/var/lib/registry/" in dockerfile
+    assert service["volumes"] == ["registry-data:/var/lib/registry"]
+    (published,) = service["ports"]
+    assert published.startswith("127.0.0.1:") and published.endswith(":8080")
+    env = compose["services"]["mint"]["environment"]
+    assert env["MVSINK_SCHEMA_REGISTRY_URL"] == (
+        f"${{MVSINK_SCHEMA_REGISTRY_URL-http://registry:8080{CCOMPAT_PATH}}}"
+    )
+    assert compose["services"]["provision"]["depends_on"]["registry"] == {
+        "condition": "service_healthy"
+    }

@@ -7,9 +7,9 @@ Phases, each timed and printed:
 2. **base**: `debian:bookworm-slim`, pulled or made with debootstrap;
 3. **build**: `docker compose build` of every image (cached layers make a rebuild quick);
 4. **up**: `docker compose up -d --scale write=2 --scale append=2 --scale spark-worker=2` as a
-   project of its own (`mvsink-verify-<id>`, fresh volumes, Kafka, MinIO and the Spark master's
-   web UI published on free loopback ports; each Spark worker offers 2 cores and each
-   application gets 2, so every write driver has an executor on each worker);
+   project of its own (`mvsink-verify-<id>`, fresh volumes, Kafka, MinIO, the Spark master's
+   web UI and Prometheus published on free loopback ports; each Spark worker offers 2 cores and
+   each application gets 2, so every write driver has an executor on each worker);
 5. **converge**: checked from outside the containers, as a user would: the shard read through
    MinIO's published port equals the view job's output -- the desired topic read through
    Kafka's published listener -- at the shard's upper, with no row whose diff is not 1;
@@ -18,6 +18,18 @@ Phases, each timed and printed:
    **spark cluster**: the master's web UI (`/json/`, through its published port) lists both
    workers ALIVE and one running `mvsink-write-*` application per write container, and each
    worker's own UI (read inside its container) lists executors of every one of them;
+   **prometheus**: through Prometheus's HTTP API on its published port, every replica of every
+   service is a target and up (`/api/v1/targets`: mint 1, write 2, append 2, ct 2, and
+   Prometheus itself), every rule of `docker/prometheus/rules.yml` evaluates without error
+   (`/api/v1/rules`), and the sink's lag and freshness are recorded (`/api/v1/query`); then
+   every append container is killed -- the sink has no append -- and `MvsinkSinkStuck` for the
+   sink must turn pending, then firing (`/api/v1/alerts`); the containers are started again,
+   the alert must resolve, the shard converge and the targets be up again;
+   **schema registry**: through the registry's published port, every subject of the sink's
+   topics is registered (`mvsink.io.registry.topic_kinds`) with the level provisioning sets,
+   and the last record of partition 0 of `desired`, `descs`, `batches` and `frontiers` is in
+   its wire format (magic byte 0) with a schema id the registry resolves to that topic's record
+   (the host-side reads of every phase go through the registry as well);
 7. **kill**: `docker kill` of one write and one append container; the shard converges and the
    survivors' logs show work since the kill (they took over the partitions and the worker);
    the killed two are started again (`docker kill` is a manual stop: the restart policy leaves
@@ -27,7 +39,8 @@ Phases, each timed and printed:
    surviving worker's executors, which the master then lists alone; the worker is started
    again, the master lists both ALIVE with executors of every write application on each, and
    the shard converges;
-9. **restart kafka**, **restart minio**: `docker compose restart` of each; converge again;
+9. **restart kafka**, **restart minio**, **restart registry**: `docker compose restart` of each;
+   converge again (the registry keeps its schemas and ids in its volume);
 10. **continual task**: the two `ct` replicas' output (`examples/ct/milestones.toml` over the
     view's shard) reaches the shard's upper and holds, as of its upper, exactly the customers
     whose total in the shard is at least 1,000.00 there, each once; no time was logged written
@@ -47,6 +60,7 @@ import os
 import re
 import secrets
 import time
+import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -59,7 +73,9 @@ from mvsink import Say
 from mvsink.core.errors import MvsinkError
 from mvsink.core.rows import parse_row_schema
 from mvsink.core.updates import DIFF
+from mvsink.io import registry
 from mvsink.io.config import Config, load_config
+from mvsink.io.kafka import last_message
 from mvsink.shard import Shard, open_shard
 from mvsink.stack.procs import free_ports
 from mvsink.tools.compose import engine
@@ -86,6 +102,8 @@ WORK = {
 #: sink's services last, where a CI log's tail shows them.
 DIAGNOSE = (
     ("provision", 3),
+    ("registry", 5),
+    ("prometheus", 5),
     ("minio", 5),
     ("kafka", 8),
     ("spark-master", 5),
@@ -114,6 +132,23 @@ WRITE_APP = "mvsink-write-"
 WORKER_STATE = (
     "import urllib.request as u; "
     "print(u.urlopen('http://127.0.0.1:8081/json/', timeout=5).read().decode())"
+)
+#: The jobs Prometheus scrapes (`docker/prometheus/prometheus.yml`) and how many targets each
+#: has in this project: one per replica, and Prometheus itself.
+TARGETS = {
+    "prometheus": 1,
+    "mint": 1,
+    "write": SCALE["write"],
+    "append": SCALE["append"],
+    "ct": SCALE["ct"],
+}
+#: The alert of a sink that stopped moving (`docker/prometheus/rules.yml`).
+STUCK_ALERT = "MvsinkSinkStuck"
+#: The per-sink recording rules the prometheus phase reads: what each is, its series, its unit.
+SINK_SERIES = (
+    ("lag", "sink:mvsink_lag_times:max", " times"),
+    ("freshness", "sink:mvsink_freshness_seconds:estimate", "s"),
+    ("stalled", "sink:mvsink_stalled_seconds:max", "s"),
 )
 
 
@@ -156,9 +191,22 @@ class Deployment:
     say: Say
     #: The Spark master's web UI port on 127.0.0.1.
     spark_ui_port: int = 0
+    #: Prometheus's port (UI and HTTP API) on 127.0.0.1.
+    prometheus_port: int = 0
 
     def compose(self, *args: str, timeout: float = 600.0) -> str:
         return engine.compose(args, project=self.project, env=self.env, timeout=timeout).stdout
+
+    def prometheus(self, path: str, **params: str) -> Any:
+        """The `data` of Prometheus's answer to `GET /api/v1/<path>?<params>`, through its
+        published port; `VerifyError` unless the answer is a success."""
+        query = f"?{urllib.parse.urlencode(params)}" if params else ""
+        url = f"http://127.0.0.1:{self.prometheus_port}/api/v1/{path}{query}"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            answer = json.load(response)
+        if answer.get("status") != "success":
+            raise VerifyError(f"Prometheus's answer to {path}: {answer}")
+        return answer["data"]
 
     def containers(self, service: str) -> list[str]:
         """Names of the service's containers, in replica order."""
@@ -214,7 +262,7 @@ def _compose_only(name: str) -> bool:
 
 def _deployment(say: Say) -> Deployment:
     project = f"mvsink-verify-{uuid.uuid4().hex[:6]}"
-    kafka_port, minio_port, spark_ui_port = free_ports(3)
+    kafka_port, minio_port, spark_ui_port, prometheus_port, registry_port = free_ports(5)
     env = {
         **engine.build_env(),
         "MVSINK_S3_ACCESS_KEY": f"verify{secrets.token_hex(4)}",
@@ -222,6 +270,8 @@ def _deployment(say: Say) -> Deployment:
         "MVSINK_KAFKA_HOST_PORT": str(kafka_port),
         "MVSINK_MINIO_HOST_PORT": str(minio_port),
         "MVSINK_SPARK_UI_HOST_PORT": str(spark_ui_port),
+        "MVSINK_PROMETHEUS_HOST_PORT": str(prometheus_port),
+        "MVSINK_REGISTRY_HOST_PORT": str(registry_port),
         "MVSINK_SPARK_WORKER_CORES": str(SPARK_CORES),
         "MVSINK_SPARK_APP_CORES": str(SPARK_CORES),
         "MVSINK_SINK_ID": "verify",
@@ -239,9 +289,12 @@ def _deployment(say: Say) -> Deployment:
         "MVSINK_KAFKA_BOOTSTRAP": f"127.0.0.1:{kafka_port}",
         "MVSINK_S3_ENDPOINT": f"127.0.0.1:{minio_port}",
         "MVSINK_S3_SECURE": "false",
+        "MVSINK_SCHEMA_REGISTRY_URL": f"http://127.0.0.1:{registry_port}/apis/ccompat/v7",
     }
     host.pop("MVSINK_BUILD_CA", None)
-    return Deployment(project, env, load_config(None, env=host), say, spark_ui_port)
+    return Deployment(
+        project, env, load_config(None, env=host), say, spark_ui_port, prometheus_port
+    )
 
 
 def _rows(table: Any, names: list[str]) -> dict[tuple[Any, ...], int]:
@@ -475,6 +528,223 @@ def check_spark(deployment: Deployment, workers: int, timeout: float = 180.0) ->
         time.sleep(2.0)
 
 
+def target_health(data: dict[str, Any]) -> dict[str, list[str]]:
+    """Per job, the health of each of its active targets (`up`, `down`, `unknown` before the
+    first scrape), sorted; from `/api/v1/targets`'s data."""
+    jobs: dict[str, list[str]] = {}
+    for target in data.get("activeTargets", []):
+        job = str(target.get("labels", {}).get("job", ""))
+        jobs.setdefault(job, []).append(str(target.get("health", "")))
+    return {job: sorted(health) for job, health in sorted(jobs.items())}
+
+
+def targets_up(health: dict[str, list[str]], want: dict[str, int]) -> bool:
+    """Whether each job of `want` has exactly that many targets (`target_health`), all up."""
+    return all(health.get(job, []) == ["up"] * count for job, count in want.items())
+
+
+def describe_targets(health: dict[str, list[str]], want: dict[str, int]) -> str:
+    """`job up/wanted up` per job of `want`, and the other states found."""
+    parts = []
+    for job, count in want.items():
+        found = health.get(job, [])
+        other = sorted(h for h in found if h != "up")
+        parts.append(
+            f"{job} {found.count('up')}/{count} up"
+            + (f" (also {', '.join(other)})" if other else "")
+        )
+    return ", ".join(parts)
+
+
+def rule_problems(data: dict[str, Any]) -> tuple[int, list[str]]:
+    """The number of rules Prometheus loaded, and `name: health error` of each that does not
+    evaluate cleanly (health `unknown` before its first evaluation, `err` on a failing query);
+    from `/api/v1/rules`'s data."""
+    rules = [rule for group in data.get("groups", []) for rule in group.get("rules", [])]
+    bad = [
+        f"{r.get('name')}: {r.get('health')} {r.get('lastError', '')}".rstrip()
+        for r in rules
+        if r.get("health") != "ok"
+    ]
+    return len(rules), bad
+
+
+def _alert_name(alert: dict[str, Any]) -> str:
+    labels = alert.get("labels", {})
+    shown = ",".join(
+        f"{k}={v}" for k, v in sorted(labels.items()) if k not in ("alertname", "severity")
+    )
+    return f"{labels.get('alertname')}{{{shown}}} {alert.get('state')}"
+
+
+def alert_state(data: dict[str, Any], name: str, sink: str) -> tuple[str, list[str]]:
+    """From `/api/v1/alerts`'s data (the active alerts): the state of alert `name` for `sink`
+    (`firing`, `pending`, or `inactive` when it is not active), and every active alert as
+    `name{labels} state`."""
+    alerts = data.get("alerts", [])
+    states = {
+        str(a.get("state"))
+        for a in alerts
+        if a.get("labels", {}).get("alertname") == name and a["labels"].get("sink") == sink
+    }
+    state = "firing" if "firing" in states else "pending" if "pending" in states else "inactive"
+    return state, sorted(_alert_name(a) for a in alerts)
+
+
+def check_targets(deployment: Deployment, timeout: float = 120.0) -> dict[str, list[str]]:
+    """Prometheus scrapes every replica of every service (`TARGETS`), each one up. Each job's
+    targets' health (`target_health`)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            health = target_health(deployment.prometheus("targets", state="active"))
+            status = describe_targets(health, TARGETS)
+        except (OSError, ValueError, VerifyError) as error:  # starting, or restarting
+            health, status = {}, f"not answering ({type(error).__name__}: {error})"
+        if health and targets_up(health, TARGETS):
+            deployment.say(f"  prometheus targets: {status}")
+            return health
+        if time.monotonic() > deadline:
+            raise VerifyError(f"Prometheus's targets are not all up after {timeout:.0f}s: {status}")
+        time.sleep(2.0)
+
+
+def check_rules(deployment: Deployment, timeout: float = 60.0) -> int:
+    """Prometheus loaded the rules and each one evaluates without error; how many."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            count, bad = rule_problems(deployment.prometheus("rules"))
+        except (OSError, ValueError, VerifyError) as error:
+            count, bad = 0, [f"not answering ({type(error).__name__}: {error})"]
+        if count and not bad:
+            deployment.say(f"  prometheus rules: {count} loaded, every one evaluating (health ok)")
+            return count
+        if time.monotonic() > deadline:
+            raise VerifyError(f"Prometheus's rules after {timeout:.0f}s: {count} loaded; {bad}")
+        time.sleep(2.0)
+
+
+def check_sink_series(deployment: Deployment, timeout: float = 60.0) -> dict[str, float]:
+    """Prometheus records the sink's lag, freshness and stall (`SINK_SERIES`); their values."""
+    sink, deadline = deployment.config.sink_id, time.monotonic() + timeout
+    while True:
+        values: dict[str, float] = {}
+        for name, series, _ in SINK_SERIES:
+            try:
+                result = deployment.prometheus("query", query=f'{series}{{sink="{sink}"}}')
+            except (OSError, ValueError, VerifyError):
+                break
+            if result.get("result"):
+                values[name] = float(result["result"][0]["value"][1])
+        if len(values) == len(SINK_SERIES):
+            shown = ", ".join(f"{n} {values[n]:.1f}{unit}" for n, _, unit in SINK_SERIES)
+            deployment.say(f"  sink {sink} as Prometheus records it: {shown}")
+            return values
+        if time.monotonic() > deadline:
+            missing = [s for n, s, _ in SINK_SERIES if n not in values]
+            raise VerifyError(f"Prometheus records no {missing} for sink {sink} in {timeout:.0f}s")
+        time.sleep(2.0)
+
+
+def wait_alert(
+    deployment: Deployment, firing: bool, since: float, after: str, timeout: float
+) -> float:
+    """Wait until the sink's `STUCK_ALERT` fires (`firing`), or is inactive (not firing nor
+    pending); print each state it passes, with the seconds since `since` (monotonic; `after`
+    says what happened then) and every active alert. The seconds it took."""
+    sink, deadline, last = deployment.config.sink_id, time.monotonic() + timeout, ""
+    while True:
+        try:
+            state, active = alert_state(deployment.prometheus("alerts"), STUCK_ALERT, sink)
+        except (OSError, ValueError, VerifyError) as error:
+            state, active = f"unknown ({type(error).__name__}: {error})", []
+        took = time.monotonic() - since
+        if state != last:
+            deployment.say(
+                f"  {STUCK_ALERT}{{sink={sink}}} {state} {took:.1f}s after {after}; "
+                f"active alerts: {', '.join(active) or 'none'}"
+            )
+            last = state
+        if state == ("firing" if firing else "inactive"):
+            return took
+        if time.monotonic() > deadline:
+            raise VerifyError(
+                f"{STUCK_ALERT} for sink {sink} is {state}, not "
+                f"{'firing' if firing else 'inactive'}, {took:.0f}s after {after}"
+            )
+        time.sleep(1.0)
+
+
+def check_prometheus(deployment: Deployment, shard: Shard, timeout: float) -> dict[str, Any]:
+    """The prometheus phase (module docs): targets up, rules evaluating, the sink's series
+    recorded; then the stuck-sink alert fires when every append container is killed and
+    resolves once they are back. Its figures."""
+    say = deployment.say
+    figures: dict[str, Any] = {
+        "targets": check_targets(deployment),
+        "rules": check_rules(deployment),
+        "sink": check_sink_series(deployment),
+    }
+    # a clean start: the alert not active before the kill (a slow round may have made it so)
+    wait_alert(deployment, False, time.monotonic(), "the check began", timeout)
+    appenders = deployment.containers("append")
+    engine.docker("kill", *appenders, check=True)
+    killed = time.monotonic()
+    say(f"  killed {', '.join(appenders)}: the sink has no append")
+    figures["fired_after_kill"] = wait_alert(deployment, True, killed, "the kill", timeout)
+    stopped = [c for c in appenders if not _running(c)]
+    if stopped:  # `docker kill` is a manual stop: no restart policy applies
+        engine.docker("start", *stopped, check=True, timeout=120)
+        say(f"  started {', '.join(stopped)} again")
+    started = time.monotonic()
+    figures["resolved_after_start"] = wait_alert(deployment, False, started, "the start", timeout)
+    figures["upper"] = wait_converged(deployment, shard, ADVANCE, timeout)
+    figures["targets_after"] = check_targets(deployment)
+    return figures
+
+
+#: The topics whose last record the schema registry phase decodes, with the record each holds.
+FRAMED = (
+    ("desired", "DesiredRecord"),
+    ("descs", "BatchDescription"),
+    ("batches", "StagedBatch"),
+    ("frontiers", None),  # DesiredProgress or ShardUpper
+)
+
+
+def check_registry(deployment: Deployment) -> dict[str, Any]:
+    """The schema registry phase (module docs): the subjects and levels, and each framed topic's
+    last record's schema id. Per topic, the id and the record kind it resolves to."""
+    config = deployment.config
+    found = registry.Registry(config.schema_registry_url)
+    subjects = set(found.subjects())
+    kinds = registry.topic_kinds(config.topics)
+    wanted = {registry.subject(t, k) for t, ks in kinds.items() for k in ks}
+    if missing := sorted(wanted - subjects):
+        raise VerifyError(f"the registry lacks subjects {missing} (it holds {sorted(subjects)})")
+    levels = {name: found.compatibility(name) for name in sorted(wanted)}
+    if wrong := {n: lvl for n, lvl in levels.items() if lvl != registry.COMPATIBILITY}:
+        raise VerifyError(f"subjects not at {registry.COMPATIBILITY}: {wrong}")
+    deployment.say(f"  {len(wanted)} subjects registered, each {registry.COMPATIBILITY}")
+    resolved: dict[str, Any] = {}
+    for name, kind in FRAMED:
+        topic = getattr(config.topics, name)
+        message = last_message(config.kafka_bootstrap, topic)
+        value = (message.value() if message is not None else None) or b""
+        if value[:1] != b"\x00":
+            raise VerifyError(f"{topic}[0]'s last record is not registry-framed: {value[:8]!r}")
+        schema_id = int.from_bytes(value[1:5], "big")
+        version = found.lookup(schema_id)
+        if kind is not None and version.kind != kind:
+            raise VerifyError(f"{topic}: schema id {schema_id} is {version.kind}, not {kind}")
+        resolved[name] = (schema_id, version.kind)
+        deployment.say(
+            f"  {topic}: magic 0, schema id {schema_id} = {version.kind}/v{version.version}"
+        )
+    return resolved
+
+
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
@@ -542,6 +812,10 @@ def run_verify(
             figures["work"] = check_scaled(deployment)
         with phases.phase("spark cluster"):
             figures["spark"] = check_spark(deployment, SCALE["spark-worker"])
+        with phases.phase("prometheus"):
+            figures["prometheus"] = check_prometheus(deployment, shard, timeout)
+        with phases.phase("schema registry"):
+            figures["registry"] = check_registry(deployment)
         with phases.phase("kill write and append"):
             writers, appenders = deployment.containers("write"), deployment.containers("append")
             victims = [writers[0], appenders[0]]
@@ -572,7 +846,7 @@ def run_verify(
             figures["spark_after_start"] = check_spark(deployment, SCALE["spark-worker"])
             upper = converge()
             check_work_since(deployment, started_at, {w: "write" for w in writers})
-        for component in ("kafka", "minio"):
+        for component in ("kafka", "minio", "registry"):
             with phases.phase(f"restart {component}"):
                 deployment.compose("restart", component, timeout=300)
                 upper = converge()
@@ -610,6 +884,7 @@ def run_verify(
             say("[compose] verification FAILED")
     say(
         f"[compose] verification OK: shard == view at upper {figures['upper']}, "
-        "no duplicates, through kills (a Spark worker's too) and restarts"
+        "no duplicates, through kills (a Spark worker's too) and restarts; Prometheus "
+        f"scraped every replica and {STUCK_ALERT} fired and resolved"
     )
     return figures
