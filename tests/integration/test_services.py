@@ -182,7 +182,10 @@ def test_kill_9_of_mint_and_append_keeps_the_invariants(sink: Sink, procs: list[
 def test_inspect_decodes_any_topic_and_shows_bad_records(sink: Sink) -> None:
     sink.advance_desired(F(3))
     producer = Producer(client_config(sink.config.kafka_bootstrap))
-    producer.produce(sink.config.topics.frontiers, key=b"junk", value=b"\x00not avro")
+    # neither framing (mvsink's starts 0x6D, the Schema Registry's 0x00)
+    producer.produce(sink.config.topics.frontiers, key=b"junk", value=b"\x01not avro")
+    # the registry's framing, read by a process with no registry and no schema header
+    producer.produce(sink.config.topics.frontiers, key=b"framed", value=b"\x00\x00\x00\x00\x07?")
     assert producer.flush(30) == 0
     shown = subprocess.run(
         [sys.executable, "-m", "mvsink.cli", "inspect", sink.config.topics.frontiers],
@@ -200,6 +203,11 @@ def test_inspect_decodes_any_topic_and_shows_bad_records(sink: Sink) -> None:
         for li in lines
     )
     assert any("junk" in li and "UNDECODABLE (not an mvsink record" in li for li in lines)
+    assert any(
+        "framed" in li
+        and "UNDECODABLE (a Schema Registry framed record (schema id 7) without" in li
+        for li in lines
+    )
     limited = subprocess.run(
         [
             sys.executable,
