@@ -573,6 +573,19 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     return values
 
 
+def env_setting(name: str, env: Mapping[str, str] | None = None) -> Any:
+    """The value that setting `name`'s environment variable gives (`os.environ` unless `env`),
+    parsed and checked as `load_config` does, else its default: for code that reads one setting
+    where no `Config` is passed in.
+
+    Raises:
+        ConfigError: the variable's value does not parse.
+    """
+    setting = _BY_NAME[name]
+    raw = (os.environ if env is None else env).get(setting.env, "")
+    return _parse(setting, raw, setting.env) if raw else setting.default
+
+
 def _parse(setting: Setting, raw: Any, where: str) -> Any:
     try:
         return setting.parse(raw)

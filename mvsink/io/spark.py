@@ -39,7 +39,6 @@ import io
 import logging
 import os
 import platform
-import re
 import socket
 import sys
 import sysconfig
@@ -54,6 +53,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 from mvsink.core.errors import ConfigError
 from mvsink.core.settings import S3Settings
@@ -98,11 +99,14 @@ def spark_session(
     cluster: dict[str, str] = {}
     executor_python = None
     if not master.startswith("local"):
+        # Here, not at the top: executors import this module, and need no configuration.
+        from mvsink.io.config import env_setting
+
         cluster["spark.submit.pyFiles"] = str(code_zip())
-        cores_max = _env_setting("spark_cores_max") if cores_max is None else cores_max
+        cores_max = env_setting("spark_cores_max") if cores_max is None else cores_max
         if cores_max > 0:
             cluster["spark.cores.max"] = str(cores_max)
-        if _env_setting("spark_pack_env") if pack_env is None else pack_env:
+        if env_setting("spark_pack_env") if pack_env is None else pack_env:
             cluster["spark.archives"] = f"{packed_env()}#{PACKED_ENV}"
             executor_python = f"./{PACKED_ENV}/bin/python"
     settings = {
@@ -139,21 +143,6 @@ def spark_session(
         return builder.getOrCreate()
     finally:
         os.environ["PYSPARK_PYTHON"] = own
-
-
-def _env_setting(name: str) -> Any:
-    """The value of setting `name` (`mvsink.io.config.SETTINGS`) its environment variable
-    gives, else its default."""
-    from mvsink.io.config import SETTINGS
-
-    [setting] = [s for s in SETTINGS if s.name == name]
-    raw = os.environ.get(setting.env, "")
-    if not raw:
-        return setting.default
-    try:
-        return setting.parse(raw)
-    except (TypeError, ValueError) as error:
-        raise ConfigError(f"{setting.env}: {error}") from error
 
 
 def driver_host() -> str:
@@ -211,41 +200,30 @@ NOT_PACKED = frozenset({"mvsink", "pyspark", "py4j", "matplotlib", "venv-pack"})
 #: Bumped when what `packed_env` puts in an archive changes, so older archives are not reused.
 PACK_LAYOUT = 1
 
-_REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?")
-_EXTRA = re.compile(r"""\bextra\s*==\s*['"]([^'"]+)['"]""")
-
-
-def _normal(name: str) -> str:
-    """A distribution name as PyPI compares them (PEP 503)."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
 
 def packed_distributions(root: str = "mvsink") -> dict[str, importlib.metadata.Distribution]:
-    """The installed distributions `packed_env` packs, by normalized name: what `root`
+    """The installed distributions `packed_env` packs, by normalized name (PEP 503): what `root`
     requires, transitively (with the extras each requirement names), as installed, but none of
-    `NOT_PACKED` nor what only they require. A requirement that is not installed is skipped
-    (its marker excluded it here); one behind an extra only when that extra is asked for."""
+    `NOT_PACKED` nor what only they require. A requirement whose marker is false here (another
+    platform, an extra not asked for) is skipped, and so is one that is not installed."""
     found: dict[str, importlib.metadata.Distribution] = {}
     todo: list[tuple[str, frozenset[str]]] = [(root, frozenset())]
     while todo:
         name, extras = todo.pop()
-        key = _normal(name)
-        if key in found or (key in NOT_PACKED and key != _normal(root)):
+        key = canonicalize_name(name)
+        if key in found or (key in NOT_PACKED and key != canonicalize_name(root)):
             continue
         try:
             distribution = importlib.metadata.distribution(name)
         except importlib.metadata.PackageNotFoundError:
             continue
         found[key] = distribution
-        for requirement in distribution.requires or []:
-            spec, _, marker = requirement.partition(";")
-            match = _REQUIREMENT.match(spec)
-            gated = {_normal(e) for e in _EXTRA.findall(marker)}
-            if match is None or (gated and not gated & extras):
-                continue
-            wanted = frozenset(_normal(e) for e in (match[2] or "").split(",") if e.strip())
-            todo.append((match[1], wanted))
-    found.pop(_normal(root), None)
+        for text in distribution.requires or []:
+            requirement = Requirement(text)
+            marker = requirement.marker
+            if marker is None or any(marker.evaluate({"extra": e}) for e in extras or {""}):
+                todo.append((requirement.name, frozenset(requirement.extras)))
+    found.pop(canonicalize_name(root), None)
     return found
 
 
