@@ -23,7 +23,7 @@ import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from sinkkit import Sink, cli_env
+from sinkkit import Sink, cli_env, mvsink_cli
 
 from mvsink.core import codec
 from mvsink.io import registry
@@ -177,14 +177,12 @@ def test_the_bench_measures_the_registry_framing_beside_mvsinks_own(
     env = cli_env(kafka_bootstrap, s3_settings, tmp_path)
     env["MVSINK_SCHEMA_REGISTRY_URL"] = schema_registry_url
     out = tmp_path / "out"
-    done = subprocess.run(
+    done = mvsink_cli(
         [
-            *(sys.executable, "-m", "mvsink.cli", "bench", "--no-stack", "--keys", "3000"),
-            *("--ticks", "3", "--systems", "mvsink,mvsink-registry", "--out", str(out)),
+            *("bench", "--no-stack", "--keys", "3000", "--ticks", "3"),
+            *("--systems", "mvsink,mvsink-registry", "--out", str(out)),
         ],
-        env=env,
-        capture_output=True,
-        text=True,
+        env,
         timeout=900,
     )
     assert done.returncode == 0, done.stderr[-4000:]
