@@ -282,7 +282,8 @@ def run(
         "raw": RawSystem,
     }
     columns = variants(systems, spark_master, spark_workers)
-    producer_registry_rate: dict[str, Any] = {}
+    #: What the registry column adds to the figures: its producer's rate.
+    registry_figures: dict[str, Any] = {}
     for variant in columns:
         name, master = variant.name, variant.spark_master
         if variant.spark_workers is not None:
@@ -301,7 +302,9 @@ def run(
         if variant.registry_framed:
             say(f"{name}: encoding the workload in the registry's wire format ...")
             fed, _, framed_rate = encode_ticks_timed(sink, workload, say, wire)
-            producer_registry_rate = framed_rate.figures()
+            registry_figures["producer_registry_updates_per_cpu_s"] = framed_rate.figures()[
+                "producer_updates_per_cpu_s"
+            ]
         system = kinds[variant.system](sink, logs / name)
         system.name = name
         say(
@@ -330,10 +333,7 @@ def run(
     figures = _figures(workload, in_flight, append_workers, runs)
     figures["workload"]["wire"] = wire
     figures.update(producer_rate.figures())
-    if producer_registry_rate:
-        figures["producer_registry_updates_per_cpu_s"] = producer_registry_rate[
-            "producer_updates_per_cpu_s"
-        ]
+    figures.update(registry_figures)
     _report(figures, say)
     _chart(figures, save_figures(out, "bench", figures, say, logs).with_suffix(".png"))
     say(f"wrote {out / 'bench.png'}")

@@ -43,7 +43,7 @@ def add_stack(commands: Commands) -> None:
     up.add_argument(
         "--registry",
         action="store_true",
-        help="also run a Confluent-compatible Schema Registry (Apicurio; needs Java 21+)",
+        help="also run a Confluent-compatible Schema Registry (Apicurio, on the JDK that runs Kafka)",
     )
     up.set_defaults(func=cmd_stack_up)
     stack_commands.add_parser("down", help="stop what `up` started").set_defaults(
