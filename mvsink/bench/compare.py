@@ -46,6 +46,7 @@ finished) is `mvsink.bench.contenders`.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 import uuid
@@ -55,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from mvsink import Say
 from mvsink.bench.contenders import (
@@ -65,6 +67,7 @@ from mvsink.bench.contenders import (
     Run,
     System,
 )
+from mvsink.bench.repeats import cell, summarise
 from mvsink.bench.rss import RssSampler
 from mvsink.bench.workload import (
     ROW_SCHEMA,
@@ -146,9 +149,12 @@ def drive(
     in_flight: int,
     say: Say,
     stall: float = 300.0,
+    seconds: float | None = None,
 ) -> Run:
     """Publish the ticks closed-loop and time them (see the module docs). The ticks may start
-    at any time (a later segment of a workload): counts are relative to the first one."""
+    at any time (a later segment of a workload): counts are relative to the first one. With
+    `seconds`, no tick is published once the steady window has run that long: the window ends
+    with the last tick published before then (`Run.ticks` says how many were)."""
     run = Run(system.name)
     base = ticks[0].time
     sent: dict[int, float] = {}
@@ -185,12 +191,16 @@ def drive(
     steady_start = time.monotonic()
     for tick in ticks[1:]:
         wait_for(tick.time - base - in_flight + 1)
+        if seconds is not None and time.monotonic() - steady_start >= seconds:
+            break
         system.ends[tick.time] = feeder.feed(system.config, tick)
         sent[tick.time - base] = time.monotonic()
-    wait_for(len(ticks))
-    run.steady_s = reached[len(ticks) - 1] - steady_start
-    run.steady_updates = sum(t.updates for t in ticks[1:])
-    run.freshness = [reached[t] - sent[t] for t in range(1, len(ticks))]
+    fed = len(sent)
+    wait_for(fed)
+    run.ticks = fed
+    run.steady_s = reached[fed - 1] - steady_start
+    run.steady_updates = sum(t.updates for t in ticks[1:fed])
+    run.freshness = [reached[t] - sent[t] for t in range(1, fed)]
     return run
 
 
@@ -240,13 +250,19 @@ def run(
     spark_workers: tuple[int, ...] = (),
     scale: Callable[[int], str | None] | None = None,
     schema_registry: Callable[[], str] | None = None,
+    repeats: int = 1,
+    seconds: float | None = None,
 ) -> dict[str, Any]:
     """Run the benchmark; the figures (also written to `out/bench.json` and `out/bench.png`).
     `scale(n)` runs the embedded Spark cluster with `n` workers (its master URL);
     `schema_registry()` the URL of a Schema Registry for the `REGISTRY_FRAMED` column (else
     `config.schema_registry_url`), which gets the same workload encoded in its wire format.
     Without that column every column frames records as `config` says; with it, the others use
-    mvsink's own framing, so the column compares the two."""
+    mvsink's own framing, so the column compares the two. The columns run `repeats` times,
+    interleaved, each on a new sink; `seconds` bounds each steady window (`drive`). The
+    figures are `mvsink.bench.repeats.summarise` of every repeat's."""
+    if repeats < 1:
+        raise BenchError(f"--repeats must be at least 1, not {repeats}")
     run_id = f"cmp-{uuid.uuid4().hex[:6]}"
     logs = state_dir() / "bench" / run_id
     base = replace(
@@ -266,78 +282,159 @@ def run(
         base = replace(base, schema_registry_url="")
     registry.use(base.schema_registry_url)  # the framing of the ticks encoded next
     ticks, final, producer_rate = encode_ticks_timed(base, workload, say, wire)
-    upstream: DataFrameFeeder | None = None
     if {"peer", "delta"} & set(systems):
         from mvsink.bench.systems import delta_jars, peer_jars
 
         peer_jars(say)  # resolve before timing anything
         if "delta" in systems:
             delta_jars(say)
-    feeder = Feeder(config.kafka_bootstrap)
-    runs: dict[str, Run] = {}
-    kinds: dict[str, type[System]] = {
-        "mvsink": MvsinkSystem,
-        "peer": PeerSystem,
-        "delta": DeltaSystem,
-        "raw": RawSystem,
-    }
     columns = variants(systems, spark_master, spark_workers)
-    #: What the registry column adds to the figures: its producer's rate.
-    registry_figures: dict[str, Any] = {}
-    for variant in columns:
-        name, master = variant.name, variant.spark_master
-        if variant.spark_workers is not None:
-            if scale is None:
-                raise BenchError("--spark-workers needs the embedded stack")
-            master = scale(variant.spark_workers) if variant.spark_workers else "local[*]"
-        if variant.from_dataframes and upstream is None:
-            upstream = DataFrameFeeder(config.kafka_bootstrap, workload, say)
-            upstream.warm_up(provisioned(base, f"{run_id}-warm-up"), say)
-        fed = ticks
-        framing = replace(base, schema_registry_url=framed_url) if variant.registry_framed else base
-        # provisioning registers the subjects of a registry-framed sink and makes its registry
-        # this process's (none for the others), so the encoding below and the frontier reads
-        # frame and look up through it
-        sink = provisioned(framing, f"{run_id}-{name}", master)
-        if variant.registry_framed:
-            say(f"{name}: encoding the workload in the registry's wire format ...")
-            fed, _, framed_rate = encode_ticks_timed(sink, workload, say, wire)
-            registry_figures["producer_registry_updates_per_cpu_s"] = framed_rate.figures()[
-                "producer_updates_per_cpu_s"
-            ]
-        system = kinds[variant.system](sink, logs / name)
-        system.name = name
-        say(
-            f"{name}: starting{f' (Spark {sink.spark_master})' if variant.system == 'mvsink' else ''} ..."
-        )
-        source: Feeder | DataFrameFeeder = (
-            upstream if variant.from_dataframes and upstream else feeder
-        )
-        system.start()
-        sampler = RssSampler({label: proc.pid for label, proc in system.procs.items()})
-        try:
-            result = drive(system, source, fed, in_flight, say)
-            result.peak_rss_mib = sampler.stop()
-            system.finish(result, final)  # while its processes still serve their metrics
-        finally:
-            sampler.stop()
-            system.stop()
-        result.spark_master = sink.spark_master if variant.system == "mvsink" else None
-        runs[name] = result
-        say(
-            f"  {name}: {result.updates_per_s:,.0f} updates/s; freshness p50 {percentile(result.freshness, 50):.2f}s "
-            f"p99 {percentile(result.freshness, 99):.2f}s; {result.detail}"
-        )
-    if upstream is not None:
-        upstream.stop()
-    figures = _figures(workload, in_flight, append_workers, runs)
-    figures["workload"]["wire"] = wire
-    figures.update(producer_rate.figures())
-    figures.update(registry_figures)
+    column = _Columns(base, workload, wire, ticks, final, in_flight, logs, run_id, say, seconds)
+    per_repeat: list[dict[str, Any]] = []
+    for repeat in range(repeats):
+        if repeats > 1:
+            say(f"repeat {repeat + 1} of {repeats}: {', '.join(v.name for v in columns)}")
+        runs: dict[str, Run] = {}
+        for variant in columns:
+            master = variant.spark_master
+            if variant.spark_workers is not None:
+                if scale is None:
+                    raise BenchError("--spark-workers needs the embedded stack")
+                master = scale(variant.spark_workers) if variant.spark_workers else "local[*]"
+            framing = (
+                replace(base, schema_registry_url=framed_url) if variant.registry_framed else base
+            )
+            runs[variant.name] = column.run(variant, framing, master, repeat, runs)
+        figures = _figures(workload, in_flight, append_workers, runs)
+        figures["workload"]["wire"] = wire
+        figures["workload"]["window_s"] = seconds
+        figures.update(producer_rate.figures())
+        figures.update(column.registry_figures)
+        per_repeat.append(figures)
+    column.stop()
+    figures = summarise(per_repeat)
     _report(figures, say)
     _chart(figures, save_figures(out, "bench", figures, say, logs).with_suffix(".png"))
     say(f"wrote {out / 'bench.png'}")
     return figures
+
+
+class _Columns:
+    """Runs one column of one repeat: provisions its sink, starts its system, drives the
+    ticks and finishes it. Holds what the repeats share: the encoded ticks (and the registry
+    column's), the upstream of the end-to-end columns, the views a bounded window ends at."""
+
+    def __init__(
+        self,
+        base: Config,
+        workload: Workload,
+        wire: str,
+        ticks: list[EncodedTick],
+        final: pa.Table,
+        in_flight: int,
+        logs: Path,
+        run_id: str,
+        say: Say,
+        seconds: float | None,
+    ) -> None:
+        self.base, self.workload, self.wire = base, workload, wire
+        self.ticks, self.in_flight = ticks, in_flight
+        self.logs, self.run_id, self.say, self.seconds = logs, run_id, say, seconds
+        self.views = {len(ticks): final}
+        self.feeder = Feeder(base.kafka_bootstrap)
+        self.upstream: DataFrameFeeder | None = None
+        self.registry_ticks: list[EncodedTick] | None = None
+        #: What the registry column adds to the figures: its producer's rate.
+        self.registry_figures: dict[str, Any] = {}
+
+    def run(
+        self,
+        variant: Variant,
+        framing: Config,
+        master: str | None,
+        repeat: int,
+        earlier: dict[str, Run],
+    ) -> Run:
+        say, name = self.say, variant.name
+        fed = self.ticks
+        source: Feeder | DataFrameFeeder = self.feeder
+        if variant.from_dataframes:
+            source = self._upstream(earlier)
+            fed = fed[: source.held]
+        suffix = f"-r{repeat + 1}" if repeat else ""
+        # provisioning registers the subjects of a registry-framed sink and makes its registry
+        # this process's (none for the others), so the encoding below and the frontier reads
+        # frame and look up through it
+        sink = provisioned(framing, f"{self.run_id}-{name}{suffix}", master)
+        if variant.registry_framed:
+            if self.registry_ticks is None:
+                say(f"{name}: encoding the workload in the registry's wire format ...")
+                self.registry_ticks, _, rate = encode_ticks_timed(
+                    sink, self.workload, say, self.wire
+                )
+                self.registry_figures["producer_registry_updates_per_cpu_s"] = rate.figures()[
+                    "producer_updates_per_cpu_s"
+                ]
+            fed = self.registry_ticks
+        kinds: dict[str, type[System]] = {
+            "mvsink": MvsinkSystem,
+            "peer": PeerSystem,
+            "delta": DeltaSystem,
+            "raw": RawSystem,
+        }
+        system = kinds[variant.system](sink, self.logs / f"{name}{suffix}")
+        system.name = name
+        spark = f" (Spark {sink.spark_master})" if variant.system == "mvsink" else ""
+        say(f"{name}: starting{spark} ...")
+        system.start()
+        sampler = RssSampler({label: proc.pid for label, proc in system.procs.items()})
+        try:
+            result = drive(system, source, fed, self.in_flight, say, seconds=self.seconds)
+            result.peak_rss_mib = sampler.stop()
+            system.finish(result, self._view(result.ticks))  # while it serves its metrics
+        finally:
+            sampler.stop()
+            system.stop()
+        result.spark_master = sink.spark_master if variant.system == "mvsink" else None
+        say(
+            f"  {name}: {result.updates_per_s:,.0f} updates/s over {result.steady_s:.1f}s "
+            f"({result.ticks - 1} ticks); freshness p50 {percentile(result.freshness, 50):.2f}s "
+            f"p99 {percentile(result.freshness, 99):.2f}s; {result.detail}"
+        )
+        if self.seconds and result.steady_s < self.seconds and result.ticks == len(fed):
+            enough = math.ceil(
+                1.2 * self.seconds * result.updates_per_s / max(1, 2 * self.workload.changed)
+            )
+            say(
+                f"  {name} ran out of ticks {self.seconds - result.steady_s:.0f}s before its "
+                f"{self.seconds:g}s window ended: --ticks {enough} gives it the whole window"
+            )
+        return result
+
+    def _upstream(self, earlier: dict[str, Run]) -> DataFrameFeeder:
+        """The upstream job of the end-to-end columns, made (and warmed up) once. With a
+        bounded window it holds the ticks mvsink alone took in 1.5 windows, when mvsink ran
+        before it: fed from DataFrames, no system goes faster than mvsink alone."""
+        if self.upstream is None:
+            held = len(self.ticks)
+            alone = earlier.get("mvsink")
+            if self.seconds and alone and alone.updates_per_s:
+                per_tick = max(1, 2 * self.workload.changed)
+                held = min(held, 2 + math.ceil(1.5 * self.seconds * alone.updates_per_s / per_tick))
+            self.upstream = DataFrameFeeder(
+                self.base.kafka_bootstrap, self.workload, self.say, held
+            )
+            self.upstream.warm_up(provisioned(self.base, f"{self.run_id}-warm-up"), self.say)
+        return self.upstream
+
+    def _view(self, ticks: int) -> pa.Table:
+        if ticks not in self.views:
+            self.views[ticks] = self.workload.view_at(ticks - 1)
+        return self.views[ticks]
+
+    def stop(self) -> None:
+        if self.upstream is not None:
+            self.upstream.stop()
 
 
 def save_figures(out: Path, name: str, figures: dict[str, Any], say: Say, logs: Path) -> Path:
@@ -368,6 +465,7 @@ def _figures(
             if (e2e := rate("mvsink-e2e")) and (peer_e2e := rate("peer-e2e"))
             else None
         ),
+        "ratio_e2e_vs_alone": (round(e2e / mv, 3) if mv and (e2e := rate("mvsink-e2e")) else None),
         "ratio_registry_vs_own_framing": (
             round(framed / mv, 3) if mv and (framed := rate(REGISTRY_FRAMED)) else None
         ),
@@ -385,6 +483,8 @@ def _figures(
         figures[f"{prefix}freshness_p50_s"] = round(percentile(result.freshness, 50), 3)
         figures[f"{prefix}freshness_p99_s"] = round(percentile(result.freshness, 99), 3)
         figures[f"{name}_initial_load_s"] = round(result.initial_load_s, 2)
+        figures[f"{name}_steady_s"] = round(result.steady_s, 2)
+        figures[f"{name}_steady_ticks"] = result.ticks - 1
         figures[f"{name}_peak_rss_mib"] = result.peak_rss_mib
         if result.table_bytes is not None:
             figures[f"{name}_table_bytes"] = result.table_bytes
@@ -412,18 +512,17 @@ def _figures(
 
 
 def _report(figures: dict[str, Any], say: Say) -> None:
-    def show(value: Any, unit: str = "") -> str:
-        if value is None:
-            return "-"
-        if isinstance(value, dict):
-            return " ".join(f"{k}={v:,.0f}" for k, v in value.items()) + unit
-        return f"{value:,.2f}{unit}" if isinstance(value, float) else f"{value}{unit}"
-
+    """The table: each cell the median over the repeats with its [min-max] (`repeats.cell`)."""
+    count = len(figures.get("repeats", ())) or 1
     names = figures.get("systems") or [n for n in SYSTEMS if f"{n}_peak_rss_mib" in figures]
     say("")
-    say(f"{'':<34} " + " ".join(f"{HEADINGS.get(n, n):>18}" for n in names))
+    if count > 1:
+        say(f"{count} repeats, interleaved: every cell is the median [min-max] over them")
+    width = 24 if count > 1 else 16
+    say(f"{'':<34} " + " ".join(f"{HEADINGS.get(n, n):>{width}}" for n in names))
     rows = [
         ("updates/s (steady ticks)", "{}updates_per_s", ""),
+        ("steady window", "{}steady_s", " s"),
         ("freshness p50", "{}freshness_p50_s", " s"),
         ("freshness p99", "{}freshness_p99_s", " s"),
         ("micro-batch latency p50", "{}batch_latency_p50_s", " s"),
@@ -434,81 +533,106 @@ def _report(figures: dict[str, Any], say: Say) -> None:
     ]
     for name in names:  # shown in MiB
         if f"{name}_table_bytes" in figures:
-            figures = {**figures, f"{name}_table_mib": figures[f"{name}_table_bytes"] / 2**20}
+            mib = {f"{name}_table_mib": figures[f"{name}_table_bytes"] / 2**20}
+            low_high = figures.get("spread", {}).get(f"{name}_table_bytes")
+            spread = {**figures.get("spread", {})}
+            if low_high:
+                spread[f"{name}_table_mib"] = [v / 2**20 for v in low_high]
+            figures = {**figures, **mib, "spread": spread}
     for label, key, unit in rows:
         cells = []
         for name in names:
             k = key.format(f"{name}_")
             if name == "mvsink" and k not in figures:
                 k = key.format("")
-            cells.append(show(figures.get(k), unit))
-        say(f"{label:<34} " + " ".join(f"{c:>18}" for c in cells))
+            cells.append(cell(figures, k, unit))
+        if any(c != "-" for c in cells):
+            say(f"{label:<34} " + " ".join(f"{c:>{width}}" for c in cells))
     for name in names:
-        if f"{name}_peak_rss_mib" in figures:
-            say(f"peak RSS {name:<25} {show(figures[f'{name}_peak_rss_mib'], ' MiB')}")
+        rss = figures.get(f"{name}_peak_rss_mib")
+        if rss:
+            shown = " ".join(f"{k}={v:,.0f}" for k, v in rss.items())
+            say(f"peak RSS {name:<25} {shown} MiB (largest over the repeats)")
     say(
-        f"ratio mvsink/peer {show(figures['ratio_vs_peer'])}   ratio mvsink/raw {show(figures['ratio_vs_raw'])}"
-        f"   shard equals desired: {figures.get('mvsink_shard_equals_desired')}"
+        f"ratio mvsink/peer {cell(figures, 'ratio_vs_peer')}   ratio mvsink/raw "
+        f"{cell(figures, 'ratio_vs_raw')}   shard equals desired: "
+        f"{figures.get('mvsink_shard_equals_desired')}"
     )
     if figures.get("ratio_vs_delta") is not None:
         say(
-            f"ratio mvsink/Delta MERGE {show(figures['ratio_vs_delta'])}   Delta table equals the "
+            f"ratio mvsink/Delta MERGE {cell(figures, 'ratio_vs_delta')}   Delta table equals the "
             f"view: {figures.get('delta_shard_equals_desired')}"
         )
     if figures.get("ratio_e2e_vs_peer_e2e") is not None:
         say(
             f"end to end (upstream DataFrame -> durable): ratio mvsink/peer "
-            f"{show(figures['ratio_e2e_vs_peer_e2e'])}"
+            f"{cell(figures, 'ratio_e2e_vs_peer_e2e')}; mvsink end to end / mvsink alone "
+            f"{cell(figures, 'ratio_e2e_vs_alone')}"
         )
     if figures.get("ratio_registry_vs_own_framing") is not None:
         say(
             f"Schema Registry wire format: ratio mvsink (registry)/mvsink "
-            f"{show(figures['ratio_registry_vs_own_framing'])}; producer "
-            f"{show(figures.get('producer_registry_updates_per_cpu_s'))} updates per CPU second "
-            f"(own framing {show(figures.get('producer_updates_per_cpu_s'))})"
+            f"{cell(figures, 'ratio_registry_vs_own_framing')}; producer "
+            f"{cell(figures, 'producer_registry_updates_per_cpu_s')} updates per CPU second "
+            f"(own framing {cell(figures, 'producer_updates_per_cpu_s')})"
         )
     if "producer_updates_per_cpu_s" in figures:
         say(
             f"producer (partitioning {figures['producer_partitioning']}): "
-            f"{show(figures['producer_updates_per_cpu_s'])} updates per CPU second, "
-            f"partitioning 1: {show(figures['producer_v1_updates_per_cpu_s'])}"
+            f"{cell(figures, 'producer_updates_per_cpu_s')} updates per CPU second, "
+            f"partitioning 1: {cell(figures, 'producer_v1_updates_per_cpu_s')}"
         )
 
 
 def _chart(figures: dict[str, Any], path: Path) -> None:
+    """Bars at the medians; each bar's whisker spans its min-max over the repeats."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    spread = figures.get("spread", {})
+
+    def whiskers(keys: list[str]) -> np.ndarray:
+        low, high = [], []
+        for key in keys:
+            value = figures.get(key) or 0
+            low_high = spread.get(key, [value, value])
+            low.append(max(0.0, value - low_high[0]))
+            high.append(max(0.0, low_high[1] - value))
+        return np.array([low, high])
 
     names = [
         n for n in figures.get("systems", SYSTEMS) if figures.get(f"{n}_updates_per_s") is not None
     ]
     fig, (rate, fresh, rss) = plt.subplots(1, 3, figsize=(4 + 2.7 * len(names), 3.6))
     palette = {"peer": "#69c", "raw": "#aaa"}
+    keys = [f"{n}_updates_per_s" for n in names]
     rate.bar(
         names,
-        [figures[f"{n}_updates_per_s"] for n in names],
+        [figures[k] for k in keys],
+        yerr=whiskers(keys),
+        capsize=4,
         color=[palette.get(n, "#3b6") for n in names],
     )
     rate.set_title("updates/s (steady ticks)")
     width = 0.38
     xs = np.arange(len(names))
     for offset, q in ((-width / 2, "p50"), (width / 2, "p99")):
-        values = [
-            figures.get(f"freshness_{q}_s" if n == "mvsink" else f"{n}_freshness_{q}_s") or 0
-            for n in names
-        ]
-        fresh.bar(xs + offset, values, width, label=q)
+        keys = [f"freshness_{q}_s" if n == "mvsink" else f"{n}_freshness_{q}_s" for n in names]
+        values = [figures.get(k) or 0 for k in keys]
+        fresh.bar(xs + offset, values, width, yerr=whiskers(keys), capsize=3, label=q)
     fresh.set_xticks(xs, names)
     fresh.set_title("freshness: tick published -> durable (s)")
     fresh.legend()
     rss.bar(names, [sum(figures[f"{n}_peak_rss_mib"].values()) for n in names], color="#c96")
     rss.set_title("peak RSS, all processes (MiB)")
     workload = figures["workload"]
+    count = len(figures.get("repeats", ())) or 1
     fig.suptitle(
         f"mvsink bench: {workload['keys']:,} keys, {workload['updates_per_tick']:,} updates/tick, "
         f"P={workload['partitions']}, A={workload['append_workers']}, {workload['cores']} cores"
+        + (f"; median and min-max of {count} repeats" if count > 1 else "")
     )
     fig.tight_layout()
     fig.savefig(path, dpi=90)

@@ -35,6 +35,9 @@ class Run:
     """What one system did with the workload."""
 
     name: str
+    #: Ticks published, the initial load's included (fewer than the workload's when the
+    #: steady window was bounded by time).
+    ticks: int = 0
     initial_load_s: float = 0.0
     steady_s: float = 0.0
     steady_updates: int = 0

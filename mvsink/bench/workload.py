@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -51,12 +51,10 @@ class Workload:
 
     def generate(self) -> tuple[list[pa.Table], pa.Table]:
         """The update tables of ticks 0..N and the final contents `(key, value)`."""
-        rng = np.random.default_rng(self.seed)
-        names = pa.array([f"key-{i}" for i in range(self.keys)], pa.string())
+        names = self._names()
         values = np.ones(self.keys, dtype=np.int64)
         ticks = [_updates(names, values, 0, np.ones(self.keys, dtype=np.int64))]
-        for tick in range(1, self.ticks + 1):
-            chosen = rng.choice(self.keys, self.changed, replace=False)
+        for tick, chosen in self._changes(self.ticks):
             old = values[chosen].copy()
             values[chosen] += 1
             chosen_names = names.take(pa.array(chosen))
@@ -66,6 +64,23 @@ class Workload:
             )
             ticks.append(pa.concat_tables([retract, insert]))
         return ticks, pa.table({"key": names, "value": values})
+
+    def view_at(self, tick: int) -> pa.Table:
+        """The contents `(key, value)` once ticks 0..`tick` are applied: what a system fed
+        only that far must hold (a run whose steady window was bounded by time)."""
+        values = np.ones(self.keys, dtype=np.int64)
+        for _, chosen in self._changes(tick):
+            values[chosen] += 1
+        return pa.table({"key": self._names(), "value": values})
+
+    def _names(self) -> pa.Array:
+        return pa.array([f"key-{i}" for i in range(self.keys)], pa.string())
+
+    def _changes(self, last: int) -> Iterator[tuple[int, np.ndarray]]:
+        """The keys each steady tick 1..`last` changes (the same draws for every caller)."""
+        rng = np.random.default_rng(self.seed)
+        for tick in range(1, last + 1):
+            yield tick, rng.choice(self.keys, self.changed, replace=False)
 
 
 def _updates(names: pa.Array, values: np.ndarray, tick: int, diffs: np.ndarray) -> pa.Table:
@@ -236,11 +251,16 @@ class DataFrameFeeder:
     executors with `mvsink.upstream.publish.publish_dataframe`, so partitioning, encoding and producing
     count in the system's figures. Same interface as `Feeder`."""
 
-    def __init__(self, bootstrap: str, workload: Workload, say: Say) -> None:
+    def __init__(
+        self, bootstrap: str, workload: Workload, say: Say, ticks: int | None = None
+    ) -> None:
         from mvsink.io.spark import spark_session
 
         started = time.monotonic()
-        tables, _ = workload.generate()
+        #: The ticks held (0..held-1): all of the workload's, or its first `ticks` (the same
+        #: draws, so the same updates).
+        self.held = min(workload.ticks + 1, ticks or workload.ticks + 1)
+        tables, _ = replace(workload, ticks=self.held - 1).generate()
         self.spark = spark_session("mvsink-bench-upstream", shuffle_partitions=workload.partitions)
         # Checkpointed in the executors, not cached: a cached DataFrame made from local data
         # keeps that data in its lineage, so every task of every publish would ship its slice

@@ -1,5 +1,6 @@
 """The benchmark's pure parts: the generated workload is a valid changelog whose sum is the
-final view, and durable ticks are counted from reported offsets exactly."""
+final view, durable ticks are counted from reported offsets exactly, and a steady window
+bounded by time ends with the ticks published before it ran out."""
 
 from __future__ import annotations
 
@@ -7,13 +8,15 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pytest
 
-from mvsink.bench.compare import REGISTRY_FRAMED, Variant, percentile, variants
-from mvsink.bench.contenders import OffsetSystem
-from mvsink.bench.workload import Workload
-from mvsink.io.config import load_config
+from mvsink.bench.compare import REGISTRY_FRAMED, Variant, drive, percentile, variants
+from mvsink.bench.contenders import OffsetSystem, Run, System
+from mvsink.bench.workload import EncodedTick, Workload
+from mvsink.io.config import Config, load_config
 
 
 @pytest.mark.parametrize(("keys", "change", "ticks"), [(10, 0.1, 5), (1000, 0.1, 4), (50, 1.0, 3)])
@@ -41,7 +44,7 @@ def test_ticks_do_not_share_buffers_with_later_ticks() -> None:
     assert set(tables[0].column("value").to_pylist()) == {1}
 
 
-def _offset_system(tmp_path: Path) -> OffsetSystem:
+def _offline_config(tmp_path: Path) -> Config:
     env = {
         "MVSINK_KAFKA_BOOTSTRAP": "127.0.0.1:9",
         "MVSINK_S3_ENDPOINT": "127.0.0.1:9",
@@ -49,7 +52,11 @@ def _offset_system(tmp_path: Path) -> OffsetSystem:
         "MVSINK_S3_SECRET_KEY": "s",
         "MVSINK_STATE_DIR": str(tmp_path),
     }
-    return OffsetSystem(load_config(env=env), tmp_path)
+    return load_config(env=env)
+
+
+def _offset_system(tmp_path: Path) -> OffsetSystem:
+    return OffsetSystem(_offline_config(tmp_path), tmp_path)
 
 
 def test_durable_ticks_need_every_partition_past_the_ticks_end(tmp_path: Path) -> None:
@@ -102,3 +109,52 @@ def test_the_registry_column_is_mvsink_on_the_registry_framing() -> None:
         Variant(REGISTRY_FRAMED, "mvsink", "spark://m:7077", registry_framed=True),
         Variant("peer-e2e", "peer", from_dataframes=True),
     ]
+
+
+class _Instant(System):
+    """A system for which each tick is durable a fixed time after it is fed."""
+
+    name = "instant"
+
+    def __init__(self, tmp_path: Path, delay: float) -> None:
+        super().__init__(_offline_config(tmp_path), tmp_path)
+        self.delay = delay
+        self.fed: list[float] = []
+
+    def start(self) -> None: ...
+
+    def durable(self, wait: float = 0.0) -> int:
+        time.sleep(min(wait, 0.005))
+        now = time.monotonic()
+        return sum(1 for at in self.fed if now - at >= self.delay)
+
+    def finish(self, run: Run, final: pa.Table) -> None: ...
+
+
+class _Feeder:
+    def __init__(self, system: _Instant) -> None:
+        self.system = system
+
+    def feed(self, config: Any, tick: EncodedTick) -> dict[int, int]:
+        self.system.fed.append(time.monotonic())
+        return {}
+
+
+def _ticks(n: int) -> list[EncodedTick]:
+    return [EncodedTick(t, 10, [], b"") for t in range(n)]
+
+
+def test_a_window_bounded_by_time_stops_publishing_when_it_ends(tmp_path: Path) -> None:
+    system = _Instant(tmp_path, delay=0.02)
+    run = drive(system, _Feeder(system), _ticks(500), 2, lambda _: None, seconds=0.3)  # type: ignore[arg-type]
+    assert 3 < run.ticks < 500
+    assert len(system.fed) == run.ticks  # every tick published was waited for
+    assert run.steady_updates == 10 * (run.ticks - 1)
+    assert len(run.freshness) == run.ticks - 1
+    assert run.steady_s >= 0.3
+
+
+def test_an_unbounded_window_publishes_every_tick(tmp_path: Path) -> None:
+    system = _Instant(tmp_path, delay=0.0)
+    run = drive(system, _Feeder(system), _ticks(30), 2, lambda _: None)  # type: ignore[arg-type]
+    assert run.ticks == 30 and run.steady_updates == 290
