@@ -235,14 +235,19 @@ def stream_until_sigterm(
 
 # -- delta --------------------------------------------------------------------------------------
 
-#: A micro-batch's changes as one row per key: the new value, or a delete (`upsert` false).
+#: A micro-batch's changes as one row per key: its latest change, the value inserted at that
+#: time or a delete (a tombstone, `value` null), applied only over an older change of the key.
+#: Desired is partitioned by row, not by key: a key's retraction and insertion are on different
+#: partitions and may arrive in different micro-batches in either order, so the table keeps each
+#: key's time (an insertion wins over a delete at the same time) and a tombstone, which keeps a
+#: late, older insertion from bringing a deleted key back.
 MERGE = """
 MERGE INTO delta.`{table}` AS t
 USING {changes} AS c
 ON t.key = c.key
-WHEN MATCHED AND NOT c.upsert THEN DELETE
-WHEN MATCHED THEN UPDATE SET t.value = c.value
-WHEN NOT MATCHED AND c.upsert THEN INSERT (key, value) VALUES (c.key, c.value)
+WHEN MATCHED AND (c._time > t._time OR (c._time = t._time AND t.value IS NULL))
+  THEN UPDATE SET t.value = c.value, t._time = c._time
+WHEN NOT MATCHED THEN INSERT (key, value, _time) VALUES (c.key, c.value, c._time)
 """
 
 
@@ -264,11 +269,11 @@ def run_delta(config: Config, topic: str, prefix: str, work: Path) -> None:
         conf={"spark.jars": ",".join(jars), **delta_conf(settings)},
     )
     table = f"s3a://{settings.bucket}/{prefix}/table"
-    spark.createDataFrame([], "key string, value long").write.format("delta").mode(
+    spark.createDataFrame([], "key string, value long, _time long").write.format("delta").mode(
         "overwrite"
     ).save(table)
     io_bytes = _s3a_bytes(spark, table)
-    schema = "partition int, offset long, key string, value long, _diff long"
+    schema = "partition int, offset long, key string, value long, _time long, _diff long"
 
     def decode_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Per Arrow batch (one Kafka partition's range): a marker row with its partition and
@@ -283,6 +288,7 @@ def run_delta(config: Config, topic: str, prefix: str, work: Path) -> None:
                     "offset": pa.array([pc.max(batch.column("offset")).as_py()], pa.int64()),
                     "key": pa.nulls(1, pa.string()),
                     "value": pa.nulls(1, pa.int64()),
+                    "_time": pa.nulls(1, pa.int64()),
                     "_diff": pa.array([0], pa.int64()),
                 }
             )
@@ -295,6 +301,7 @@ def run_delta(config: Config, topic: str, prefix: str, work: Path) -> None:
                         "offset": pa.nulls(n, pa.int64()),
                         "key": updates.column("key"),
                         "value": updates.column("value"),
+                        "_time": updates.column("_time"),
                         "_diff": updates.column("_diff"),
                     }
                 ).to_batches()
@@ -315,11 +322,20 @@ def run_delta(config: Config, topic: str, prefix: str, work: Path) -> None:
         }
         updates = decoded.where("key IS NOT NULL")
         rows = updates.count()
-        # Consolidate the micro-batch, then one change per key: its new value, or a delete.
-        net = updates.groupBy("key", "value").agg(F.sum("_diff").alias("d")).where("d != 0")
-        changes = net.groupBy("key").agg(
-            F.max(F.when(F.col("d") > 0, F.col("value"))).alias("value"),
-            (F.max("d") > 0).alias("upsert"),
+        # Consolidate the micro-batch, then one change per key: the latest (an insertion
+        # before a retraction at the same time), its value or null for a delete (see MERGE).
+        net = (
+            updates.groupBy("key", "value", "_time").agg(F.sum("_diff").alias("d")).where("d != 0")
+        )
+        latest = F.max(F.struct("_time", (F.col("d") > 0).alias("inserted"), "value")).alias("c")
+        changes = (
+            net.groupBy("key")
+            .agg(latest)
+            .select(
+                "key",
+                F.when(F.col("c.inserted"), F.col("c.value")).alias("value"),
+                F.col("c._time").alias("_time"),
+            )
         )
         name = f"changes_{batch_id}"
         changes.createOrReplaceTempView(name)
@@ -340,7 +356,9 @@ def run_delta(config: Config, topic: str, prefix: str, work: Path) -> None:
         io_bytes[0], io_bytes[1] = read, written
 
     stream_until_sigterm(spark, config, topic, merge_batch, work)
-    final = spark.read.format("delta").load(table).toArrow()
+    final = (
+        spark.read.format("delta").load(table).where("value IS NOT NULL").select("key", "value")
+    ).toArrow()
     work.mkdir(parents=True, exist_ok=True)
     pq.write_table(final, work / "final.parquet")
     _emit({"final": str(work / "final.parquet"), "rows": final.num_rows})
