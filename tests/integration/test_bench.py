@@ -115,39 +115,23 @@ def test_delta_peer_applies_ticks_read_in_any_partition_order(
     micro-batch of its own, the Delta MERGE peer reads insertions of later ticks before
     retractions of earlier ones; its table still equals the view (a retraction read late
     deleted the key's newer value)."""
-    from confluent_kafka import Producer
-
     from mvsink.bench.compare import provisioned
     from mvsink.bench.contenders import DeltaSystem, Run
-    from mvsink.bench.workload import ROW_SCHEMA, Workload
-    from mvsink.core.codec import SCHEMA_HEADER, schema_header
-    from mvsink.core.frontier import Frontier
-    from mvsink.core.messages import Progress
-    from mvsink.core.rows import parse_row_schema
-    from mvsink.io import registry
+    from mvsink.bench.workload import Feeder, Workload, encode_ticks
     from mvsink.io.config import load_config
-    from mvsink.io.kafka import client_config
-    from mvsink.upstream.producer import DesiredProducer
 
     config = provisioned(
         load_config(env=cli_env(kafka_bootstrap, s3_settings, tmp_path)), "delta-order"
     )
-    desired, partitions = config.topics.desired, config.partitions
-    tables, view = Workload(keys=2000, change=0.25, ticks=2, partitions=partitions).generate()
-    encoder = DesiredProducer(config, parse_row_schema(ROW_SCHEMA), "delta-order", chunk=200)
+    partitions = config.partitions
+    workload = Workload(keys=2000, change=0.25, ticks=2, partitions=partitions)
+    ticks, view = encode_ticks(config, workload, lambda _: None)
     # per tick and partition: its update records, then its progress
-    fed: list[dict[int, list[bytes]]] = []
-    for tick, table in enumerate(tables):
-        records, _ = encoder.records(table)
-        progress = registry.encode(desired, Progress(Frontier.at(tick + 1)))
-        fed.append(
-            {
-                p: [registry.encode(desired, r) for q, r in records if q == p] + [progress]
-                for p in range(partitions)
-            }
-        )
-    producer = Producer(client_config(kafka_bootstrap, **{"enable.idempotence": True}))
-    header = [(SCHEMA_HEADER, schema_header(Progress(Frontier.at(0))).encode())]
+    fed = [
+        {p: [v for q, v in tick.records if q == p] + [tick.progress] for p in range(partitions)}
+        for tick in ticks
+    ]
+    feeder = Feeder(kafka_bootstrap)
     system = DeltaSystem(config, tmp_path / "delta")
     system.start()
     try:
@@ -156,14 +140,13 @@ def test_delta_peer_applies_ticks_read_in_any_partition_order(
             """Publish `values` and wait until the peer has merged them."""
             ends: list[int] = []
             for value in values:
-                producer.produce(
-                    desired,
-                    value=value,
-                    partition=partition,
-                    headers=header,
-                    on_delivery=lambda _, m: ends.append(m.offset() + 1),
+                feeder._produce(
+                    config.topics.desired,
+                    partition,
+                    value,
+                    lambda _, m: ends.append(m.offset() + 1),
                 )
-            assert producer.flush(30) == 0
+            assert feeder.producer.flush(30) == 0
             deadline = time.monotonic() + 300
             while system.offsets.get(partition, 0) < max(ends):
                 system.durable(wait=0.2)
@@ -180,8 +163,8 @@ def test_delta_peer_applies_ticks_read_in_any_partition_order(
     finally:
         system.stop()
     assert run.correct is True, run.detail
-    inserted = sum(1 for t in tables[1:] for d in t.column("_diff").to_pylist() if d > 0)
-    assert inserted == 2 * 500  # every steady tick changed a quarter of the keys
+    # every steady tick changed a quarter of the keys: a retraction and an insertion each
+    assert [tick.updates for tick in ticks[1:]] == [2 * 500, 2 * 500]
 
 
 def test_bench_restart_rewrites_nothing(
