@@ -474,6 +474,10 @@ class WriteShell:
                 self.unchecked.discard(result.partition)
             if result.gone is not None:
                 continue
+            # The in-band progress the step folded to: the partition's own record of its
+            # frontier, committed with the `DesiredProgress` that `frontiers` carries, which a
+            # driver that just started may read only after a whole shared topic.
+            self.state.advance_desired_frontier(result.partition, result.desired_frontier)
             if result.stale and result.partition in self.versions:
                 # Another owner (a replica before a rebalance revokes it here), or a lost attempt
                 # of this driver's own task (its executor died after checkpointing, Spark ran

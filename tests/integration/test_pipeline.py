@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pyarrow as pa
@@ -27,12 +28,14 @@ from sinkkit import (
 )
 
 from mvsink.core.frontier import Frontier
-from mvsink.core.messages import Update, Updates, UpdatesArrow
+from mvsink.core.messages import BatchDescription, BatchId, Update, Updates, UpdatesArrow
 from mvsink.core.rows import parse_row_schema, row_encoder
 from mvsink.core.updates import normalize_updates, updates_to_ipc
 from mvsink.io.config import S3Settings
 from mvsink.io.kafka import client_config, poll_message, produce, read_compacted, tail_consumer
 from mvsink.shard import Timing, open_shard
+from mvsink.tools.provision import provision
+from mvsink.upstream.producer import DesiredProducer
 
 pytestmark = pytest.mark.integration
 F = Frontier.at
@@ -56,6 +59,31 @@ def test_a_changelog_with_retractions_converges(
     wait_until(lambda: sink.shard.upper() == F(upstream.frontier), 180, "the final upper")
     assert contents(sink, upstream.frontier) == upstream.expected()
     assert all(d == 1 for d in upstream.expected().values())
+
+
+def test_the_write_driver_stages_a_load_its_first_fold_reached(
+    sink: Sink, procs: list[Service]
+) -> None:
+    """A write driver learns a desired partition's frontier from the `Progress` its tasks
+    folded to, not only from `DesiredProgress` in `frontiers`. Here the upstream's
+    `DesiredProgress` goes to another topic, so only the partitions' own progress says the load
+    is complete; the driver, given the description mint would mint, stages it and append
+    commits it."""
+    c = sink.config
+    elsewhere = replace(c, topics=replace(c.topics, frontiers=f"{c.sink_id}.elsewhere"))
+    provision(elsewhere)
+    producer = DesiredProducer(elsewhere, parse_row_schema(c.row_schema), "test-in-band")
+    producer.start()
+    producer.send(updates([("a", 1, 0, 1), ("b", 2, 0, 1), ("c", 3, 0, 1)]))
+    producer.advance_to(F(1))
+    for name in ("write", "append"):
+        start(procs, sink, name)
+    descs = Producer(client_config(c.kafka_bootstrap))
+    desc = BatchDescription(c.sink_id, BatchId(0, 0), F(0), F(1), 0)
+    produce(descs, c.topics.descs, c.sink_id, desc, 0)
+    assert descs.flush(30) == 0
+    wait_until(lambda: sink.shard.upper() == F(1), 180, "the load appended")
+    assert contents(sink, 1) == {("a", 1): 1, ("b", 2): 1, ("c", 3): 1}
 
 
 def test_a_foreign_writers_junk_is_corrected(sink: Sink, procs: list[Service]) -> None:
