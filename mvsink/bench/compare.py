@@ -34,8 +34,12 @@ The producer's own rate is printed too: how fast `DesiredProducer` turned the wo
 records when it was encoded, per CPU second, next to partitioning 1 on a sample of the same
 updates (`producer_updates_per_cpu_s`, `producer_v1_updates_per_cpu_s`).
 
-Tick 0 (the initial load) is waited for and timed on its own, untimed in the figures; the
-steady-state ticks 1..N give updates/s and freshness (tick published -> durable) p50/p99. Also
+Each system is started and waited for until it can take input (`System.ready`: mvsink's write
+service has its Spark session, a peer its streaming query, raw its consumers): the process
+start. Then tick 0 (the initial load) is published and timed on its own: the hydration, set
+against one plain read of the same load from mvsink's desired topic (`systems.read_load`:
+consumed and decoded into Arrow, nothing written). The steady-state ticks 1..N give updates/s
+and freshness (tick published -> durable) p50/p99. Also
 measured: peak RSS of every process tree, bytes read back per byte written (mvsink's write
 metrics; the Delta peer's S3A reads; the others never read back), the table's size in the
 bucket at the end (mvsink, delta), and whether the shard and the Delta table equal the view.
@@ -185,8 +189,8 @@ def drive(
     wait_for(1)
     run.initial_load_s = reached[0] - started
     say(
-        f"  {system.name}: initial load of {ticks[0].updates:,} updates durable in {run.initial_load_s:.1f}s "
-        f"(includes process start)"
+        f"  {system.name}: initial load of {ticks[0].updates:,} updates durable in "
+        f"{run.initial_load_s:.1f}s"
     )
     steady_start = time.monotonic()
     for tick in ticks[1:]:
@@ -305,7 +309,9 @@ def run(
                 replace(base, schema_registry_url=framed_url) if variant.registry_framed else base
             )
             runs[variant.name] = column.run(variant, framing, master, repeat, runs)
-        figures = _figures(workload, in_flight, append_workers, runs)
+        figures = _figures(
+            workload, in_flight, append_workers, runs, column.plain_reads.get(repeat)
+        )
         figures["workload"]["wire"] = wire
         figures["workload"]["window_s"] = seconds
         figures.update(producer_rate.figures())
@@ -346,6 +352,8 @@ class _Columns:
         self.registry_ticks: list[EncodedTick] | None = None
         #: What the registry column adds to the figures: its producer's rate.
         self.registry_figures: dict[str, Any] = {}
+        #: Per repeat, the seconds of one plain read of the initial load (`read_load`).
+        self.plain_reads: dict[int, float] = {}
 
     def run(
         self,
@@ -386,15 +394,26 @@ class _Columns:
         system.name = name
         spark = f" (Spark {sink.spark_master})" if variant.system == "mvsink" else ""
         say(f"{name}: starting{spark} ...")
+        started = time.monotonic()
         system.start()
         sampler = RssSampler({label: proc.pid for label, proc in system.procs.items()})
         try:
+            system.ready()
+            start_s = time.monotonic() - started
+            say(f"  {name}: started in {start_s:.1f}s")
             result = drive(system, source, fed, self.in_flight, say, seconds=self.seconds)
+            result.start_s = start_s
             result.peak_rss_mib = sampler.stop()
             system.finish(result, self._view(result.ticks))  # while it serves its metrics
         finally:
             sampler.stop()
             system.stop()
+        if name == "mvsink":  # the load in its topic, read once on a quiet box
+            from mvsink.bench.systems import read_load
+
+            seconds, updates = read_load(sink, sink.topics.desired, sink.partitions)
+            self.plain_reads[repeat] = seconds
+            say(f"  one plain read of the initial load ({updates:,} updates): {seconds:.2f}s")
         result.spark_master = sink.spark_master if variant.system == "mvsink" else None
         say(
             f"  {name}: {result.updates_per_s:,.0f} updates/s over {result.steady_s:.1f}s "
@@ -447,7 +466,11 @@ def save_figures(out: Path, name: str, figures: dict[str, Any], say: Say, logs: 
 
 
 def _figures(
-    workload: Workload, in_flight: int, append_workers: int, runs: dict[str, Run]
+    workload: Workload,
+    in_flight: int,
+    append_workers: int,
+    runs: dict[str, Run],
+    plain_read_s: float | None = None,
 ) -> dict[str, Any]:
     def rate(name: str) -> float | None:
         return round(runs[name].updates_per_s, 1) if name in runs else None
@@ -482,7 +505,12 @@ def _figures(
         prefix = "" if name == "mvsink" else f"{name}_"
         figures[f"{prefix}freshness_p50_s"] = round(percentile(result.freshness, 50), 3)
         figures[f"{prefix}freshness_p99_s"] = round(percentile(result.freshness, 99), 3)
+        figures[f"{name}_start_s"] = round(result.start_s, 2)
         figures[f"{name}_initial_load_s"] = round(result.initial_load_s, 2)
+        if plain_read_s:
+            figures[f"{name}_hydration_vs_plain_read"] = round(
+                result.initial_load_s / plain_read_s, 2
+            )
         figures[f"{name}_steady_s"] = round(result.steady_s, 2)
         figures[f"{name}_steady_ticks"] = result.ticks - 1
         figures[f"{name}_peak_rss_mib"] = result.peak_rss_mib
@@ -494,6 +522,8 @@ def _figures(
         if result.batch_seconds:
             figures[f"{name}_batch_latency_p50_s"] = round(percentile(result.batch_seconds, 50), 3)
             figures[f"{name}_batch_latency_p99_s"] = round(percentile(result.batch_seconds, 99), 3)
+    if plain_read_s:
+        figures["plain_read_load_s"] = round(plain_read_s, 3)
     if "mvsink" in runs:
         figures["mvsink_bytes_written"] = runs["mvsink"].bytes_written
         figures["mvsink_bytes_read_back"] = runs["mvsink"].bytes_read_back
@@ -527,7 +557,9 @@ def _report(figures: dict[str, Any], say: Say) -> None:
         ("freshness p99", "{}freshness_p99_s", " s"),
         ("micro-batch latency p50", "{}batch_latency_p50_s", " s"),
         ("micro-batch latency p99", "{}batch_latency_p99_s", " s"),
-        ("initial load (incl. start)", "{}initial_load_s", " s"),
+        ("process start", "{}start_s", " s"),
+        ("initial load (hydration)", "{}initial_load_s", " s"),
+        ("hydration / one plain read", "{}hydration_vs_plain_read", ""),
         ("bytes read back / byte written", "{}bytes_read_back_per_byte_written", ""),
         ("table in the bucket (MiB)", "{}table_mib", ""),
     ]
@@ -548,11 +580,19 @@ def _report(figures: dict[str, Any], say: Say) -> None:
             cells.append(cell(figures, k, unit))
         if any(c != "-" for c in cells):
             say(f"{label:<34} " + " ".join(f"{c:>{width}}" for c in cells))
+    if figures.get("plain_read_load_s") is not None:
+        say(
+            f"one plain read of the initial load (consumed and decoded, nothing written): "
+            f"{cell(figures, 'plain_read_load_s', ' s')}"
+        )
+    # Per million keys only where the view outweighs the processes' fixed cost (a JVM, Python).
+    millions = figures["workload"]["keys"] / 1e6
     for name in names:
         rss = figures.get(f"{name}_peak_rss_mib")
         if rss:
             shown = " ".join(f"{k}={v:,.0f}" for k, v in rss.items())
-            say(f"peak RSS {name:<25} {shown} MiB (largest over the repeats)")
+            per = f"; {sum(rss.values()) / millions:,.0f} per million keys" if millions >= 1 else ""
+            say(f"peak RSS {name:<25} {shown} MiB (largest over the repeats{per})")
     say(
         f"ratio mvsink/peer {cell(figures, 'ratio_vs_peer')}   ratio mvsink/raw "
         f"{cell(figures, 'ratio_vs_raw')}   shard equals desired: "

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -38,6 +39,9 @@ class Run:
     #: Ticks published, the initial load's included (fewer than the workload's when the
     #: steady window was bounded by time).
     ticks: int = 0
+    #: From starting the system's processes to the system able to take input (`System.ready`).
+    start_s: float = 0.0
+    #: From the initial load published (after `start_s`) to durable: the hydration.
     initial_load_s: float = 0.0
     steady_s: float = 0.0
     steady_updates: int = 0
@@ -74,6 +78,12 @@ class System(ABC):
         """Start the system's processes."""
 
     @abstractmethod
+    def ready(self, timeout: float = 600.0) -> None:
+        """Wait until the system's processes are up and able to take input (a JVM started, a
+        session made, a query or a consumer running), so the initial load times the hydration
+        and not the start."""
+
+    @abstractmethod
     def durable(self, wait: float = 0.0) -> int:
         """How many ticks (0..n-1) are durable, waiting up to `wait` seconds for the system's
         next report (a frontier, a progress line) when it has none new: how the bench blocks
@@ -105,6 +115,16 @@ class MvsinkSystem(System):
             self.procs[label] = proc
         self.upper = 0
         self._frontiers = tail_consumer(self.config.kafka_bootstrap, self.config.topics.frontiers)
+
+    def ready(self, timeout: float = 600.0) -> None:
+        """The write service logged that it started (its Spark session is up); mint and
+        append start in a fraction of that."""
+        log, deadline = self.logs / "write.log", time.monotonic() + timeout
+        while " started as " not in log.read_text(errors="replace"):
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise BenchError(f"{self.name}: the write service did not start in {timeout:.0f}s")
+            time.sleep(0.1)
 
     def durable(self, wait: float = 0.0) -> int:
         for _, record in drain(self._frontiers, first_timeout=wait):
@@ -167,6 +187,15 @@ class OffsetSystem(System):
         self.offsets: dict[int, int] = {}
         self.batch_seconds: list[float] = []
         self.rows = 0
+        self.started = threading.Event()
+
+    def ready(self, timeout: float = 600.0) -> None:
+        """The process printed its `{"ready": true}` line."""
+        deadline = time.monotonic() + timeout
+        while not self.started.wait(0.5):
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise BenchError(f"{self.name} did not start in {timeout:.0f}s; log {self.logs}")
 
     def start(self) -> None:
         prefix = f"bench/{self.config.sink_id}"
@@ -193,6 +222,9 @@ class OffsetSystem(System):
         assert stdout is not None
         for raw in stdout:
             line = json.loads(raw)
+            if "ready" in line:
+                self.started.set()
+                continue
             if self._line(line):
                 continue
             if "batch" in line:

@@ -24,6 +24,7 @@ services).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import signal
@@ -31,7 +32,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -224,6 +225,7 @@ def stream_until_sigterm(
         .trigger(processingTime="0 seconds")
         .start()
     )
+    _emit({"ready": True})
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     while not stop.wait(0.5) and query.isActive:
@@ -382,54 +384,81 @@ def _s3a_bytes(spark: Any, path: str) -> list[int]:
 
 def run_raw(config: Config, topic: str, partitions: int, prefix: str) -> None:
     """One consume-and-write loop per partition (until SIGTERM)."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    from mvsink.io.kafka import READ_TO_END, consumer_config
-
     settings, row_schema = config.s3, parse_row_schema(config.row_schema)
     stop = threading.Event()
 
-    lookup = registry.lookup()
-
     def loop(partition: int) -> None:
-        consumer = Consumer(consumer_config(config.kafka_bootstrap, extra=READ_TO_END))
-        consumer.assign([TopicPartition(topic, partition, 0)])
-        pending: list[Record] = []
-        try:
-            while not stop.is_set():
-                for message in consumer.consume(1000, 0.1):
-                    value = message.value()
-                    if message.error() or value is None:
-                        continue
-                    record = decode(value, (UpdatesArrow, Updates, Progress), lookup)
-                    if not isinstance(record, Progress):
-                        pending.append(record)
-                        continue
-                    updates = updates_of(pending, row_schema)
-                    rows = 0 if updates is None else updates.num_rows
-                    if updates is not None:
-                        put_parquet(
-                            settings, f"{prefix}/p{partition}/{uuid.uuid4()}.parquet", updates
-                        )
-                    _emit(
-                        {
-                            "partition": partition,
-                            "offset": (message.offset() or 0) + 1,
-                            "rows": rows,
-                        }
-                    )
-                    pending = []
-        finally:
-            consumer.close()
+        for updates, offset in ticks_of(config.kafka_bootstrap, topic, partition, row_schema, stop):
+            if updates is not None:
+                put_parquet(settings, f"{prefix}/p{partition}/{uuid.uuid4()}.parquet", updates)
+            _emit(
+                {
+                    "partition": partition,
+                    "offset": offset,
+                    "rows": 0 if updates is None else updates.num_rows,
+                }
+            )
 
     threads = [threading.Thread(target=loop, args=(p,), daemon=True) for p in range(partitions)]
     for thread in threads:
         thread.start()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    _emit({"ready": True})
     while not stop.wait(0.5):
         pass
     for thread in threads:
         thread.join(10)
+
+
+def ticks_of(
+    bootstrap: str, topic: str, partition: int, row_schema: pa.Schema, stop: threading.Event
+) -> Generator[tuple[pa.Table | None, int], None, None]:
+    """A desired partition read from its start, tick by tick, until `stop` is set: each tick's
+    updates decoded into Arrow (None if it had none) with the offset after its `Progress`."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from mvsink.io.kafka import READ_TO_END, consumer_config
+
+    lookup = registry.lookup()
+    consumer = Consumer(consumer_config(bootstrap, extra=READ_TO_END))
+    consumer.assign([TopicPartition(topic, partition, 0)])
+    pending: list[Record] = []
+    try:
+        while not stop.is_set():
+            for message in consumer.consume(1000, 0.1):
+                value = message.value()
+                if message.error() or value is None:
+                    continue
+                record = decode(value, (UpdatesArrow, Updates, Progress), lookup)
+                if not isinstance(record, Progress):
+                    pending.append(record)
+                    continue
+                yield updates_of(pending, row_schema), (message.offset() or 0) + 1
+                pending = []
+    finally:
+        consumer.close()
+
+
+def read_load(config: Config, topic: str, partitions: int) -> tuple[float, int]:
+    """One plain read of the initial load (tick 0): every partition's records up to its first
+    `Progress` consumed and decoded into Arrow, a thread per partition, as the raw loop reads
+    them, nothing written. (seconds, updates): the baseline a system's hydration is set against."""
+    row_schema = parse_row_schema(config.row_schema)
+    counts = [0] * partitions
+
+    def read(partition: int) -> None:
+        ticks = ticks_of(config.kafka_bootstrap, topic, partition, row_schema, threading.Event())
+        with contextlib.closing(ticks):  # closes its consumer
+            updates, _ = next(ticks)
+        counts[partition] = 0 if updates is None else updates.num_rows
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=read, args=(p,)) for p in range(partitions)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.monotonic() - started, sum(counts)
 
 
 def main(argv: list[str]) -> int:

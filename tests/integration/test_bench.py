@@ -54,6 +54,14 @@ def test_bench_compares_mvsink_peer_delta_and_raw(
     ):
         assert isinstance(figures[key], float) and figures[key] > 0, key
     assert figures["mvsink_shard_equals_desired"] is True
+    # Hydration is timed from the system able to take input, against one plain read of the
+    # load (tick 0: all 3,000 keys inserted) in mvsink's desired topic.
+    assert "one plain read of the initial load (3,000 updates)" in text
+    assert figures["plain_read_load_s"] > 0
+    for name in ("mvsink", "peer", "delta", "raw"):
+        assert figures[f"{name}_start_s"] > 0 and figures[f"{name}_initial_load_s"] > 0, name
+        assert figures[f"{name}_hydration_vs_plain_read"] > 0, name
+    assert "hydration / one plain read" in text and "process start" in text
     # The Delta MERGE peer maintains the view too: its table, read at the end, equals it.
     assert isinstance(figures["ratio_vs_delta"], float) and figures["ratio_vs_delta"] > 0
     assert figures["delta_shard_equals_desired"] is True

@@ -123,6 +123,8 @@ class _Instant(System):
 
     def start(self) -> None: ...
 
+    def ready(self, timeout: float = 600.0) -> None: ...
+
     def durable(self, wait: float = 0.0) -> int:
         time.sleep(min(wait, 0.005))
         now = time.monotonic()
