@@ -562,11 +562,6 @@ class WriteShell:
             self.compactor.poke()
         BATCHES.labels(self.config.sink_id).inc()
         PARTS.labels(self.config.sink_id).inc(len(parts))
-        steps = {
-            step: max(r.seconds.get(step, 0.0) for r in results)
-            for r in results
-            for step in r.seconds
-        }
         log.info(
             "staged %s: partitions %s, %d parts, %d updates in %.2fs (Spark job %.2fs, "
             "slowest task's steps: %s)",
@@ -576,18 +571,28 @@ class WriteShell:
             sum(p.updates for p in parts),
             time.monotonic() - started,
             ran,
-            steps,
+            slowest_steps(results),
         )
 
     def _fold(self, partitions: tuple[int, ...] | None = None) -> None:
         """Fold `partitions` (every owned one by default) without staging."""
         partitions = tuple(sorted(self.state.owned)) if partitions is None else partitions
+        started = time.monotonic()
         results = self._run(self._specs(partitions, None))
         log.info(
-            "folded partitions %s: corrections %s",
+            "folded partitions %s: corrections %s in %.2fs (slowest task's steps: %s)",
             [r.partition for r in results],
             {r.partition: r.corrections for r in results},
+            time.monotonic() - started,
+            slowest_steps(results),
         )
+
+
+def slowest_steps(results: list[StepResult]) -> dict[str, float]:
+    """Each step's seconds in the slowest task (`StepResult.seconds`): a job's profile."""
+    return {
+        step: max(r.seconds.get(step, 0.0) for r in results) for r in results for step in r.seconds
+    }
 
 
 def run(config: Config, stopping: Stopping) -> int:
