@@ -64,7 +64,11 @@ class Compactor:
         self.writer_id = writer_id
         self.shard = open_shard(config.shard_id, None, config.s3, config.shard_timing())
         self.policy = config.compaction_policy()
-        self.large = spark_runner(spark) if spark is not None else None
+        # Large merges go to the executors of a cluster. On `local[*]` the executors are this
+        # machine's cores, where a merge job would hold every task slot while staging jobs
+        # wait behind it; the driver's idle-priority threads give the cores up at once instead.
+        local = spark is None or str(spark.sparkContext.master).startswith("local")
+        self.large = None if local else spark_runner(spark)
         #: Set while this driver owns desired partition 0.
         self.enabled = threading.Event()
         self._kick = threading.Event()
