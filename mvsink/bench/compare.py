@@ -37,14 +37,14 @@ updates (`producer_updates_per_cpu_s`, `producer_v1_updates_per_cpu_s`).
 Each system is started and waited for until it can take input (`System.ready`: mvsink's write
 service has its Spark session, a peer its streaming query, raw its consumers): the process
 start. Then tick 0 (the initial load) is published and timed on its own: the hydration, set
-against one plain read of the same load (`systems.read_load`: consumed from a desired topic
-of its own and decoded into Arrow, nothing written), timed before each repeat. The steady-state ticks 1..N give updates/s
-and freshness (tick published -> durable) p50/p99. Also
-measured: peak RSS of every process tree, bytes read back per byte written (mvsink's write
-metrics; the Delta peer's S3A reads; the others never read back), the table's size in the
-bucket at the end (mvsink, delta), and whether the shard and the Delta table equal the view.
-Writes `bench.json` and `bench.png` into `--out`. How each system is driven (started, asked,
-finished) is `mvsink.bench.contenders`.
+against one plain read of the same load (`systems.read_load`: consumed from a desired topic of
+its own and decoded into Arrow, nothing written), timed before each repeat. The steady-state
+ticks 1..N give updates/s and freshness (tick published -> durable) p50/p99. Also measured: peak
+RSS of every process tree, bytes read back per byte written (mvsink's write metrics; the Delta
+peer's S3A reads; the others never read back), the table's size in the bucket at the end
+(mvsink, delta), and whether the shard and the Delta table equal the view. Writes `bench.json`
+and `bench.png` into `--out`. How each system is driven (started, asked, finished) is
+`mvsink.bench.contenders`.
 """
 
 from __future__ import annotations

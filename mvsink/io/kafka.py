@@ -8,6 +8,7 @@ so a fenced or aborted producer's records are never acted on.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -318,13 +319,14 @@ def poll_message(
 
 
 def drain(
-    consumer: Consumer | Reader, first_timeout: float = 0.0, limit: int = 500
+    consumer: Consumer | Reader, first_timeout: float = 0.0, limit: int | None = 500
 ) -> Iterator[tuple[Message, Record]]:
-    """The records available now (waiting up to `first_timeout` for the first), at most `limit`.
-    Undecodable ones are logged with topic/partition/offset and skipped: how followers of
-    `descs`, `frontiers` and `control` read, so bad input never stops them."""
+    """The records available now (waiting up to `first_timeout` for the first), at most `limit`
+    (None: every one, a backlog included). Undecodable ones are logged with
+    topic/partition/offset and skipped: how followers of `descs`, `frontiers` and `control`
+    read, so bad input never stops them."""
     timeout = first_timeout
-    for _ in range(limit):
+    for _ in itertools.count() if limit is None else range(limit):
         message = poll_message(consumer, timeout)
         if message is None:
             return

@@ -29,14 +29,13 @@ import threading
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 from prometheus_client import Counter, Gauge
 
 from mvsink.core.frontier import Frontier, meet_all
 from mvsink.core.messages import (
     BatchDescription,
     DesiredProgress,
-    Record,
     ShardUpper,
     SinkControl,
     StagedBatch,
@@ -67,8 +66,6 @@ from services.write.task import Gone, SinkSpec, StepResult, StepSpec, run_tasks,
 
 log = logging.getLogger("mvsink.write")
 SHARD_POLL = 1.0
-#: Records a follower's drain takes at once; `_absorb` drains again while a backlog fills them.
-ABSORB_LIMIT = 500
 #: A staged batch still unappended after this share of `max_part_age` is staged again: the
 #: shard refuses parts older than that bound (append then waits for fresh ones), so the sink
 #: does not stall after an append or S3 outage longer than the bound.
@@ -412,30 +409,21 @@ class WriteShell:
         return 0
 
     def _absorb(self, consumer: Reader, wait: float = 0.0) -> None:
-        """Absorb what `consumer` has, a backlog included: a driver that has just started reads
-        a shared `frontiers` from its start, which at a drain's 500 records per loop (each
+        """Absorb all that `consumer` has, a backlog included: a driver that has just started
+        reads a shared `frontiers` from its start, which read 500 records a loop (each loop
         waiting on `descs`) would hold its first descriptions back for seconds."""
-        while True:
-            drained = 0
-            for message, record in drain(consumer, wait, ABSORB_LIMIT):
-                drained += 1
-                self._absorb_record(message, record)
-            if drained < ABSORB_LIMIT:
-                return
-            wait = 0.0
-
-    def _absorb_record(self, message: Message, record: Record) -> None:
-        match record:
-            case BatchDescription(sink_id=sink) if sink == self.config.sink_id:
-                self.state.absorb_batch_description(record)
-            case DesiredProgress(sink_id=sink) if sink == self.config.sink_id:
-                self.state.advance_desired_frontier(record.partition, record.frontier)
-            case ShardUpper(shard_id=shard) if shard == self.config.shard_id:
-                self.state.advance_persist_frontier(record.upper)
-            case SinkControl(read_only=False) if message.key() == self.config.sink_id.encode():
-                if self.state.allow_writes():
-                    log.info("write %s promoted: staging allowed", self.config.sink_id)
-                    self._lead_compaction()
+        for message, record in drain(consumer, wait, limit=None):
+            match record:
+                case BatchDescription(sink_id=sink) if sink == self.config.sink_id:
+                    self.state.absorb_batch_description(record)
+                case DesiredProgress(sink_id=sink) if sink == self.config.sink_id:
+                    self.state.advance_desired_frontier(record.partition, record.frontier)
+                case ShardUpper(shard_id=shard) if shard == self.config.shard_id:
+                    self.state.advance_persist_frontier(record.upper)
+                case SinkControl(read_only=False) if message.key() == self.config.sink_id.encode():
+                    if self.state.allow_writes():
+                        log.info("write %s promoted: staging allowed", self.config.sink_id)
+                        self._lead_compaction()
 
     # -- jobs -------------------------------------------------------------------------------
 

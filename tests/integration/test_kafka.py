@@ -161,6 +161,34 @@ def test_second_transactional_producer_fences_the_first(
     assert seen == [desc]
 
 
+def test_a_drain_without_a_limit_takes_the_whole_backlog(
+    kafka_bootstrap: str, s3_settings: S3Settings, unique: str
+) -> None:
+    """`drain` takes at most `limit` records a call; with `limit=None` all that its reader has,
+    so a follower that starts behind a shared `frontiers` reads it in one call."""
+    config = _config(kafka_bootstrap, s3_settings, f"drain-{unique}")
+    ensure_topics(kafka_bootstrap, sink_topics(config))
+    topic = config.topics.frontiers
+    producer = Producer(client_config(kafka_bootstrap))
+    sent = [DesiredProgress(config.sink_id, 0, Frontier.at(t)) for t in range(3000)]
+    for record in sent:
+        produce(producer, topic, record.key, record)
+    assert producer.flush(30) == 0
+    reader = tail_consumer(kafka_bootstrap, topic)
+    try:
+        bounded = [r for _, r in kafka.drain(reader, 10.0)]
+        assert bounded == sent[:500]
+        rest = [r for _, r in kafka.drain(reader, 10.0, limit=None)]
+        while len(bounded) + len(rest) < len(sent):  # what was not fetched yet: next calls
+            more = [r for _, r in kafka.drain(reader, 10.0, limit=None)]
+            assert more, "the backlog stopped short"
+            rest += more
+    finally:
+        reader.close()
+    assert len(rest) > 500  # one call took more than a bounded drain could
+    assert bounded + rest == sent
+
+
 def test_compacted_frontiers_keeps_the_latest_value_per_key(
     kafka_bootstrap: str, s3_settings: S3Settings, unique: str
 ) -> None:
