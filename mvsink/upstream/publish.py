@@ -3,6 +3,9 @@ through the driver.
 
 ```text
  driver      publish_dataframe(df, producer, frontier)
+               |  small df (the optimizer's estimate <= one_task_bytes):
+               |  df ──coalesce(1)──mapInArrow(split, then publish every partition)──> counts
+               |  otherwise:
                |  df ──coalesce(slots)──mapInArrow(split)──> (partition, task key, Arrow IPC)
                |     + one empty row per desired partition       (union: every partition gets Progress)
                |     ──repartition(tasks, task key)──> ──mapInArrow(publish)──> per-partition counts
@@ -45,10 +48,19 @@ Python worker of an executor, so the newest producer of each transactional id is
 the executor's directory (`_claim`), and a kept producer superseded there is dropped before it
 produces (`_superseded`) instead of failing a transaction; dropping a producer is always safe.
 
-Layout: updates cross between the stages as one Arrow IPC payload per desired partition and
-input batch (`_split`), not row by row; task keys (`_task_keys`) spread the desired partitions
-evenly over one wave of tasks, and an input of more partitions than the executors' task slots
-is coalesced to the slots first (no shuffle): each Python task has a fixed cost in Spark.
+Layout: a publish is one stage or two. An input the optimizer estimates at `one_task_bytes`
+or less (`ONE_TASK_BYTES` by default, Spark's `sizeInBytes` of the optimized plan, the figure
+it picks broadcast joins by) is coalesced to one task (no shuffle), which splits it and
+publishes every desired partition itself (`_publish_in_one_task`): a second stage, its shuffle
+and its Python tasks cost more than a small input's split is worth spreading. Coalescing also
+runs the input's own last stage in that one task, so an input that is cheap to estimate but
+costly to compute (a small result of a large stage) wants `one_task_bytes=0`. Otherwise, and
+whenever the estimate is unknown (Spark Connect), updates cross between two stages as one
+Arrow IPC payload per desired partition and input batch (`_split`), not row by row; task keys
+(`_task_keys`) spread the desired partitions evenly over one wave of tasks, and an input of
+more partitions than the executors' task slots is coalesced to the slots first (no shuffle):
+each Python task has a fixed cost in Spark. Both paths publish each partition with the same
+`_publish_partition`, so the exactly-once argument above holds for either.
 """
 
 from __future__ import annotations
@@ -78,7 +90,7 @@ from mvsink.io.spark import each_on_a_thread, executor_dir, task_slots, trim_wor
 from mvsink.upstream.producer import DesiredProducer, arrow_records, check_advance, publishable
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame, Row, SparkSession
 
 log = logging.getLogger("mvsink.upstream.publish")
 
@@ -88,6 +100,8 @@ trim_worker_path()
 PARTITION, TASK_KEY, PAYLOAD = "_partition", "_task_key", "_updates"
 SPLIT_SCHEMA = f"{PARTITION} int, {TASK_KEY} int, {PAYLOAD} binary"
 RESULT_SCHEMA = "partition int, updates long, skipped boolean"
+#: The largest input (the optimizer's size estimate) published in one task (module docs).
+ONE_TASK_BYTES = 64 << 20
 #: `_task_keys` by (desired partitions, publishing tasks).
 _TASK_KEYS: dict[tuple[int, int], list[int]] = {}
 #: Transactional producers this Python worker keeps between publishes, by (bootstrap, id).
@@ -131,11 +145,16 @@ class PublishSpec:
 
 
 def publish_dataframe(
-    df: DataFrame, producer: DesiredProducer, frontier: Frontier, hook: Hook | None = None
+    df: DataFrame,
+    producer: DesiredProducer,
+    frontier: Frontier,
+    hook: Hook | None = None,
+    one_task_bytes: int = ONE_TASK_BYTES,
 ) -> int:
     """Publish the updates of `df` (`row columns..., _time, _diff[, _err]`) from the executors
     and advance every desired partition to `frontier`; the number of updates published (zero
-    diffs dropped), each exactly once whichever task attempt committed it.
+    diffs dropped), each exactly once whichever task attempt committed it. An input the
+    optimizer estimates at `one_task_bytes` or less is published by one task (module docs).
 
     Raises:
         InvalidUsage: the producer has an open transaction (updates `send` has not committed).
@@ -167,6 +186,36 @@ def publish_dataframe(
         hook,
         config.schema_registry_url,
     )
+    try:
+        published = _run_publish(df, spec, one_task_bytes)
+    except Exception as error:  # a task's ContractError arrives as Spark's PythonException
+        refused = re.search(r"ContractError: (.*)", str(error))
+        if refused is None:
+            raise
+        raise ContractError(f"publish to {frontier} refused: {refused.group(1)}") from error
+    missing = set(range(spec.partitions)) - {row["partition"] for row in published}
+    if missing:  # cannot happen: one task publishes them all, or each has a marker
+        raise RuntimeError(f"publish covered no task for desired partitions {sorted(missing)}")
+    producer.frontier = frontier
+    skipped = sorted(row["partition"] for row in published if row["skipped"])
+    if skipped:
+        log.info("desired partitions %s were already published to %s", skipped, frontier)
+    return sum(row["updates"] for row in published)
+
+
+def _run_publish(df: DataFrame, spec: PublishSpec, one_task_bytes: int) -> list[Row]:
+    """Run the publish's Spark job(s); a result row per desired partition (module docs)."""
+    estimate = estimated_bytes(df)
+    if estimate is not None and estimate <= one_task_bytes:
+        published = (
+            df.coalesce(1)
+            .mapInArrow(lambda batches: _publish_in_one_task(batches, spec), RESULT_SCHEMA)
+            .collect()
+        )
+        if published:
+            return published
+        # An input the optimizer knows is empty loses the task with it (Spark prunes the
+        # operators over an empty relation): the markers of the two stages carry it.
     spark = df.sparkSession
     # One wave of publishing tasks: a task more than the slots costs a Python task's start
     # and runs after the others anyway.
@@ -179,27 +228,21 @@ def publish_dataframe(
     if slots is not None:  # one wave of splitting tasks too (no shuffle: see the module docs)
         df = df.coalesce(slots)
     split = df.mapInArrow(lambda batches: _split(batches, spec, keys), SPLIT_SCHEMA)
-    markers = _markers(spark, keys)
+    return (
+        split.unionByName(_markers(spark, keys))
+        .repartition(tasks, TASK_KEY)
+        .mapInArrow(lambda batches: _publish(batches, spec), RESULT_SCHEMA)
+        .collect()
+    )
+
+
+def estimated_bytes(df: DataFrame) -> int | None:
+    """Spark's size estimate of `df`'s optimized plan, or None where it cannot be asked (no
+    py4j gateway: Spark Connect)."""
     try:
-        published = (
-            split.unionByName(markers)
-            .repartition(tasks, TASK_KEY)
-            .mapInArrow(lambda batches: _publish(batches, spec), RESULT_SCHEMA)
-            .collect()
-        )
-    except Exception as error:  # a task's ContractError arrives as Spark's PythonException
-        refused = re.search(r"ContractError: (.*)", str(error))
-        if refused is None:
-            raise
-        raise ContractError(f"publish to {frontier} refused: {refused.group(1)}") from error
-    missing = set(range(spec.partitions)) - {row["partition"] for row in published}
-    if missing:  # cannot happen: every partition has a marker
-        raise RuntimeError(f"publish covered no task for desired partitions {sorted(missing)}")
-    producer.frontier = frontier
-    skipped = sorted(row["partition"] for row in published if row["skipped"])
-    if skipped:
-        log.info("desired partitions %s were already published to %s", skipped, frontier)
-    return sum(row["updates"] for row in published)
+        return int(df._jdf.queryExecution().optimizedPlan().stats().sizeInBytes())
+    except Exception:
+        return None
 
 
 def _task_keys(spark: SparkSession, partitions: int, tasks: int) -> list[int]:
@@ -237,15 +280,22 @@ def _markers(spark: SparkSession, keys: list[int]) -> DataFrame:
     )
 
 
-def _split(
-    batches: Iterable[pa.RecordBatch], spec: PublishSpec, keys: list[int]
-) -> Iterator[pa.RecordBatch]:
-    """Each batch's updates, normalized to the part schema, as one uncompressed Arrow IPC
-    payload per desired partition: `(partition, task key, payload)` rows."""
+def _by_partition(
+    batches: Iterable[pa.RecordBatch], spec: PublishSpec
+) -> Iterator[list[tuple[int, pa.Table]]]:
+    """Each batch's updates, normalized to the part schema, split by desired partition."""
     for batch in batches:
         table = normalize_updates(batch, spec.row_schema)
         column = partitions_of(table, spec.row_schema, spec.partitions, spec.partitioning)
-        split = split_by_partition(table, column, spec.partitions)
+        yield split_by_partition(table, column, spec.partitions)
+
+
+def _split(
+    batches: Iterable[pa.RecordBatch], spec: PublishSpec, keys: list[int]
+) -> Iterator[pa.RecordBatch]:
+    """The first of two stages: each batch's updates as one uncompressed Arrow IPC payload per
+    desired partition, `(partition, task key, payload)` rows."""
+    for split in _by_partition(batches, spec):
         payloads = [updates_to_ipc(part, compression=None) for _, part in split]
         yield pa.RecordBatch.from_arrays(
             [
@@ -258,22 +308,42 @@ def _split(
 
 
 def _publish(batches: Iterable[pa.RecordBatch], spec: PublishSpec) -> Iterator[pa.RecordBatch]:
-    """The task: one transaction per desired partition it holds (module docs). A partition's
-    updates are held until its transaction commits, so a producer found fenced at commit can
-    be replaced and the partition published again."""
-    quiet_retries()  # one line per outage, not librdkafka's per reconnect (this worker too)
-    registry.use(spec.schema_registry_url)
+    """The second of two stages: one transaction per desired partition the task holds (module
+    docs), from the payloads `_split` made and the partitions' markers."""
     pending: dict[int, list[pa.Table]] = {}
-    empty = part_schema(spec.row_schema).empty_table()
     for batch in batches:
         partitions, payloads = batch.column(PARTITION).to_pylist(), batch.column(PAYLOAD)
         for partition, payload in zip(partitions, payloads, strict=True):
-            updates = pending.setdefault(partition, [empty])
+            updates = pending.setdefault(partition, [])
             data = payload.as_buffer()  # empty for the markers
             if data is not None and data.size:
                 updates.append(pa.ipc.open_stream(data).read_all())
-    done = _each_partition(spec, {p: pa.concat_tables(pending[p]) for p in sorted(pending)})
-    yield pa.RecordBatch.from_pydict(
+    yield _publish_pending(spec, pending)
+
+
+def _publish_in_one_task(
+    batches: Iterable[pa.RecordBatch], spec: PublishSpec
+) -> Iterator[pa.RecordBatch]:
+    """The whole publish in one task: the input split by desired partition, and every desired
+    partition published, one with no updates by its progress alone."""
+    pending: dict[int, list[pa.Table]] = {p: [] for p in range(spec.partitions)}
+    for split in _by_partition(batches, spec):
+        for partition, part in split:
+            pending[partition].append(part)
+    yield _publish_pending(spec, pending)
+
+
+def _publish_pending(spec: PublishSpec, pending: dict[int, list[pa.Table]]) -> pa.RecordBatch:
+    """Publish each partition's updates (`_each_partition`); a result row per partition. A
+    partition's updates are held until its transaction commits, so a producer found fenced at
+    commit can be replaced and the partition published again."""
+    quiet_retries()  # one line per outage, not librdkafka's per reconnect (this worker too)
+    registry.use(spec.schema_registry_url)
+    empty = part_schema(spec.row_schema).empty_table()
+    done = _each_partition(
+        spec, {p: pa.concat_tables([empty, *pending[p]]) for p in sorted(pending)}
+    )
+    return pa.RecordBatch.from_pydict(
         {
             "partition": pa.array([p for p, _, _ in done], pa.int32()),
             "updates": pa.array([n for _, n, _ in done], pa.int64()),

@@ -31,15 +31,42 @@ from mvsink.io.kafka import client_config, poll_message, read_compacted, tail_co
 from mvsink.upstream.producer import DesiredProducer
 from mvsink.upstream.publish import (
     _PRODUCERS,
+    ONE_TASK_BYTES,
     PublishSpec,
     _markers,
     _publish_partition,
     _task_keys,
+    estimated_bytes,
     publish_dataframe,
 )
 
 pytestmark = pytest.mark.integration
 F = Frontier.at
+#: `publish_dataframe`'s two paths: the test inputs are small, so its default publishes them in
+#: one task; an `one_task_bytes` of 0 takes the two stages.
+PUBLISH_PATHS = pytest.mark.parametrize(
+    "one_task_bytes", [ONE_TASK_BYTES, 0], ids=["one-task", "two-stages"]
+)
+SPARK_TYPES = {"string": pa.string(), "long": pa.int64()}
+
+
+def arrow_frame(spark: Any, rows: list[tuple[Any, ...]], schema: str) -> Any:
+    """A DataFrame of `rows` (`schema` as "name type, ...") made from an Arrow table, so that
+    Spark knows its size: one made from a Python list is an RDD of unknown size, which
+    `publish_dataframe` never publishes in one task."""
+    fields = [
+        pa.field(name, SPARK_TYPES[kind]) for name, kind in (f.split() for f in schema.split(","))
+    ]
+    columns = list(zip(*rows, strict=True)) if rows else [[] for _ in fields]
+    frame = spark.createDataFrame(
+        pa.Table.from_arrays(
+            [pa.array(c, f.type) for c, f in zip(columns, fields, strict=True)],
+            schema=pa.schema(fields),
+        )
+    )
+    estimate = estimated_bytes(frame)
+    assert estimate is not None and estimate <= ONE_TASK_BYTES
+    return frame
 
 
 @pytest.fixture
@@ -175,15 +202,18 @@ def test_restart_restores_the_frontier_and_fences_the_predecessor(sink: Sink) ->
     assert not sent_rows(sink, read_desired(sink))
 
 
-def test_publish_dataframe_from_the_executors(sink: Sink, spark: Any) -> None:
+@PUBLISH_PATHS
+def test_publish_dataframe_from_the_executors(sink: Sink, spark: Any, one_task_bytes: int) -> None:
     producer = producer_for(sink)
-    frame = spark.createDataFrame(
-        [("a", 1, 0, 1), ("b", 2, 0, 1), ("z", 0, 0, 0)], "k string, v long, _time long, _diff long"
+    frame = arrow_frame(
+        spark,
+        [("a", 1, 0, 1), ("b", 2, 0, 1), ("z", 0, 0, 0)],
+        "k string, v long, _time long, _diff long",
     )
-    assert publish_dataframe(frame, producer, F(1)) == 2
+    assert publish_dataframe(frame, producer, F(1), one_task_bytes=one_task_bytes) == 2
     assert producer.frontier == F(1)
     with pytest.raises(ContractError, match="must move the frontier forward"):
-        publish_dataframe(frame, producer, F(1))
+        publish_dataframe(frame, producer, F(1), one_task_bytes=one_task_bytes)
     records = read_desired(sink)
     assert sorted(row for _, row in sent_rows(sink, records)) == sorted(
         row_encoder(parse_row_schema(sink.config.row_schema))(r)
@@ -192,12 +222,12 @@ def test_publish_dataframe_from_the_executors(sink: Sink, spark: Any) -> None:
     assert {p for p, r in records if isinstance(r, Progress) and r.frontier == F(1)} == {0, 1, 2}
     latest = read_compacted(sink.config.kafka_bootstrap, sink.config.topics.frontiers)
     assert all(latest[f"desired:{sink.config.sink_id}:{p}"].frontier == F(1) for p in range(3))  # type: ignore[union-attr]
-    late = spark.createDataFrame([("c", 3, 0, 1)], "k string, v long, _time long, _diff long")
+    late = arrow_frame(spark, [("c", 3, 0, 1)], "k string, v long, _time long, _diff long")
     with pytest.raises(ContractError, match="update at time 0 is before the frontier"):
-        publish_dataframe(late, producer, F(2))
+        publish_dataframe(late, producer, F(2), one_task_bytes=one_task_bytes)
     producer.send(table([("d", 4, 1, 1)]))
     with pytest.raises(InvalidUsage, match="advance_to"):
-        publish_dataframe(late, producer, F(2))
+        publish_dataframe(late, producer, F(2), one_task_bytes=one_task_bytes)
 
 
 @pytest.mark.parametrize(("partitions", "tasks"), [(1, 1), (3, 2), (4, 2), (8, 2), (8, 4), (16, 3)])
@@ -221,33 +251,38 @@ def test_publish_task_keys_spread_the_partitions_over_the_tasks(
     ]
 
 
+@PUBLISH_PATHS
 def test_publish_dataframe_of_many_arrow_batches_delivers_each_update_once(
-    sink: Sink, spark: Any
+    sink: Sink, spark: Any, one_task_bytes: int
 ) -> None:
     """60,000 updates in 4 DataFrame partitions: several Arrow batches (10,000 rows at most)
-    per input task, each split into one payload per desired partition, all published once."""
+    per input task, each split by desired partition, all published once; by one task, or by
+    two stages of one wave each."""
     producer = DesiredProducer(
         sink.config, parse_row_schema(sink.config.row_schema), f"t-{uuid.uuid4().hex[:6]}"
     )
     producer.start()
     rows = [(f"k{i}", i, 0, 1 + i % 3) for i in range(60_000)]
-    frame = spark.createDataFrame(rows, "k string, v long, _time long, _diff long").repartition(4)
+    frame = arrow_frame(spark, rows, "k string, v long, _time long, _diff long").repartition(4)
     group = f"publish-{uuid.uuid4().hex[:6]}"
     spark.sparkContext.setJobGroup(group, "publish")
     try:
-        assert publish_dataframe(frame, producer, F(1)) == len(rows)
+        assert publish_dataframe(frame, producer, F(1), one_task_bytes=one_task_bytes) == len(rows)
     finally:
         spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
-    # The frame's 4 partitions are split in one wave of tasks, as many as the 2 slots: that
-    # stage (with the markers' task) runs 3 tasks, not 4 + 1. (The frame's own shuffle ran 4.)
     tracker = spark.sparkContext.statusTracker()
     stages = [
         tracker.getStageInfo(s)
         for j in tracker.getJobIdsForGroup(group)
         for s in tracker.getJobInfo(j).stageIds
     ]
-    tasks = {stage.numTasks for stage in stages if stage is not None}
-    assert 3 in tasks and 5 not in tasks, tasks
+    tasks = sorted(stage.numTasks for stage in stages if stage is not None)
+    if one_task_bytes:  # the frame's own shuffle (4 tasks), then the publish's one task
+        assert tasks[0] == 1 and set(tasks) == {1, 4}, tasks
+    else:
+        # The frame's 4 partitions are split in one wave of tasks, as many as the 2 slots: that
+        # stage (with the markers' task) runs 3 tasks, not 4 + 1; then 2 publishing tasks.
+        assert 3 in tasks and 5 not in tasks, tasks
     schema = parse_row_schema(sink.config.row_schema)
     got: Counter[tuple[str, int, int, int]] = Counter()
     for partition, record in read_desired(sink):
@@ -256,13 +291,14 @@ def test_publish_dataframe_of_many_arrow_batches_delivers_each_update_once(
             assert set(partitions_of(updates, schema, 3).to_pylist()) == {partition}
             got.update((u["k"], u["v"], u["_time"], u["_diff"]) for u in updates.to_pylist())
     assert got == Counter(rows)
-    mixed = spark.createDataFrame(
+    mixed = arrow_frame(
+        spark,
         [("a", None, 1, 1, None), (None, None, 1, 2, "bad row")],
         "k string, v long, _time long, _diff long, _err string",
     )
-    assert publish_dataframe(mixed, producer, F(2)) == 2
-    empty = spark.createDataFrame([], "k string, v long, _time long, _diff long")
-    assert publish_dataframe(empty, producer, F(3)) == 0
+    assert publish_dataframe(mixed, producer, F(2), one_task_bytes=one_task_bytes) == 2
+    empty = arrow_frame(spark, [], "k string, v long, _time long, _diff long")
+    assert publish_dataframe(empty, producer, F(3), one_task_bytes=one_task_bytes) == 0
     records = read_desired(sink)
     assert {p for p, r in records if isinstance(r, Progress) and r.frontier == F(3)} == {0, 1, 2}
     late = [u for u in published_updates(sink) if u["_time"] == 1]
@@ -346,8 +382,9 @@ def test_a_kept_producer_another_worker_superseded_is_dropped_before_it_produces
     assert sorted(u["k"] for u in published_updates(sink)) == ["k0", "k1", "k2"]
 
 
+@PUBLISH_PATHS
 def test_publish_dataframe_through_killed_tasks_delivers_every_update_once(
-    sink: Sink, spark: Any, procs: list[Service], tmp_path: Path
+    sink: Sink, spark: Any, procs: list[Service], tmp_path: Path, one_task_bytes: int
 ) -> None:
     """Python workers die (os._exit, as under kill -9) once after queueing a partition's
     records and once after committing another's; Spark reruns the tasks. Every update is read
@@ -357,7 +394,8 @@ def test_publish_dataframe_through_killed_tasks_delivers_every_update_once(
     faults = tmp_path / "faults"
     faults.mkdir()
     (faults / "produced-1").touch()
-    (faults / "committed-0").touch()  # P=3 on 2 tasks: one holds 0 and 2, dies between them
+    # P=3 on 2 tasks, one holds 0 and 2 and dies between them; on one task, it holds all three.
+    (faults / "committed-0").touch()
 
     def hook(event: str, partition: int) -> None:
         import os
@@ -377,7 +415,7 @@ def test_publish_dataframe_through_killed_tasks_delivers_every_update_once(
         if tick:
             rows += [(f"k{i}", tick - 1, tick, -1) for i in range(300)]
         assert publish_dataframe(
-            spark.createDataFrame(rows, schema), producer, F(tick + 1), hook
+            arrow_frame(spark, rows, schema), producer, F(tick + 1), hook, one_task_bytes
         ) == len(rows)
         published += rows
         for k, v, _, d in rows:
@@ -393,8 +431,9 @@ def test_publish_dataframe_through_killed_tasks_delivers_every_update_once(
     )
 
 
+@PUBLISH_PATHS
 def test_publish_dataframe_after_another_instance_took_a_partitions_transactional_id(
-    sink: Sink, spark: Any
+    sink: Sink, spark: Any, one_task_bytes: int
 ) -> None:
     """Workers keep their transactional producers between publishes; one fenced meanwhile (here
     by an outside instance, as by another task attempt) gives way to a new one: the publish
@@ -402,7 +441,10 @@ def test_publish_dataframe_after_another_instance_took_a_partitions_transactiona
     producer = producer_for(sink)
     schema = "k string, v long, _time long, _diff long"
     publish_dataframe(
-        spark.createDataFrame([(f"a{i}", i, 0, 1) for i in range(30)], schema), producer, F(1)
+        arrow_frame(spark, [(f"a{i}", i, 0, 1) for i in range(30)], schema),
+        producer,
+        F(1),
+        one_task_bytes=one_task_bytes,
     )
     for partition in range(3):
         other = Producer(
@@ -418,7 +460,8 @@ def test_publish_dataframe_after_another_instance_took_a_partitions_transactiona
     tracker, group = spark.sparkContext.statusTracker(), f"fenced-{uuid.uuid4().hex[:6]}"
     spark.sparkContext.setJobGroup(group, "publish with fenced kept producers")
     try:
-        assert publish_dataframe(spark.createDataFrame(rows, schema), producer, F(2)) == 3000
+        frame = arrow_frame(spark, rows, schema)
+        assert publish_dataframe(frame, producer, F(2), one_task_bytes=one_task_bytes) == 3000
     finally:
         spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)
     stages = [s for j in tracker.getJobIdsForGroup(group) for s in tracker.getJobInfo(j).stageIds]
