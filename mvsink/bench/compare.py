@@ -45,6 +45,10 @@ peer's S3A reads; the others never read back), the table's size in the bucket at
 (mvsink, delta), and whether the shard and the Delta table equal the view. Writes `bench.json`
 and `bench.png` into `--out`. How each system is driven (started, asked, finished) is
 `mvsink.bench.contenders`.
+
+Once a column's figures are taken, its sink is discarded (`discard`): its topics and its
+objects in the bucket, gigabytes a column (its desired topic keeps everything it is fed). The
+logs stay. `--keep-data` keeps them too, to inspect a run's topics and shards.
 """
 
 from __future__ import annotations
@@ -84,6 +88,8 @@ from mvsink.bench.workload import (
 )
 from mvsink.io import registry
 from mvsink.io.config import Config, Topics, state_dir
+from mvsink.io.kafka import delete_topics, sink_topics
+from mvsink.io.s3 import remove_prefix, s3_client
 from mvsink.tools.provision import provision
 
 SYSTEMS = ("mvsink", "peer", "delta", "raw", "mvsink-e2e", "peer-e2e")
@@ -256,6 +262,7 @@ def run(
     schema_registry: Callable[[], str] | None = None,
     repeats: int = 1,
     seconds: float | None = None,
+    keep_data: bool = False,
 ) -> dict[str, Any]:
     """Run the benchmark; the figures (also written to `out/bench.json` and `out/bench.png`).
     `scale(n)` runs the embedded Spark cluster with `n` workers (its master URL);
@@ -263,8 +270,9 @@ def run(
     `config.schema_registry_url`), which gets the same workload encoded in its wire format.
     Without that column every column frames records as `config` says; with it, the others use
     mvsink's own framing, so the column compares the two. The columns run `repeats` times,
-    interleaved, each on a new sink; `seconds` bounds each steady window (`drive`). The
-    figures are `mvsink.bench.repeats.summarise` of every repeat's."""
+    interleaved, each on a new sink; `seconds` bounds each steady window (`drive`). Each
+    sink is discarded once its figures are taken, unless `keep_data`. The figures are
+    `mvsink.bench.repeats.summarise` of every repeat's."""
     if repeats < 1:
         raise BenchError(f"--repeats must be at least 1, not {repeats}")
     run_id = f"cmp-{uuid.uuid4().hex[:6]}"
@@ -293,7 +301,9 @@ def run(
         if "delta" in systems:
             delta_jars(say)
     columns = variants(systems, spark_master, spark_workers)
-    column = _Columns(base, workload, wire, ticks, final, in_flight, logs, run_id, say, seconds)
+    column = _Columns(
+        base, workload, wire, ticks, final, in_flight, logs, run_id, say, seconds, keep_data
+    )
     per_repeat: list[dict[str, Any]] = []
     for repeat in range(repeats):
         if repeats > 1:
@@ -343,8 +353,12 @@ class _Columns:
         run_id: str,
         say: Say,
         seconds: float | None,
+        keep_data: bool = False,
     ) -> None:
         self.base, self.workload, self.wire = base, workload, wire
+        self.keep_data = keep_data
+        #: Sinks of the run that no column runs on (the plain read's, the warm-up's).
+        self.scratch: list[Config] = []
         self.ticks, self.in_flight = ticks, in_flight
         self.logs, self.run_id, self.say, self.seconds = logs, run_id, say, seconds
         self.views = {len(ticks): final}
@@ -425,7 +439,13 @@ class _Columns:
                 f"  {name} ran out of ticks {self.seconds - result.steady_s:.0f}s before its "
                 f"{self.seconds:g}s window ended: --ticks {enough} gives it the whole window"
             )
+        self._discard(sink)
         return result
+
+    def _discard(self, sink: Config) -> None:
+        if not self.keep_data:
+            topics, objects = discard(sink)
+            self.say(f"  discarded {sink.sink_id}: {topics} topics, {objects:,} objects")
 
     def read_load(self, repeat: int) -> None:
         """Time one plain read of the initial load (`systems.read_load`) from a scratch sink's
@@ -435,6 +455,7 @@ class _Columns:
 
         if self.load_sink is None:
             self.load_sink = provisioned(self.base, f"{self.run_id}-load")
+            self.scratch.append(self.load_sink)
             self.feeder.feed(self.load_sink, self.ticks[0])
         sink = self.load_sink
         seconds, updates = read_load(sink, sink.topics.desired, sink.partitions)
@@ -459,7 +480,9 @@ class _Columns:
             self.upstream = DataFrameFeeder(
                 self.base.kafka_bootstrap, self.workload, self.say, held
             )
-            self.upstream.warm_up(provisioned(self.base, f"{self.run_id}-warm-up"), self.say)
+            scratch = provisioned(self.base, f"{self.run_id}-warm-up")
+            self.scratch.append(scratch)
+            self.upstream.warm_up(scratch, self.say)
         return self.upstream
 
     def _view(self, ticks: int) -> pa.Table:
@@ -470,6 +493,20 @@ class _Columns:
     def stop(self) -> None:
         if self.upstream is not None:
             self.upstream.stop()
+        for sink in self.scratch:
+            self._discard(sink)
+
+
+def discard(sink: Config) -> tuple[int, int]:
+    """Delete what a bench sink left on the stack: its own topics (not the shared `frontiers`,
+    which is compacted) and its objects in the bucket (its shard, its write checkpoints, a
+    contender's output); how many topics and objects."""
+    own = [spec.name for spec in sink_topics(sink) if spec.name != sink.topics.frontiers]
+    topics = delete_topics(sink.kafka_bootstrap, own)
+    client = s3_client(sink.s3)
+    prefixes = (f"shards/{sink.shard_id}/", f"sinks/{sink.sink_id}/", f"bench/{sink.sink_id}/")
+    objects = sum(remove_prefix(client, sink.s3.bucket, prefix) for prefix in prefixes)
+    return len(topics), objects
 
 
 def save_figures(out: Path, name: str, figures: dict[str, Any], say: Say, logs: Path) -> Path:

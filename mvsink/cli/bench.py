@@ -85,6 +85,11 @@ def add_bench(commands: Commands) -> None:
         "(0: local[*]), side by side",
     )
     bench.add_argument("--no-stack", action="store_true", help="use configured endpoints")
+    bench.add_argument(
+        "--keep-data",
+        action="store_true",
+        help="keep each column's topics and objects (default: deleted once its figures are taken)",
+    )
     bench.set_defaults(func=cmd_bench_compare)
     bench_commands = bench.add_subparsers(dest="bench_command", required=False, metavar="WHAT")
     bench_shard = bench_commands.add_parser("shard", help="shard library vs raw S3 calls")
@@ -197,6 +202,7 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
             None if args.no_stack or REGISTRY_FRAMED not in systems else stack.registry_up,
             repeats=repeats,
             seconds=seconds or None,
+            keep_data=args.keep_data,
         )
     finally:
         if spark_workers:

@@ -169,6 +169,29 @@ def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], timeout: float = 3
     return created
 
 
+def delete_topics(bootstrap: str, names: Iterable[str], timeout: float = 30.0) -> list[str]:
+    """Delete those of `names` that exist; the names deleted.
+
+    Raises:
+        KafkaException: the broker refused or did not answer.
+    """
+    admin = AdminClient(client_config(bootstrap))
+    existing = admin.list_topics(timeout=timeout).topics
+    doomed = [name for name in names if name in existing]
+    if not doomed:
+        return []
+    futures = admin.delete_topics(doomed, operation_timeout=timeout, request_timeout=timeout)
+    deleted = []
+    for name, future in futures.items():
+        try:
+            future.result(timeout=timeout)
+            deleted.append(name)
+        except KafkaException as error:
+            if error.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise
+    return deleted
+
+
 def delete_below(
     bootstrap: str, topic: str, offsets: Mapping[int, int], timeout: float = 30.0
 ) -> dict[int, int]:

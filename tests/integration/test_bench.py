@@ -5,15 +5,19 @@ Delta MERGE peer's table equal the view; the restart and read-only benchmarks ru
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient
 from sinkkit import cli_env
 
 from mvsink.io.config import CompactionPolicy, S3Settings
+from mvsink.io.kafka import client_config
+from mvsink.io.s3 import s3_client
 
 pytestmark = pytest.mark.integration
 
@@ -29,6 +33,20 @@ def bench(kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, *args: 
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return done.stderr
+
+
+def left_behind(kafka_bootstrap: str, s3_settings: S3Settings, text: str) -> list[str]:
+    """The topics and objects of the bench run that printed `text` (its sinks are named after
+    the run's id, `cmp-<hex>`) still on the stack."""
+    run_id = re.findall(r"logs in \S*/(cmp-[0-9a-f]+)", text)[-1]
+    topics = AdminClient(client_config(kafka_bootstrap)).list_topics(timeout=30).topics
+    client = s3_client(s3_settings)
+    objects = [
+        obj.object_name or ""
+        for top in ("shards", "sinks", "bench")
+        for obj in client.list_objects(s3_settings.bucket, f"{top}/{run_id}-", recursive=True)
+    ]
+    return [t for t in topics if t.startswith(f"{run_id}-")] + objects
 
 
 def test_bench_compares_mvsink_peer_delta_and_raw(
@@ -85,6 +103,10 @@ def test_bench_compares_mvsink_peer_delta_and_raw(
     assert figures["peer_batch_latency_p50_s"] > 0
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "ratio mvsink/peer" in text and "updates/s (steady ticks)" in text
+    # Each column's sink is discarded once its figures are taken, and so are the plain read's
+    # and the warm-up's: nothing of the run is left on the stack but its logs.
+    assert len(re.findall(r"discarded cmp-\S+: 5 topics", text)) == 8
+    assert left_behind(kafka_bootstrap, s3_settings, text) == []
 
 
 def test_bench_repeats_interleave_and_windows_end_by_time(
@@ -95,8 +117,12 @@ def test_bench_repeats_interleave_and_windows_end_by_time(
     and each repeat's shard equals the view after the last tick it was fed."""
     out = tmp_path / "out"
     workload = ["--systems", "mvsink,raw", "--keys", "2000", "--ticks", "400"]
-    repeats = ["--repeats", "2", "--seconds", "3", "--out", str(out)]
+    repeats = ["--repeats", "2", "--seconds", "3", "--out", str(out), "--keep-data"]
     text = bench(kafka_bootstrap, s3_settings, tmp_path, *workload, *repeats)
+    assert "discarded" not in text
+    kept = left_behind(kafka_bootstrap, s3_settings, text)  # asked for: topics and shards
+    assert any(k.endswith("-mvsink.desired") for k in kept), kept
+    assert any(k.startswith("shards/") for k in kept), kept
     figures = json.loads((out / "bench.json").read_text())
     assert len(figures["repeats"]) == 2
     assert "repeat 1 of 2: mvsink, raw" in text and "repeat 2 of 2: mvsink, raw" in text
