@@ -157,14 +157,7 @@ def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], timeout: float = 3
         ],
         operation_timeout=timeout,
     )
-    created = []
-    for name, future in futures.items():
-        try:
-            future.result(timeout=timeout)
-            created.append(name)
-        except KafkaException as error:
-            if error.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise
+    created = _done(futures, timeout, KafkaError.TOPIC_ALREADY_EXISTS)
     _wait_visible(admin, [s.name for s in missing], timeout)
     return created
 
@@ -181,15 +174,21 @@ def delete_topics(bootstrap: str, names: Iterable[str], timeout: float = 30.0) -
     if not doomed:
         return []
     futures = admin.delete_topics(doomed, operation_timeout=timeout, request_timeout=timeout)
-    deleted = []
+    return _done(futures, timeout, KafkaError.UNKNOWN_TOPIC_OR_PART)
+
+
+def _done(futures: Mapping[str, Any], timeout: float, already: int) -> list[str]:
+    """The topics whose admin operation succeeded; one that failed with `already` (someone
+    else did it first) is left out, any other failure raised."""
+    done = []
     for name, future in futures.items():
         try:
             future.result(timeout=timeout)
-            deleted.append(name)
+            done.append(name)
         except KafkaException as error:
-            if error.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+            if error.args[0].code() != already:
                 raise
-    return deleted
+    return done
 
 
 def delete_below(
