@@ -89,7 +89,8 @@ from mvsink.bench.workload import (
 from mvsink.io import registry
 from mvsink.io.config import Config, Topics, state_dir
 from mvsink.io.kafka import delete_topics, sink_topics
-from mvsink.io.s3 import remove_prefix, s3_client
+from mvsink.io.s3 import s3_client
+from mvsink.shard.blob import MinioBlob
 from mvsink.tools.provision import provision
 
 SYSTEMS = ("mvsink", "peer", "delta", "raw", "mvsink-e2e", "peer-e2e")
@@ -503,10 +504,11 @@ def discard(sink: Config) -> tuple[int, int]:
     contender's output); how many topics and objects."""
     own = [spec.name for spec in sink_topics(sink) if spec.name != sink.topics.frontiers]
     topics = delete_topics(sink.kafka_bootstrap, own)
-    client = s3_client(sink.s3)
+    blob = MinioBlob(s3_client(sink.s3), sink.s3.bucket)
     prefixes = (f"shards/{sink.shard_id}/", f"sinks/{sink.sink_id}/", f"bench/{sink.sink_id}/")
-    objects = sum(remove_prefix(client, sink.s3.bucket, prefix) for prefix in prefixes)
-    return len(topics), objects
+    keys = [listed.key for prefix in prefixes for listed in blob.list(prefix, recursive=True)]
+    blob.remove(keys)
+    return len(topics), len(keys)
 
 
 def save_figures(out: Path, name: str, figures: dict[str, Any], say: Say, logs: Path) -> Path:

@@ -25,7 +25,6 @@ from datetime import timedelta
 
 import urllib3
 from minio import Minio
-from minio.deleteobjects import DeleteObject
 from minio.error import S3Error
 
 from mvsink.core.errors import MvsinkError
@@ -179,20 +178,3 @@ def prefix_bytes(client: Minio, bucket: str, prefix: str) -> tuple[int, int]:
         count += 1
         total += obj.size or 0
     return count, total
-
-
-def remove_prefix(client: Minio, bucket: str, prefix: str) -> int:
-    """Delete every object under `prefix` in `bucket`; how many.
-
-    Raises:
-        MvsinkError: the store refused to delete some.
-    """
-    keys = [
-        obj.object_name
-        for obj in client.list_objects(bucket, prefix=prefix, recursive=True)
-        if obj.object_name is not None
-    ]
-    errors = list(client.remove_objects(bucket, (DeleteObject(key) for key in keys)))
-    if errors:
-        raise MvsinkError(f"deleting under {bucket}/{prefix}: {errors[:3]}")
-    return len(keys)
