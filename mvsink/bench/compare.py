@@ -40,7 +40,10 @@ start. Then tick 0 (the initial load) is published and timed on its own: the hyd
 against one plain read of the same load (`systems.read_load`: consumed from a desired topic of
 its own and decoded into Arrow, nothing written), timed before each repeat. The steady-state
 ticks 1..N give updates/s and freshness (tick published -> durable) p50/p99. Also measured: peak
-RSS of every process tree, bytes read back per byte written (mvsink's write metrics; the Delta
+RSS of every process tree; the CPU cores each tree used over the steady window, and the embedded
+stack's components beside them (Kafka, MinIO, a Spark cluster: `stack`), so updates per CPU
+second set a system's throughput against what it costs, not only against the box (the bench's
+own feeder, and the end-to-end columns' upstream in it, are not counted); bytes read back per byte written (mvsink's write metrics; the Delta
 peer's S3A reads; the others never read back), the table's size in the bucket at the end
 (mvsink, delta), and whether the shard and the Delta table equal the view. Writes `bench.json`
 and `bench.png` into `--out`. How each system is driven (started, asked, finished) is
@@ -76,7 +79,7 @@ from mvsink.bench.contenders import (
     System,
 )
 from mvsink.bench.repeats import cell, summarise
-from mvsink.bench.rss import RssSampler
+from mvsink.bench.rss import RssSampler, cpu_seconds
 from mvsink.bench.workload import (
     ROW_SCHEMA,
     BenchError,
@@ -161,11 +164,14 @@ def drive(
     say: Say,
     stall: float = 300.0,
     seconds: float | None = None,
+    cpu: Callable[[], dict[str, float]] | None = None,
 ) -> Run:
     """Publish the ticks closed-loop and time them (see the module docs). The ticks may start
     at any time (a later segment of a workload): counts are relative to the first one. With
     `seconds`, no tick is published once the steady window has run that long: the window ends
-    with the last tick published before then (`Run.ticks` says how many were)."""
+    with the last tick published before then (`Run.ticks` says how many were). `cpu()`, read
+    when the steady window starts and ends, gives `Run.cpu_cores`: CPU seconds per second of
+    the window, by the labels it returns."""
     run = Run(system.name)
     base = ticks[0].time
     sent: dict[int, float] = {}
@@ -199,6 +205,7 @@ def drive(
         f"  {system.name}: initial load of {ticks[0].updates:,} updates durable in "
         f"{run.initial_load_s:.1f}s"
     )
+    cpu_start = cpu() if cpu else {}
     steady_start = time.monotonic()
     for tick in ticks[1:]:
         wait_for(tick.time - base - in_flight + 1)
@@ -208,6 +215,12 @@ def drive(
         sent[tick.time - base] = time.monotonic()
     fed = len(sent)
     wait_for(fed)
+    if cpu:
+        cpu_end, window = cpu(), time.monotonic() - steady_start
+        run.cpu_cores = {
+            label: round((used - cpu_start.get(label, 0.0)) / window, 3)
+            for label, used in cpu_end.items()
+        }
     run.ticks = fed
     run.steady_s = reached[fed - 1] - steady_start
     run.steady_updates = sum(t.updates for t in ticks[1:fed])
@@ -264,6 +277,7 @@ def run(
     repeats: int = 1,
     seconds: float | None = None,
     keep_data: bool = False,
+    stack: Callable[[], dict[str, int]] | None = None,
 ) -> dict[str, Any]:
     """Run the benchmark; the figures (also written to `out/bench.json` and `out/bench.png`).
     `scale(n)` runs the embedded Spark cluster with `n` workers (its master URL);
@@ -272,8 +286,10 @@ def run(
     Without that column every column frames records as `config` says; with it, the others use
     mvsink's own framing, so the column compares the two. The columns run `repeats` times,
     interleaved, each on a new sink; `seconds` bounds each steady window (`drive`). Each
-    sink is discarded once its figures are taken, unless `keep_data`. The figures are
-    `mvsink.bench.repeats.summarise` of every repeat's."""
+    sink is discarded once its figures are taken, unless `keep_data`. `stack()` names the
+    pids of the embedded stack's running components, whose CPU each column's figures count
+    beside its own processes'. The figures are `mvsink.bench.repeats.summarise` of every
+    repeat's."""
     if repeats < 1:
         raise BenchError(f"--repeats must be at least 1, not {repeats}")
     run_id = f"cmp-{uuid.uuid4().hex[:6]}"
@@ -303,7 +319,7 @@ def run(
             delta_jars(say)
     columns = variants(systems, spark_master, spark_workers)
     column = _Columns(
-        base, workload, wire, ticks, final, in_flight, logs, run_id, say, seconds, keep_data
+        base, workload, wire, ticks, final, in_flight, logs, run_id, say, seconds, keep_data, stack
     )
     per_repeat: list[dict[str, Any]] = []
     for repeat in range(repeats):
@@ -355,9 +371,10 @@ class _Columns:
         say: Say,
         seconds: float | None,
         keep_data: bool = False,
+        stack: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         self.base, self.workload, self.wire = base, workload, wire
-        self.keep_data = keep_data
+        self.keep_data, self.stack = keep_data, stack
         #: Sinks of the run that no column runs on (the plain read's, the warm-up's).
         self.scratch: list[Config] = []
         self.ticks, self.in_flight = ticks, in_flight
@@ -414,12 +431,23 @@ class _Columns:
         say(f"{name}: starting{spark} ...")
         started = time.monotonic()
         system.start()
-        sampler = RssSampler({label: proc.pid for label, proc in system.procs.items()})
+        own = {label: proc.pid for label, proc in system.procs.items()}
+        sampler = RssSampler(own)
         try:
             system.ready()
             start_s = time.monotonic() - started
             say(f"  {name}: started in {start_s:.1f}s")
-            result = drive(system, source, fed, self.in_flight, say, seconds=self.seconds)
+            stack = {f"stack:{n}": pid for n, pid in (self.stack() if self.stack else {}).items()}
+            trees = {**own, **stack}
+            result = drive(
+                system,
+                source,
+                fed,
+                self.in_flight,
+                say,
+                seconds=self.seconds,
+                cpu=lambda: cpu_seconds(trees),
+            )
             result.start_s = start_s
             result.peak_rss_mib = sampler.stop()
             system.finish(result, self._view(result.ticks))  # while it serves its metrics
@@ -569,6 +597,13 @@ def _figures(
         figures[f"{name}_steady_s"] = round(result.steady_s, 2)
         figures[f"{name}_steady_ticks"] = result.ticks - 1
         figures[f"{name}_peak_rss_mib"] = result.peak_rss_mib
+        if result.cpu_cores:
+            cores = sum(result.cpu_cores.values())
+            figures[f"{name}_cpu_cores"] = result.cpu_cores
+            figures[f"{name}_cpu_cores_total"] = round(cores, 3)
+            figures[f"{name}_updates_per_cpu_s"] = (
+                round(result.updates_per_s / cores) if cores else None
+            )
         if result.table_bytes is not None:
             figures[f"{name}_table_bytes"] = result.table_bytes
         figures[f"{name}_bytes_read_back_per_byte_written"] = (
@@ -577,6 +612,8 @@ def _figures(
         if result.batch_seconds:
             figures[f"{name}_batch_latency_p50_s"] = round(percentile(result.batch_seconds, 50), 3)
             figures[f"{name}_batch_latency_p99_s"] = round(percentile(result.batch_seconds, 99), 3)
+    mv_cpu, raw_cpu = figures.get("mvsink_updates_per_cpu_s"), figures.get("raw_updates_per_cpu_s")
+    figures["ratio_vs_raw_per_cpu_s"] = round(mv_cpu / raw_cpu, 3) if mv_cpu and raw_cpu else None
     if plain_read_s:
         figures["plain_read_load_s"] = round(plain_read_s, 3)
     if "mvsink" in runs:
@@ -616,6 +653,8 @@ def _report(figures: dict[str, Any], say: Say) -> None:
         ("initial load (hydration)", "{}initial_load_s", " s"),
         ("hydration / one plain read", "{}hydration_vs_plain_read", ""),
         ("bytes read back / byte written", "{}bytes_read_back_per_byte_written", ""),
+        ("CPU cores (steady window)", "{}cpu_cores_total", ""),
+        ("updates per CPU second", "{}updates_per_cpu_s", ""),
         ("table in the bucket (MiB)", "{}table_mib", ""),
     ]
     for name in names:  # shown in MiB
@@ -648,6 +687,17 @@ def _report(figures: dict[str, Any], say: Say) -> None:
             shown = " ".join(f"{k}={v:,.0f}" for k, v in rss.items())
             per = f"; {sum(rss.values()) / millions:,.0f} per million keys" if millions >= 1 else ""
             say(f"peak RSS {name:<25} {shown} MiB (largest over the repeats{per})")
+    for name in names:
+        cores = figures.get(f"{name}_cpu_cores")
+        if cores:
+            shown = " ".join(f"{k}={v:.2f}" for k, v in cores.items())
+            say(f"CPU cores {name:<24} {shown} (medians, steady window)")
+    if figures.get("ratio_vs_raw_per_cpu_s") is not None:
+        say(
+            f"updates per CPU second mvsink/raw {cell(figures, 'ratio_vs_raw_per_cpu_s')} (the "
+            f"systems' processes and the stack's; not the bench's feeder) on "
+            f"{figures['workload']['cores']} cores"
+        )
     say(
         f"ratio mvsink/peer {cell(figures, 'ratio_vs_peer')}   ratio mvsink/raw "
         f"{cell(figures, 'ratio_vs_raw')}   shard equals desired: "

@@ -48,6 +48,9 @@ class Run:
     freshness: list[float] = field(default_factory=list)
     batch_seconds: list[float] = field(default_factory=list)
     peak_rss_mib: dict[str, float] = field(default_factory=dict)
+    #: CPU seconds per second of the steady window: the system's process trees by label, and
+    #: the embedded stack's components (`stack:<name>`) it ran on.
+    cpu_cores: dict[str, float] = field(default_factory=dict)
     bytes_written: int = 0
     bytes_read_back: int = 0
     correct: bool | None = None

@@ -19,6 +19,7 @@ from mvsink.io.service import say
 
 if TYPE_CHECKING:
     from mvsink.cli.common import Commands
+    from mvsink.stack.manager import Stack
 
 #: The full bench's steady window per system, and the ticks encoded for it: the raw loop, the
 #: fastest system, takes up to ~2.5M updates/s here, 12.5 ticks a second of a 1M-key view.
@@ -203,12 +204,18 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
             repeats=repeats,
             seconds=seconds or None,
             keep_data=args.keep_data,
+            stack=None if args.no_stack else lambda: _running_pids(stack),
         )
     finally:
         if spark_workers:
             stack.spark_up(0)
     correct = [v for k, v in figures.items() if k.endswith("shard_equals_desired")]
     return 0 if all(v in (True, None) for v in correct) else 1
+
+
+def _running_pids(stack: Stack) -> dict[str, int]:
+    """The embedded stack's running components, by name: their pids."""
+    return {c.name: c.pid for c in stack.status() if c.state == "running" and c.pid}
 
 
 def cmd_bench_shard(args: argparse.Namespace) -> int:

@@ -136,6 +136,11 @@ def test_bench_repeats_interleave_and_windows_end_by_time(
         # view after the last tick fed
         assert repeat["mvsink_steady_s"] >= 3.0 and repeat["mvsink_steady_ticks"] < 400
         assert repeat["mvsink_shard_equals_desired"] is True
+        # the CPU each system's own processes used over its window (--no-stack: no stack's)
+        assert set(repeat["mvsink_cpu_cores"]) == {"mint", "write", "append"}
+        assert repeat["mvsink_cpu_cores"]["write"] > 0 and repeat["raw_cpu_cores"]["raw"] > 0
+        assert repeat["mvsink_updates_per_cpu_s"] > 0 and repeat["ratio_vs_raw_per_cpu_s"] > 0
+    assert "CPU cores mvsink " in text and "updates per CPU second mvsink/raw" in text
     assert "every cell is the median [min-max] over them" in text
     assert figures["mvsink_shard_equals_desired"] is True
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
