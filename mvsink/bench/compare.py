@@ -40,13 +40,13 @@ start. Then tick 0 (the initial load) is published and timed on its own: the hyd
 against one plain read of the same load (`systems.read_load`: consumed from a desired topic of
 its own and decoded into Arrow, nothing written), timed before each repeat. The steady-state
 ticks 1..N give updates/s and freshness (tick published -> durable) p50/p99. Also measured: peak
-RSS of every process tree; the CPU cores each tree used over the steady window, and the embedded
-stack's components beside them (Kafka, MinIO, a Spark cluster: `stack`), so updates per CPU
-second set a system's throughput against what it costs, not only against the box (the bench's
-own feeder, and the end-to-end columns' upstream in it, are not counted); bytes read back per byte written (mvsink's write metrics; the Delta
-peer's S3A reads; the others never read back), the table's size in the bucket at the end
-(mvsink, delta), and whether the shard and the Delta table equal the view. Writes `bench.json`
-and `bench.png` into `--out`. How each system is driven (started, asked, finished) is
+RSS of every process tree; the CPU cores each tree used over the steady window, and the
+embedded stack's components beside them (Kafka, MinIO, a Spark cluster: `stack`), so updates
+per CPU second set a system's throughput against what it costs, not only against the box (the
+bench's own feeder, and the end-to-end columns' upstream in it, are not counted); bytes read
+back per byte written (mvsink's write metrics; the Delta peer's S3A reads; the others never read
+back), the table's size in the bucket at the end (mvsink, delta), and whether the shard and the
+Delta table equal the view. Writes `bench.json` and `bench.png` into `--out`. How each system is driven (started, asked, finished) is
 `mvsink.bench.contenders`.
 
 Once a column's figures are taken, its sink is discarded (`discard`): its topics and its
@@ -437,8 +437,8 @@ class _Columns:
             system.ready()
             start_s = time.monotonic() - started
             say(f"  {name}: started in {start_s:.1f}s")
-            stack = {f"stack:{n}": pid for n, pid in (self.stack() if self.stack else {}).items()}
-            trees = {**own, **stack}
+            components = self.stack() if self.stack else {}
+            trees = {**own, **{f"stack:{n}": pid for n, pid in components.items()}}
             result = drive(
                 system,
                 source,

@@ -9,10 +9,9 @@ import time
 
 from mvsink.bench.rss import RssSampler, cpu_seconds
 
-# A parent that starts a child which holds 200 MiB and burns CPU until stdin closes.
+# A parent that starts a child which touches 200 MiB, then spins until it is killed.
 CHILD = (
-    "import sys; block = bytearray(200 * 2**20); block[::4096] = b'x' * len(block[::4096]); "
-    "print('ready', flush=True); n = 0\n"
+    "block = bytearray(200 * 2**20); block[::4096] = b'x' * len(block[::4096]); n = 0\n"
     "while True:\n    n += 1"
 )
 PARENT = (
