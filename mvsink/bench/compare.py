@@ -23,9 +23,10 @@ Systems, one after the other (never two at once on this box):
    table is read at the end and must equal the view;
 4. raw: a consume-and-write loop per partition (`mvsink.bench.systems`).
 5. mvsink-e2e and peer-e2e: mvsink and the peer again, fed the way an upstream Spark job feeds
-   them: each tick's updates are a DataFrame held in the executors, published from them with
-   `mvsink.upstream.publish.publish_dataframe` (partitioning, encoding and producing are timed), so
-   their updates/s and freshness run from the upstream's DataFrame to durable
+   them: each tick's updates are a DataFrame read from a Parquet file, published from the
+   executors with `mvsink.upstream.publish.publish_dataframe` (reading, partitioning, encoding
+   and producing are timed), so their updates/s and freshness run from the upstream's source to
+   durable
    (`workload.DataFrameFeeder`; figure `ratio_e2e_vs_peer_e2e`). Before the first of them,
    the upstream publishes every tick once to a scratch topic, untimed, so both are measured
    on a warm upstream JVM (`DataFrameFeeder.warm_up`).
@@ -507,7 +508,7 @@ class _Columns:
                 per_tick = max(1, 2 * self.workload.changed)
                 held = min(held, 2 + math.ceil(1.5 * self.seconds * alone.updates_per_s / per_tick))
             self.upstream = DataFrameFeeder(
-                self.base.kafka_bootstrap, self.workload, self.say, held
+                self.base.kafka_bootstrap, self.workload, self.say, self.logs / "upstream", held
             )
             scratch = provisioned(self.base, f"{self.run_id}-warm-up")
             self.scratch.append(scratch)

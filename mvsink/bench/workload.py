@@ -7,13 +7,16 @@ progress, as the upstream does.
 
 from __future__ import annotations
 
+import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from mvsink import Say
@@ -246,13 +249,25 @@ class Feeder:
 
 
 class DataFrameFeeder:
-    """Publishes a tick as an upstream Spark job does: the tick's updates are a DataFrame
-    (built and checkpointed in the executors before anything is timed), published from the
-    executors with `mvsink.upstream.publish.publish_dataframe`, so partitioning, encoding and producing
-    count in the system's figures. Same interface as `Feeder`."""
+    """Publishes a tick as an upstream Spark job does: the tick's updates are a DataFrame read
+    from its source, published from the executors with
+    `mvsink.upstream.publish.publish_dataframe`, so reading, partitioning, encoding and
+    producing count in the system's figures. Same interface as `Feeder`.
+
+    The source is one Parquet file per tick in `directory`, written before anything is timed;
+    the upstream's executors read it by path, so they must share this machine's filesystem
+    (local mode, or the embedded stack's cluster). The ticks are not held in Spark's block
+    manager: ~200 ticks outgrow its storage memory, and every publish then read its tick back
+    from disk and evicted another, both through Java serialization, at more CPU than the
+    publish itself."""
 
     def __init__(
-        self, bootstrap: str, workload: Workload, say: Say, ticks: int | None = None
+        self,
+        bootstrap: str,
+        workload: Workload,
+        say: Say,
+        directory: Path,
+        ticks: int | None = None,
     ) -> None:
         from mvsink.io.spark import spark_session
 
@@ -261,18 +276,18 @@ class DataFrameFeeder:
         #: draws, so the same updates).
         self.held = min(workload.ticks + 1, ticks or workload.ticks + 1)
         tables, _ = replace(workload, ticks=self.held - 1).generate()
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        paths = [directory / f"tick-{time_:06d}.parquet" for time_ in range(len(tables))]
+        for table, path in zip(tables, paths, strict=True):
+            pq.write_table(table, path)
         self.spark = spark_session("mvsink-bench-upstream", shuffle_partitions=workload.partitions)
-        # Checkpointed in the executors, not cached: a cached DataFrame made from local data
-        # keeps that data in its lineage, so every task of every publish would ship its slice
-        # again (Spark warns of a "task of very large size").
-        # Without lineage, a tick whose executor is lost cannot be rebuilt: that publish fails,
-        # and the run with it.
-        self.frames = [self.spark.createDataFrame(table).localCheckpoint() for table in tables]
+        self.frames = [self.spark.read.parquet(str(path)) for path in paths]
         self.producers: dict[str, DesiredProducer] = {}
         self.offsets = Consumer(consumer_config(bootstrap))
         say(
-            f"upstream DataFrames: {len(self.frames)} ticks held in Spark "
-            f"({self.spark.sparkContext.master}) in {time.monotonic() - started:.1f}s"
+            f"upstream DataFrames: {len(self.frames)} ticks as Parquet files read by Spark "
+            f"({self.spark.sparkContext.master}), ready in {time.monotonic() - started:.1f}s"
         )
 
     def _producer(self, config: Config) -> DesiredProducer:
@@ -320,3 +335,4 @@ class DataFrameFeeder:
     def stop(self) -> None:
         self.offsets.close()
         self.spark.stop()
+        shutil.rmtree(self.directory, ignore_errors=True)

@@ -61,6 +61,11 @@ Arrow IPC payload per desired partition and input batch (`_split`), not row by r
 more partitions than the executors' task slots is coalesced to the slots first (no shuffle):
 each Python task has a fixed cost in Spark. Both paths publish each partition with the same
 `_publish_partition`, so the exactly-once argument above holds for either.
+
+The upstream's session: Spark 4 checks the size of the Arrow batch it is filling for a
+`mapInArrow` after every row (`spark.sql.execution.arrow.maxBytesPerBatch`, 64 MiB by default),
+a quarter of the JVM's CPU in a publish. Setting it to 2147483647 (no limit; `maxRecordsPerBatch`
+still bounds a batch) removes the check, as `mvsink.io.spark.spark_session` does.
 """
 
 from __future__ import annotations

@@ -96,8 +96,13 @@ def test_bench_compares_mvsink_peer_delta_and_raw(
     ):
         assert isinstance(figures[key], float) and figures[key] > 0, key
     assert figures["mvsink-e2e_shard_equals_desired"] is True
-    # Both end-to-end columns are fed by a warmed-up upstream: every tick published once first.
+    # Both end-to-end columns are fed by a warmed-up upstream: every tick published once first,
+    # each read from its Parquet file, which are deleted with the upstream.
+    assert "upstream DataFrames: 4 ticks as Parquet files read by Spark" in text
     assert "upstream warm-up: 4 publishes to a scratch topic" in text
+    run_id = re.findall(r"logs in \S*/(cmp-[0-9a-f]+)", text)[-1]
+    assert (tmp_path / "bench" / run_id).is_dir()
+    assert not (tmp_path / "bench" / run_id / "upstream").exists()
     assert set(figures["peer-e2e_peak_rss_mib"]) == {"peer-e2e"}
     assert set(figures["mvsink_peak_rss_mib"]) == {"mint", "write", "append"}
     assert figures["peer_batch_latency_p50_s"] > 0
