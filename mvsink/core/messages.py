@@ -299,3 +299,11 @@ def desired_progress_key(sink_id: str, partition: int) -> str:
 def shard_upper_key(shard_id: str) -> str:
     """`frontiers` key of a shard's upper."""
     return f"persist:{shard_id}"
+
+
+def frontier_keys(sink_id: str, partitions: int, shard_id: str) -> frozenset[bytes]:
+    """The `frontiers` keys one sink's services follow: its desired partitions' progress and its
+    shard's upper. The topic is shared by every sink of a cluster, so a follower reading it from
+    the start skips the others' records by key instead of decoding them."""
+    desired = (desired_progress_key(sink_id, p).encode() for p in range(partitions))
+    return frozenset([*desired, shard_upper_key(shard_id).encode()])

@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -41,6 +41,12 @@ from mvsink.io import registry
 from mvsink.io.config import Config, Topics
 
 COMPACTED = {"cleanup.policy": "compact"}
+#: The shared `frontiers`: compacted within the hour. Its followers read it from the start, and
+#: Kafka never compacts a log's active segment, which with the broker's default `segment.ms`
+#: (7 days) held a week of every sink's progress for each start to read. The log cleaner only
+#: drops a key's older values, never its latest, so how late it runs changes what a follower
+#: reads, not what it learns.
+FRONTIERS = {**COMPACTED, "segment.ms": "3600000", "max.compaction.lag.ms": "3600000"}
 #: For a consumer that reads to the end *now*: report the end, and don't let a fetch there wait
 #: `fetch.wait.max.ms` (500 ms by default) for data that is not coming: a write task's staging
 #: job reads desired to its end, so that wait would add to every job.
@@ -129,7 +135,13 @@ def sink_topics(
         TopicSpec(topics.descs, 1),
         TopicSpec(topics.batches, config.append_workers),
         TopicSpec(topics.control, 1, COMPACTED),
-        TopicSpec(topics.frontiers, 1, {**COMPACTED, **(frontiers_config or {})}, exact=False),
+        TopicSpec(
+            topics.frontiers,
+            1,
+            {**FRONTIERS, **(frontiers_config or {})},
+            exact=False,
+            enforced=True,
+        ),
         TopicSpec(topics.dead_letter, 1),
     ]
 
@@ -341,18 +353,25 @@ def poll_message(
 
 
 def drain(
-    consumer: Consumer | Reader, first_timeout: float = 0.0, limit: int | None = 500
+    consumer: Consumer | Reader,
+    first_timeout: float = 0.0,
+    limit: int | None = 500,
+    keys: Collection[bytes] | None = None,
 ) -> Iterator[tuple[Message, Record]]:
     """The records available now (waiting up to `first_timeout` for the first), at most `limit`
-    (None: every one, a backlog included). Undecodable ones are logged with
+    messages (None: every one, a backlog included). Undecodable ones are logged with
     topic/partition/offset and skipped: how followers of `descs`, `frontiers` and `control`
-    read, so bad input never stops them."""
+    read, so bad input never stops them. With `keys`, a message with another key is skipped
+    undecoded (`frontier_keys`: a shared `frontiers` read from its start is mostly other
+    sinks' records, and decoding is most of a read's CPU)."""
     timeout = first_timeout
     for _ in itertools.count() if limit is None else range(limit):
         message = poll_message(consumer, timeout)
         if message is None:
             return
         timeout = 0.0
+        if keys is not None and message.key() not in keys:
+            continue
         try:
             yield message, decode_message(message)
         except DecodeError as error:

@@ -20,7 +20,13 @@ from prometheus_client import Counter, Gauge
 
 from mvsink.core.errors import DecodeError
 from mvsink.core.frontier import Frontier
-from mvsink.core.messages import BatchDescription, DesiredProgress, ShardUpper, SinkControl
+from mvsink.core.messages import (
+    BatchDescription,
+    DesiredProgress,
+    ShardUpper,
+    SinkControl,
+    frontier_keys,
+)
 from mvsink.io.config import Config
 from mvsink.io.health import report
 from mvsink.io.kafka import (
@@ -94,13 +100,15 @@ class MintShell:
     def run(self) -> int:
         """Mint until stopped (0) or fenced (0: the newer mint carries on)."""
         self.start()
-        topics = self.config.topics
-        follow = tail_consumer(self.config.kafka_bootstrap, topics.frontiers)
+        config = self.config
+        topics = config.topics
+        follow = tail_consumer(config.kafka_bootstrap, topics.frontiers)
         control = tail_consumer(self.config.kafka_bootstrap, topics.control)
+        frontiers = frontier_keys(config.sink_id, config.partitions, config.shard_id)
         next_shard_poll = 0.0
         try:
             while not self.stopping.stopped:
-                self._absorb(follow, 0.05)
+                self._absorb(follow, 0.05, frontiers)
                 self._absorb(control, 0.0)
                 if time.monotonic() >= next_shard_poll:
                     self.state.advance_persist_frontier(self.shard.upper())
@@ -114,8 +122,11 @@ class MintShell:
             control.close()
         return 0
 
-    def _absorb(self, consumer: Reader, timeout: float) -> None:
-        for message, record in drain(consumer, timeout):
+    def _absorb(
+        self, consumer: Reader, timeout: float, keys: frozenset[bytes] | None = None
+    ) -> None:
+        """Absorb what `consumer` has (of `keys`, when given: `frontiers` is every sink's)."""
+        for message, record in drain(consumer, timeout, keys=keys):
             self._on_record(message.key(), record)
 
     def _on_record(self, key: bytes | None, record: object) -> None:

@@ -39,6 +39,7 @@ from mvsink.core.messages import (
     ShardUpper,
     SinkControl,
     StagedBatch,
+    frontier_keys,
 )
 from mvsink.core.rows import parse_row_schema
 from mvsink.core.settings import FOLD_INTERVAL
@@ -343,6 +344,9 @@ class WriteShell:
                 tail_consumer(self.config.kafka_bootstrap, t)
                 for t in (topics.descs, topics.frontiers, topics.control)
             ]
+            frontiers = frontier_keys(
+                self.config.sink_id, self.config.partitions, self.config.shard_id
+            )
             next_poll, last_fold = 0.0, time.monotonic()
             log.info(
                 "write %s started as %s, read_only=%s",
@@ -354,8 +358,10 @@ class WriteShell:
                 owner.poll(0)  # group membership and (re)assignment only
                 # Wait on `descs`, where the next job comes from, not on the ownership consumer:
                 # a description is acted on as it arrives instead of up to 50 ms later.
-                for consumer, wait in zip(follow, (0.05, 0.0, 0.0), strict=True):
-                    self._absorb(consumer, wait)
+                for consumer, wait, keys in zip(
+                    follow, (0.05, 0.0, 0.0), (None, frontiers, None), strict=True
+                ):
+                    self._absorb(consumer, wait, keys)
                 if time.monotonic() >= next_poll:
                     self.state.advance_persist_frontier(self.shard.upper())
                     next_poll = time.monotonic() + SHARD_POLL
@@ -408,11 +414,15 @@ class WriteShell:
             self.spark.stop()
         return 0
 
-    def _absorb(self, consumer: Reader, wait: float = 0.0) -> None:
-        """Absorb all that `consumer` has, a backlog included: a driver that has just started
-        reads a shared `frontiers` from its start, which read 500 records a loop (each loop
-        waiting on `descs`) would hold its first descriptions back for seconds."""
-        for message, record in drain(consumer, wait, limit=None):
+    def _absorb(
+        self, consumer: Reader, wait: float = 0.0, keys: frozenset[bytes] | None = None
+    ) -> None:
+        """Absorb all that `consumer` has (only `keys`, when given), a backlog included: a
+        driver that has just started reads a shared `frontiers` from its start, which read 500
+        records a loop (each loop waiting on `descs`) would hold its first descriptions back for
+        seconds, and which decoded whole (every sink's records) held them back for as long as
+        its first fold took again."""
+        for message, record in drain(consumer, wait, limit=None, keys=keys):
             match record:
                 case BatchDescription(sink_id=sink) if sink == self.config.sink_id:
                     self.state.absorb_batch_description(record)

@@ -13,7 +13,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from mvsink.core import codec
 from mvsink.core.frontier import Frontier
-from mvsink.core.messages import DesiredProgress, ShardUpper
+from mvsink.core.messages import DesiredProgress, ShardUpper, frontier_keys
 from mvsink.io import kafka
 from mvsink.io.config import Config, S3Settings, Topics
 from mvsink.io.kafka import (
@@ -62,11 +62,15 @@ def _partition_counts(bootstrap: str) -> dict[str, int]:
     return {name: len(meta.partitions) for name, meta in topics.items()}
 
 
-def _cleanup_policy(bootstrap: str, topic: str) -> str:
+def _topic_configs(bootstrap: str, topic: str) -> dict[str, str]:
     admin = AdminClient(client_config(bootstrap))
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     configs = admin.describe_configs([resource])[resource].result(timeout=10)
-    return str(configs["cleanup.policy"].value)
+    return {name: str(entry.value) for name, entry in configs.items()}
+
+
+def _cleanup_policy(bootstrap: str, topic: str) -> str:
+    return _topic_configs(bootstrap, topic)["cleanup.policy"]
 
 
 def test_provision_creates_contract_topics_idempotently(
@@ -92,6 +96,22 @@ def test_provision_creates_contract_topics_idempotently(
     assert _cleanup_policy(kafka_bootstrap, topics.frontiers) == "compact"
     assert _cleanup_policy(kafka_bootstrap, topics.control) == "compact"
     assert ensure_topics(kafka_bootstrap, sink_topics(config)) == []  # idempotent
+
+
+def test_provision_bounds_an_existing_frontiers_topics_uncompacted_tail(
+    kafka_bootstrap: str, s3_settings: S3Settings, unique: str
+) -> None:
+    """A `frontiers` made before (compacted, the broker's 7-day `segment.ms`) is set to roll
+    and compact within the hour when a sink is provisioned on it."""
+    config = _config(kafka_bootstrap, s3_settings, f"front-{unique}")
+    topic = config.topics.frontiers
+    ensure_topics(kafka_bootstrap, [TopicSpec(topic, 1, {"cleanup.policy": "compact"})])
+    before = _topic_configs(kafka_bootstrap, topic)
+    assert before["segment.ms"] == "604800000"
+    ensure_topics(kafka_bootstrap, sink_topics(config))
+    after = _topic_configs(kafka_bootstrap, topic)
+    assert after["cleanup.policy"] == "compact"
+    assert after["segment.ms"] == after["max.compaction.lag.ms"] == "3600000"
 
 
 def test_provision_rejects_a_topic_that_breaks_the_contract(
@@ -187,6 +207,54 @@ def test_a_drain_without_a_limit_takes_the_whole_backlog(
         reader.close()
     assert len(rest) > 500  # one call took more than a bounded drain could
     assert bounded + rest == sent
+
+
+def test_a_drain_by_keys_skips_other_sinks_records_undecoded(
+    kafka_bootstrap: str, s3_settings: S3Settings, unique: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On a shared `frontiers`, a follower reads only its sink's keys (`frontier_keys`): other
+    sinks' progress and shard uppers are skipped, and so is a record under another key that is
+    not even decodable; one under its own key still is decoded, and logged if bad."""
+    config = _config(kafka_bootstrap, s3_settings, f"keys-{unique}", partitions=2)
+    ensure_topics(kafka_bootstrap, sink_topics(config))
+    topic = config.topics.frontiers
+    mine = [
+        DesiredProgress(config.sink_id, 1, Frontier.at(3)),
+        ShardUpper(config.shard_id, Frontier.at(2), 1),
+    ]
+    others = [
+        DesiredProgress(f"{config.sink_id}x", 0, Frontier.at(9)),  # a sink id extending ours
+        DesiredProgress(config.sink_id, 2, Frontier.at(9)),  # a partition the sink does not have
+        ShardUpper(f"{config.shard_id}x", Frontier.at(9), 1),
+    ]
+    producer = Producer(client_config(kafka_bootstrap))
+    produce(producer, topic, others[0].key, others[0])
+    producer.produce(topic, key=b"persist:elsewhere", value=b"\x01not avro")
+    produce(producer, topic, mine[0].key, mine[0])
+    produce(producer, topic, others[1].key, others[1])
+    produce(producer, topic, others[2].key, others[2])
+    produce(producer, topic, mine[1].key, mine[1])
+    producer.produce(topic, key=mine[1].key.encode(), value=b"\x01not avro")
+    assert producer.flush(30) == 0
+    keys = frontier_keys(config.sink_id, config.partitions, config.shard_id)
+    assert keys == {
+        f"desired:{config.sink_id}:0".encode(),
+        f"desired:{config.sink_id}:1".encode(),
+        f"persist:{config.shard_id}".encode(),
+    }
+    reader = tail_consumer(kafka_bootstrap, topic)
+    read: list[object] = []
+    try:
+        with caplog.at_level(logging.ERROR, logger="mvsink.io.kafka"):
+            deadline = time.monotonic() + 30
+            while len(read) < len(mine) and time.monotonic() < deadline:
+                read += [r for _, r in kafka.drain(reader, 1.0, limit=None, keys=keys)]
+            read += [r for _, r in kafka.drain(reader, 2.0, limit=None, keys=keys)]
+    finally:
+        reader.close()
+    assert read == mine
+    bad = [r.getMessage() for r in caplog.records if "skipping bad record" in r.getMessage()]
+    assert len(bad) == 1, bad  # the one under the sink's own key, not the other
 
 
 def test_compacted_frontiers_keeps_the_latest_value_per_key(
