@@ -323,30 +323,34 @@ def run(
         base, workload, wire, ticks, final, in_flight, logs, run_id, say, seconds, keep_data, stack
     )
     per_repeat: list[dict[str, Any]] = []
-    for repeat in range(repeats):
-        if repeats > 1:
-            say(f"repeat {repeat + 1} of {repeats}: {', '.join(v.name for v in columns)}")
-        runs: dict[str, Run] = {}
-        column.read_load(repeat)
-        for variant in columns:
-            master = variant.spark_master
-            if variant.spark_workers is not None:
-                if scale is None:
-                    raise BenchError("--spark-workers needs the embedded stack")
-                master = scale(variant.spark_workers) if variant.spark_workers else "local[*]"
-            framing = (
-                replace(base, schema_registry_url=framed_url) if variant.registry_framed else base
+    try:  # the upstream's tick files and scratch sinks go however the run ends
+        for repeat in range(repeats):
+            if repeats > 1:
+                say(f"repeat {repeat + 1} of {repeats}: {', '.join(v.name for v in columns)}")
+            runs: dict[str, Run] = {}
+            column.read_load(repeat)
+            for variant in columns:
+                master = variant.spark_master
+                if variant.spark_workers is not None:
+                    if scale is None:
+                        raise BenchError("--spark-workers needs the embedded stack")
+                    master = scale(variant.spark_workers) if variant.spark_workers else "local[*]"
+                framing = (
+                    replace(base, schema_registry_url=framed_url)
+                    if variant.registry_framed
+                    else base
+                )
+                runs[variant.name] = column.run(variant, framing, master, repeat, runs)
+            figures = _figures(
+                workload, in_flight, append_workers, runs, column.plain_reads.get(repeat)
             )
-            runs[variant.name] = column.run(variant, framing, master, repeat, runs)
-        figures = _figures(
-            workload, in_flight, append_workers, runs, column.plain_reads.get(repeat)
-        )
-        figures["workload"]["wire"] = wire
-        figures["workload"]["window_s"] = seconds
-        figures.update(producer_rate.figures())
-        figures.update(column.registry_figures)
-        per_repeat.append(figures)
-    column.stop()
+            figures["workload"]["wire"] = wire
+            figures["workload"]["window_s"] = seconds
+            figures.update(producer_rate.figures())
+            figures.update(column.registry_figures)
+            per_repeat.append(figures)
+    finally:
+        column.stop()
     figures = summarise(per_repeat)
     _report(figures, say)
     _chart(figures, save_figures(out, "bench", figures, say, logs).with_suffix(".png"))

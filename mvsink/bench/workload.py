@@ -31,6 +31,9 @@ from mvsink.io.kafka import client_config, consumer_config
 from mvsink.upstream.producer import DesiredProducer
 
 ROW_SCHEMA = "key string not null, value long"
+#: Spark 4's byte limit of an Arrow batch sent to Python, and its "no limit" (Int.MaxValue).
+ARROW_MAX_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
+ARROW_UNLIMITED = 2**31 - 1
 
 
 class BenchError(MvsinkError):
@@ -257,9 +260,11 @@ class DataFrameFeeder:
     The source is one Parquet file per tick in `directory`, written before anything is timed;
     the upstream's executors read it by path, so they must share this machine's filesystem
     (local mode, or the embedded stack's cluster). The ticks are not held in Spark's block
-    manager: ~200 ticks outgrow its storage memory, and every publish then read its tick back
-    from disk and evicted another, both through Java serialization, at more CPU than the
-    publish itself."""
+    manager: ~200 ticks outgrow its storage memory, and each publish would read its tick back
+    from disk and evict another, both through Java serialization. Spark sizes a Parquet
+    input by its compressed bytes, so a tick takes `publish_dataframe`'s one-task path up to
+    several times `ONE_TASK_BYTES` of rows in memory. The session lifts Spark 4's Arrow batch
+    byte limit, as the publish module's docs advise for an upstream of small rows."""
 
     def __init__(
         self,
@@ -281,7 +286,11 @@ class DataFrameFeeder:
         paths = [directory / f"tick-{time_:06d}.parquet" for time_ in range(len(tables))]
         for table, path in zip(tables, paths, strict=True):
             pq.write_table(table, path)
-        self.spark = spark_session("mvsink-bench-upstream", shuffle_partitions=workload.partitions)
+        self.spark = spark_session(
+            "mvsink-bench-upstream",
+            shuffle_partitions=workload.partitions,
+            conf={ARROW_MAX_BYTES: str(ARROW_UNLIMITED)},
+        )
         self.frames = [self.spark.read.parquet(str(path)) for path in paths]
         self.producers: dict[str, DesiredProducer] = {}
         self.offsets = Consumer(consumer_config(bootstrap))

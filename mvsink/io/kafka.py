@@ -41,11 +41,11 @@ from mvsink.io import registry
 from mvsink.io.config import Config, Topics
 
 COMPACTED = {"cleanup.policy": "compact"}
-#: The shared `frontiers`: compacted within the hour. Its followers read it from the start, and
-#: Kafka never compacts a log's active segment, which with the broker's default `segment.ms`
-#: (7 days) held a week of every sink's progress for each start to read. The log cleaner only
-#: drops a key's older values, never its latest, so how late it runs changes what a follower
-#: reads, not what it learns.
+#: The shared `frontiers`: compacted within about the hour. Its followers read it from the start,
+#: and Kafka never compacts a log's active segment, which with the broker's default
+#: `segment.ms` (7 days) holds a week of every sink's progress for each start to read. The log
+#: cleaner only drops a key's older values, never its latest, so how late it runs changes what
+#: a follower reads, not what it learns.
 FRONTIERS = {**COMPACTED, "segment.ms": "3600000", "max.compaction.lag.ms": "3600000"}
 #: For a consumer that reads to the end *now*: report the end, and don't let a fetch there wait
 #: `fetch.wait.max.ms` (500 ms by default) for data that is not coming: a write task's staging

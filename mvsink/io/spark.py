@@ -69,10 +69,6 @@ PART_RESULT_SCHEMA = "key string, rows long, bytes long"
 log = logging.getLogger("mvsink.io.spark")
 
 
-#: Spark's value for "no limit" of `spark.sql.execution.arrow.maxBytesPerBatch` (Int.MaxValue).
-ARROW_UNLIMITED = 2**31 - 1
-
-
 def spark_session(
     app_name: str = "mvsink",
     master: str | None = None,
@@ -84,8 +80,7 @@ def spark_session(
     pack_env: bool | None = None,
 ) -> SparkSession:
     """A SparkSession for this box: few shuffle partitions, UI off unless asked, quiet logs,
-    Arrow on (its batches bounded by rows, not bytes), executors running this interpreter,
-    every listener on 127.0.0.1.
+    Arrow on, executors running this interpreter, every listener on 127.0.0.1.
 
     On a cluster it also ships the code (`code_zip`), caps the application at `cores_max`
     cores (0: no cap of its own) and with `pack_env` ships this virtualenv (`packed_env`) as
@@ -122,10 +117,6 @@ def spark_session(
         "spark.sql.shuffle.partitions": str(shuffle_partitions or 2 * cores),
         "spark.default.parallelism": str(2 * cores),
         "spark.sql.execution.arrow.pyspark.enabled": "true",
-        # No byte limit on the Arrow batches a `mapInArrow` sends to Python (Spark 4 checks
-        # a batch's size after every row it adds; `maxRecordsPerBatch` still bounds a batch).
-        # That check was a quarter of an upstream JVM's CPU in `publish_dataframe`.
-        "spark.sql.execution.arrow.maxBytesPerBatch": str(ARROW_UNLIMITED),
         "spark.sql.session.timeZone": "UTC",
         "spark.driver.host": host,
         "spark.driver.bindAddress": host if host.startswith("127.") else "0.0.0.0",

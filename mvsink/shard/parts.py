@@ -82,8 +82,7 @@ def dictionary_columns(table: pa.Table) -> bool | list[str]:
 
 def decode_part(data: bytes, row_schema: pa.Schema) -> pa.Table:
     """The updates of a part, in the part schema of `row_schema`. Read as one file
-    (`ParquetFile`), not through `read_table`'s dataset layer, which costs a third more CPU on
-    a part of a tick's size."""
+    (`ParquetFile`), not through `read_table`'s dataset layer, which adds CPU to every part."""
     table = pq.ParquetFile(pa.BufferReader(data)).read()
     return normalize_updates(table.replace_schema_metadata(None), row_schema)
 

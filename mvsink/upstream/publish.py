@@ -64,8 +64,10 @@ each Python task has a fixed cost in Spark. Both paths publish each partition wi
 
 The upstream's session: Spark 4 checks the size of the Arrow batch it is filling for a
 `mapInArrow` after every row (`spark.sql.execution.arrow.maxBytesPerBatch`, 64 MiB by default),
-a quarter of the JVM's CPU in a publish. Setting it to 2147483647 (no limit; `maxRecordsPerBatch`
-still bounds a batch) removes the check, as `mvsink.io.spark.spark_session` does.
+about a quarter of the JVM's CPU in a publish of small rows. An upstream whose rows are small
+can set it to 2147483647, which removes the check (a batch is then bounded by
+`maxRecordsPerBatch` rows alone), as `mvsink bench`'s upstream does; with large rows the limit
+keeps a batch well below Arrow's 2 GiB.
 """
 
 from __future__ import annotations

@@ -103,12 +103,12 @@ class MintShell:
         config = self.config
         topics = config.topics
         follow = tail_consumer(config.kafka_bootstrap, topics.frontiers)
-        control = tail_consumer(self.config.kafka_bootstrap, topics.control)
-        frontiers = frontier_keys(config.sink_id, config.partitions, config.shard_id)
+        control = tail_consumer(config.kafka_bootstrap, topics.control)
+        own_keys = frontier_keys(config.sink_id, config.partitions, config.shard_id)
         next_shard_poll = 0.0
         try:
             while not self.stopping.stopped:
-                self._absorb(follow, 0.05, frontiers)
+                self._absorb(follow, 0.05, own_keys)
                 self._absorb(control, 0.0)
                 if time.monotonic() >= next_shard_poll:
                     self.state.advance_persist_frontier(self.shard.upper())

@@ -66,7 +66,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from mvsink.io.spark import driver_host, executor_id, live_executors, run_pinned
-from services.write.task import StepResult, StepSpec, WriteWorker, default_worker, run_tasks
+from services.write.task import (
+    StepResult,
+    StepSpec,
+    WriteWorker,
+    default_worker,
+    preload,
+    run_tasks,
+)
 
 log = logging.getLogger("mvsink.write.resident")
 
@@ -114,6 +121,7 @@ def serve(spec: ResidentSpec) -> list[str]:
     context = TaskContext.get()
     if context is not None and context.attemptNumber() > 0:
         return []
+    preload()  # a no-op in a worker the driver's warm-up ran in
     try:
         conn = socket.create_connection(spec.address, timeout=CONNECT_TIMEOUT)
     except OSError:

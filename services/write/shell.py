@@ -344,7 +344,7 @@ class WriteShell:
                 tail_consumer(self.config.kafka_bootstrap, t)
                 for t in (topics.descs, topics.frontiers, topics.control)
             ]
-            frontiers = frontier_keys(
+            own_keys = frontier_keys(
                 self.config.sink_id, self.config.partitions, self.config.shard_id
             )
             next_poll, last_fold = 0.0, time.monotonic()
@@ -359,7 +359,7 @@ class WriteShell:
                 # Wait on `descs`, where the next job comes from, not on the ownership consumer:
                 # a description is acted on as it arrives instead of up to 50 ms later.
                 for consumer, wait, keys in zip(
-                    follow, (0.05, 0.0, 0.0), (None, frontiers, None), strict=True
+                    follow, (0.05, 0.0, 0.0), (None, own_keys, None), strict=True
                 ):
                     self._absorb(consumer, wait, keys)
                 if time.monotonic() >= next_poll:
@@ -420,8 +420,7 @@ class WriteShell:
         """Absorb all that `consumer` has (only `keys`, when given), a backlog included: a
         driver that has just started reads a shared `frontiers` from its start, which read 500
         records a loop (each loop waiting on `descs`) would hold its first descriptions back for
-        seconds, and which decoded whole (every sink's records) held them back for as long as
-        its first fold took again."""
+        seconds, and which decoded whole (every sink's records) would hold them back again."""
         for message, record in drain(consumer, wait, limit=None, keys=keys):
             match record:
                 case BatchDescription(sink_id=sink) if sink == self.config.sink_id:
