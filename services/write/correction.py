@@ -5,6 +5,16 @@ Desired updates enter with their diffs (`insert`), updates read back from the sh
 negated diffs (`insert_negated`). Times before `since` (the shard's upper: those times are
 final) are advanced to `since`, because anything still to be written must be written at or
 after it. Everything is vectorised Arrow; nothing loops over rows in Python.
+
+Consolidating is a hash group-by over every row, the largest cost of a step. It is needed where
+the contents can cancel: updates read back from the shard against desired ones, times advanced
+to `since`, a previous consolidation's leftovers against new updates. Desired updates as
+received, at their own times, with nothing else pending, cancel only where the upstream's own
+changelog does (an update and its retraction at one time): they are kept as received, and a
+part staged from them is the upstream's changelog as published. The steady state is that case
+(the read-back of the previous part dropped it, `retract_before`), and so is a first load.
+Every reader of the shard consolidates (`Shard.snapshot`, merges, the write task's own fold),
+so such a part changes no contents; a merge consolidates it. See docs/decisions.md.
 """
 
 from __future__ import annotations
@@ -15,6 +25,10 @@ import pyarrow.compute as pc
 from mvsink.core.frontier import Frontier
 from mvsink.core.updates import DIFF, TIME, consolidate, part_schema
 
+#: What a table of the contents is: a consolidation's output (or a checkpoint's), desired
+#: updates as received at their own times, or anything else (read back, advanced).
+CONSOLIDATED, RECEIVED, MIXED = "consolidated", "received", "mixed"
+
 
 class Correction:
     """`desired - persist` for one partition, in the part schema of `row_schema`."""
@@ -24,25 +38,32 @@ class Correction:
         self.schema = part_schema(row_schema)
         self.since = since
         self._tables: list[pa.Table] = [] if table is None else [table]
+        #: What each of `_tables` is (`CONSOLIDATED`, `RECEIVED`, `MIXED`).
+        self._kinds: list[str] = [] if table is None else [CONSOLIDATED]
         self._consolidated = table is not None
 
     def insert(self, updates: pa.Table) -> None:
         """Add desired updates (already in the part schema)."""
-        if updates.num_rows:
-            self._tables.append(self._advance(updates))
-            self._consolidated = False
+        self._add(updates, RECEIVED)
 
     def insert_negated(self, updates: pa.Table) -> None:
         """Subtract updates read back from the shard."""
         if updates.num_rows:
-            self.insert(self._replace(updates, DIFF, pc.negate(updates.column(DIFF))))
+            self._add(self._replace(updates, DIFF, pc.negate(updates.column(DIFF))), MIXED)
+
+    def _add(self, updates: pa.Table, kind: str) -> None:
+        if updates.num_rows:
+            advanced, moved = self._advance(updates)
+            self._tables.append(advanced)
+            self._kinds.append(MIXED if moved else kind)
+            self._consolidated = False
 
     def retract_before(self, upper: Frontier) -> None:
         """Drop the updates with time before `upper`. Equal to `insert_negated` of a part
         staged from `updates_before(upper)` when nothing before `upper` changed since: what
         the read-back of our own appended part does, without reading or consolidating it."""
         if upper.time is None:
-            self._tables, self._consolidated = [], True
+            self._tables, self._kinds, self._consolidated = [], [], True
             return
         self._tables = [
             t.filter(pc.greater_equal(t.column(TIME), upper.time)) for t in self._tables
@@ -53,15 +74,21 @@ class Correction:
         if not self.since.less_than(since):
             return
         self.since = since
-        self._tables = [self._advance(t) for t in self._tables]
-        self._consolidated = False
+        for i, table in enumerate(self._tables):
+            self._tables[i], moved = self._advance(table)
+            if moved:
+                self._kinds[i] = MIXED
+                self._consolidated = False
 
-    def _advance(self, table: pa.Table) -> pa.Table:
+    def _advance(self, table: pa.Table) -> tuple[pa.Table, bool]:
+        """`table` with its times before `since` advanced, and whether any was."""
         since = self.since.time
         if since is None or since == 0 or table.num_rows == 0:
-            return table
+            return table, False
+        if pc.min(table.column(TIME)).as_py() >= since:
+            return table, False
         times = pc.max_element_wise(table.column(TIME), pa.scalar(since, pa.int64()))
-        return self._replace(table, TIME, times)
+        return self._replace(table, TIME, times), True
 
     def _replace(self, table: pa.Table, name: str, column: pa.ChunkedArray) -> pa.Table:
         """`table` with column `name` replaced, in exactly the part schema."""
@@ -71,16 +98,23 @@ class Correction:
         return pa.Table.from_arrays(columns, schema=self.schema)
 
     def consolidate(self) -> pa.Table:
-        """Sum diffs per `(row, err, time)`, drop zeros; the consolidated contents."""
+        """Sum diffs per `(row, err, time)`, drop zeros; the consolidated contents. Desired
+        updates as received with nothing else pending are kept as they are (module docs)."""
         if not self._consolidated:
-            table = pa.concat_tables(self._tables) if self._tables else self.schema.empty_table()
-            if table.num_rows:
-                table = consolidate(table, self.row_schema)
-            self._tables, self._consolidated = [table], True
+            pending = [(t, k) for t, k in zip(self._tables, self._kinds, strict=True) if t.num_rows]
+            kinds = {k for _, k in pending}
+            if not pending:
+                table, kind = self.schema.empty_table(), CONSOLIDATED
+            elif kinds == {RECEIVED} or (len(pending) == 1 and kinds == {CONSOLIDATED}):
+                table, kind = pa.concat_tables([t for t, _ in pending]), kinds.pop()
+            else:
+                table = consolidate(pa.concat_tables([t for t, _ in pending]), self.row_schema)
+                kind = CONSOLIDATED
+            self._tables, self._kinds, self._consolidated = [table], [kind], True
         return self._tables[0]
 
     def updates_before(self, upper: Frontier) -> pa.Table:
-        """The consolidated corrections with time before `upper` (what a batch must write):
+        """The corrections (`consolidate()`) with time before `upper` (what a batch must write):
         the consolidated table itself when all of it is (the usual case), so a task that keeps
         what it staged holds and saves (`services.write.checkpoint`) one copy, not two."""
         table = self.consolidate()

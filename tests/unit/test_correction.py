@@ -7,6 +7,7 @@ import pickle
 from collections import Counter
 
 import pyarrow as pa
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -32,7 +33,16 @@ def table(rows: list[tuple[str, int, int]]) -> pa.Table:
 
 
 def as_counter(t: pa.Table) -> Counter[tuple[str, int]]:
-    return Counter({(r["k"], r["_time"]): r["_diff"] for r in t.to_pylist()})
+    """The contents (duplicates summed, zero sums dropped)."""
+    summed: Counter[tuple[str, int]] = Counter()
+    for r in t.to_pylist():
+        summed[(r["k"], r["_time"])] += r["_diff"]
+    return Counter({key: d for key, d in summed.items() if d})
+
+
+def is_consolidated(t: pa.Table) -> bool:
+    keys = [(r["k"], r["_err"], r["_time"]) for r in t.to_pylist()]
+    return len(keys) == len(set(keys)) and all(r["_diff"] for r in t.to_pylist())
 
 
 def test_desired_minus_persist_cancels() -> None:
@@ -71,9 +81,63 @@ def test_updates_before_an_upper_past_everything_is_the_corrections_themselves()
     assert both < alone * 1.1
 
 
+def test_desired_updates_as_received_are_kept_as_they_are() -> None:
+    """Nothing to cancel them but the upstream's own changelog: no group-by, the same table."""
+    correction = Correction(ROWS, F(0))
+    received = table([("a", 1, 1), ("a", 1, -1), ("b", 2, 1)])
+    correction.insert(received)
+    assert correction.consolidate().equals(received)
+    assert as_counter(correction.consolidate()) == Counter({("b", 2): 1})
+
+
+def test_a_step_after_the_read_back_keeps_the_received_updates() -> None:
+    """The steady state: the previous part's read-back drops it, the next ticks are kept."""
+    correction = Correction(ROWS, F(0))
+    correction.insert(table([("a", 1, 1), ("a", 1, 1)]))
+    correction.consolidate()
+    received = table([("a", 2, 1), ("b", 2, -1)])
+    correction.insert(received)
+    correction.retract_before(F(2))
+    correction.advance_since(F(2))
+    assert correction.consolidate().equals(received)
+
+
+@pytest.mark.parametrize(
+    "mix",
+    [
+        "negated",  # read back from the shard
+        "advanced",  # times advanced to since
+        "kept",  # a previous consolidation's leftovers
+        "checkpoint",  # a loaded checkpoint's
+    ],
+)
+def test_updates_that_can_cancel_are_consolidated(mix: str) -> None:
+    base = table([("a", 3, 1), ("b", 3, 1)])
+    correction = Correction(ROWS, F(0), base if mix == "checkpoint" else None)
+    if mix == "kept":
+        correction.insert(base)
+        correction.insert_negated(table([("c", 3, 1)]))
+        correction.consolidate()
+    if mix == "advanced":
+        correction.insert(table([("a", 1, 1), ("b", 3, 1)]))
+        correction.advance_since(F(3))
+    correction.insert(table([("a", 3, -1), ("a", 3, -1)]))
+    if mix == "negated":
+        correction.insert_negated(table([("b", 3, 1)]))
+    got = correction.consolidate()
+    assert is_consolidated(got)
+    expected = {
+        "negated": Counter({("a", 3): -2, ("b", 3): -1}),
+        "advanced": Counter({("a", 3): -1, ("b", 3): 1}),
+        "kept": Counter({("a", 3): -1, ("b", 3): 1, ("c", 3): -1}),
+        "checkpoint": Counter({("a", 3): -1, ("b", 3): 1}),
+    }[mix]
+    assert as_counter(got) == expected
+
+
 ops = st.lists(
     st.tuples(
-        st.sampled_from(["insert", "negated", "since"]),
+        st.sampled_from(["insert", "negated", "since", "consolidate", "retract"]),
         st.lists(
             st.tuples(st.sampled_from("abc"), st.integers(0, 6), st.integers(-2, 2)), max_size=6
         ),
@@ -88,8 +152,17 @@ def test_matches_a_counter_model(
     steps: list[tuple[str, list[tuple[str, int, int]], int]], upper: int
 ) -> None:
     correction, model, since = Correction(ROWS, F(0)), Counter[tuple[str, int]](), 0
+    mixed = False
     for op, rows, new_since in steps:
-        if op == "since":
+        if op == "consolidate":
+            assert as_counter(correction.consolidate()) == Counter(
+                {k: d for k, d in model.items() if d}
+            )
+            mixed = False
+        elif op == "retract":
+            correction.retract_before(F(new_since))
+            model = Counter({(k, t): d for (k, t), d in model.items() if t >= new_since})
+        elif op == "since":
             since = max(since, new_since)
             correction.advance_since(F(since))
             moved = Counter[tuple[str, int]]()
@@ -101,8 +174,11 @@ def test_matches_a_counter_model(
             correction.insert(table(rows)) if sign == 1 else correction.insert_negated(table(rows))
             for k, t, d in rows:
                 model[(k, max(t, since))] += sign * d
+            mixed = mixed or (sign == -1 and bool(rows))
     expected = {key: d for key, d in model.items() if d}
     assert dict(as_counter(correction.consolidate())) == expected
+    if mixed:  # a read-back since the last consolidation is consolidated with what it met
+        assert is_consolidated(correction.consolidate())
     before = {key: d for key, d in expected.items() if key[1] < upper}
     assert dict(as_counter(correction.updates_before(F(upper)))) == before
 
@@ -146,9 +222,10 @@ def test_retract_before_equals_reading_back_our_own_part(
 def test_consolidate_sums_row_and_error_updates_separately(
     updates: list[tuple[bool, str, int, int]],
 ) -> None:
-    """Row updates and error updates with the same text never merge; each sums by itself."""
+    """Row updates and error updates with the same text never merge; each sums by itself
+    (read back from the shard, so they are consolidated)."""
     correction = Correction(ROWS, F(0))
-    correction.insert(
+    correction.insert_negated(
         normalize_updates(
             pa.table(
                 {
@@ -167,7 +244,7 @@ def test_consolidate_sums_row_and_error_updates_separately(
     )
     model: Counter[tuple[bool, str, int]] = Counter()
     for err, name, t, d in updates:
-        model[(err, name, t)] += d
+        model[(err, name, t)] -= d
     got = {
         (r["_err"] is not None, r["_err"] or r["k"], r["_time"]): r["_diff"]
         for r in correction.consolidate().to_pylist()
