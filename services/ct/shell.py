@@ -34,6 +34,7 @@ from mvsink.core.frontier import Frontier, meet_all
 from mvsink.core.messages import SinkControl
 from mvsink.core.settings import S3Settings, Timing
 from mvsink.core.updates import DIFF, TIME, advance_times, part_schema
+from mvsink.core.updates import consolidate as consolidate_updates
 from mvsink.io.config import Config, Topics
 from mvsink.io.ct_definition import Definition, load_definition
 from mvsink.io.health import report
@@ -203,6 +204,10 @@ class ContinualTask:
             keep = at_or_after if keep is None else pc.and_(keep, at_or_after)
         if keep is not None:
             table = table.filter(keep)
+        # A part may hold an update and its retraction at one time, as its upstream published
+        # them (docs/design.md, Parts): summed first, so a time whose input only cancelled
+        # itself runs no logic, as with a consolidated part.
+        table = consolidate_updates(table, shard.schema)
         if first and self.start_at.time is not None:
             # The snapshot: the contents before the start are changes at the start.
             table = advance_times(table, self.start_at.time, self.start_at.time)

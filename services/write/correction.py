@@ -25,9 +25,13 @@ import pyarrow.compute as pc
 from mvsink.core.frontier import Frontier
 from mvsink.core.updates import DIFF, TIME, consolidate, part_schema
 
-#: What a table of the contents is: a consolidation's output (or a checkpoint's), desired
-#: updates as received at their own times, or anything else (read back, advanced).
+#: What a table of the contents is: a consolidation's output or a loaded checkpoint (kept as it
+#: is alone, consolidated with anything else), desired updates as received at their own times,
+#: or anything else (read back, advanced).
 CONSOLIDATED, RECEIVED, MIXED = "consolidated", "received", "mixed"
+#: Chunks past which received tables kept as they are are combined into one (a stalled shard
+#: keeps them across steps, and every kernel, pickle and checkpoint pays per chunk).
+MAX_CHUNKS = 64
 
 
 class Correction:
@@ -63,7 +67,8 @@ class Correction:
         staged from `updates_before(upper)` when nothing before `upper` changed since: what
         the read-back of our own appended part does, without reading or consolidating it."""
         if upper.time is None:
-            self._tables, self._kinds, self._consolidated = [], [], True
+            self._tables, self._kinds = [self.schema.empty_table()], [CONSOLIDATED]
+            self._consolidated = True
             return
         self._tables = [
             t.filter(pc.greater_equal(t.column(TIME), upper.time)) for t in self._tables
@@ -98,8 +103,9 @@ class Correction:
         return pa.Table.from_arrays(columns, schema=self.schema)
 
     def consolidate(self) -> pa.Table:
-        """Sum diffs per `(row, err, time)`, drop zeros; the consolidated contents. Desired
-        updates as received with nothing else pending are kept as they are (module docs)."""
+        """The contents as one table: diffs summed per `(row, err, time)` and zeros dropped,
+        except that desired updates as received with nothing else pending, or a consolidated
+        table alone, are kept as they are (module docs)."""
         if not self._consolidated:
             pending = [(t, k) for t, k in zip(self._tables, self._kinds, strict=True) if t.num_rows]
             kinds = {k for _, k in pending}
@@ -107,6 +113,8 @@ class Correction:
                 table, kind = self.schema.empty_table(), CONSOLIDATED
             elif kinds == {RECEIVED} or (len(pending) == 1 and kinds == {CONSOLIDATED}):
                 table, kind = pa.concat_tables([t for t, _ in pending]), kinds.pop()
+                if table.column(0).num_chunks > MAX_CHUNKS:
+                    table = table.combine_chunks()
             else:
                 table = consolidate(pa.concat_tables([t for t, _ in pending]), self.row_schema)
                 kind = CONSOLIDATED
@@ -115,7 +123,7 @@ class Correction:
 
     def updates_before(self, upper: Frontier) -> pa.Table:
         """The corrections (`consolidate()`) with time before `upper` (what a batch must write):
-        the consolidated table itself when all of it is (the usual case), so a task that keeps
+        that table itself when all of it is (the usual case), so a task that keeps
         what it staged holds and saves (`services.write.checkpoint`) one copy, not two."""
         table = self.consolidate()
         if upper.time is None or table.num_rows == 0:

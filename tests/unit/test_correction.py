@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from mvsink.core.frontier import Frontier
 from mvsink.core.updates import normalize_updates
-from services.write.correction import Correction
+from services.write.correction import MAX_CHUNKS, Correction
 
 ROWS = pa.schema([("k", pa.string())])
 F = Frontier.at
@@ -91,15 +91,45 @@ def test_desired_updates_as_received_are_kept_as_they_are() -> None:
 
 
 def test_a_step_after_the_read_back_keeps_the_received_updates() -> None:
-    """The steady state: the previous part's read-back drops it, the next ticks are kept."""
+    """The steady state: the previous part, consolidated with a read-back, is dropped by its
+    own read-back, and the next ticks are kept as received (a cancelling pair included)."""
     correction = Correction(ROWS, F(0))
     correction.insert(table([("a", 1, 1), ("a", 1, 1)]))
-    correction.consolidate()
-    received = table([("a", 2, 1), ("b", 2, -1)])
+    correction.insert_negated(table([("b", 1, 1)]))
+    assert is_consolidated(correction.consolidate())
+    received = table([("a", 2, 1), ("c", 2, 1), ("c", 2, -1)])
     correction.insert(received)
     correction.retract_before(F(2))
     correction.advance_since(F(2))
     assert correction.consolidate().equals(received)
+
+
+def test_updates_advanced_on_insert_are_consolidated() -> None:
+    """Late desired updates moved to `since` can meet each other: they are not as received."""
+    correction = Correction(ROWS, F(3))
+    correction.insert(table([("a", 1, 1), ("a", 2, -1), ("b", 2, 1)]))
+    got = correction.consolidate()
+    assert is_consolidated(got)
+    assert as_counter(got) == Counter({("b", 3): 1})
+
+
+def test_retract_before_the_empty_frontier_leaves_nothing() -> None:
+    """A batch whose upper is the empty frontier (desired closed) drops everything."""
+    correction = Correction(ROWS, F(0))
+    correction.insert(table([("a", 1, 1)]))
+    correction.retract_before(Frontier.empty())
+    assert correction.consolidate().num_rows == 0
+    assert len(correction) == 0
+
+
+def test_many_received_tables_are_combined_into_one_chunk() -> None:
+    """A stalled shard keeps received tables from step to step: their chunks are bounded."""
+    correction = Correction(ROWS, F(0))
+    for i in range(MAX_CHUNKS + 1):
+        correction.insert(table([(f"k{i}", 1, 1)]))
+    got = correction.consolidate()
+    assert got.column(0).num_chunks == 1
+    assert got.num_rows == MAX_CHUNKS + 1
 
 
 @pytest.mark.parametrize(
@@ -163,6 +193,7 @@ def test_matches_a_counter_model(
             correction.retract_before(F(new_since))
             model = Counter({(k, t): d for (k, t), d in model.items() if t >= new_since})
         elif op == "since":
+            mixed = mixed or any(t < max(since, new_since) for (_, t), d in model.items() if d)
             since = max(since, new_since)
             correction.advance_since(F(since))
             moved = Counter[tuple[str, int]]()
@@ -174,7 +205,7 @@ def test_matches_a_counter_model(
             correction.insert(table(rows)) if sign == 1 else correction.insert_negated(table(rows))
             for k, t, d in rows:
                 model[(k, max(t, since))] += sign * d
-            mixed = mixed or (sign == -1 and bool(rows))
+            mixed = mixed or (sign == -1 and bool(rows)) or any(t < since for _, t, _ in rows)
     expected = {key: d for key, d in model.items() if d}
     assert dict(as_counter(correction.consolidate())) == expected
     if mixed:  # a read-back since the last consolidation is consolidated with what it met
