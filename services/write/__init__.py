@@ -53,10 +53,11 @@ shard.
 Read-only mode
 --------------
 No descriptions arrive (mint mints none), and the driver keeps folding desired and persist
-and consolidating (where updates can cancel) every `FOLD_INTERVAL`, so memory stays bounded and promotion is fast. It
-writes no data and never moves the shard's upper; it does hold a reader lease (a state version
-now and then, like persist's leased readers), so the shard's `since` waits for its folds. It
-does not compact (mint mints nothing for it, and compaction follows staging jobs).
+and consolidating (where updates can cancel) every `FOLD_INTERVAL`, so memory stays bounded
+and promotion is fast. It writes no data and never moves the shard's upper; it does hold a
+reader lease (a state version now and then, like persist's leased readers), so the shard's
+`since` waits for its folds. It does not compact (mint mints nothing for it, and compaction
+follows staging jobs).
 
 Placement
 ---------

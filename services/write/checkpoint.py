@@ -14,12 +14,12 @@ A task continues from the version the driver expects, found in the first of:
 3. the checkpoint in object storage (a restart, or a partition moved to another executor);
 4. empty (version -1: nothing checkpointed yet).
 
-A checkpoint is an Arrow IPC stream (LZ4, `updates_to_ipc`) of the corrections (`consolidate()`) with
-the state's metadata (`since`, `folded_offset`, `desired_frontier`, `persist_folded`, writer) in
-its schema metadata; checkpoints written before were Parquet and are still read. Versions are
-created conditionally, so two owners of one partition cannot both continue from the same one
-(invariant 4 of `services.write`); the previous version is kept for a driver that has not seen
-the newest.
+A checkpoint is an Arrow IPC stream (LZ4, `updates_to_ipc`) of the corrections
+(`consolidate()`) with the state's metadata (`since`, `folded_offset`, `desired_frontier`,
+`persist_folded`, writer) in its schema metadata; checkpoints written before were Parquet and
+are still read. Versions are created conditionally, so two owners of one partition cannot both
+continue from the same one (invariant 4 of `services.write`); the previous version is kept for
+a driver that has not seen the newest.
 """
 
 from __future__ import annotations
