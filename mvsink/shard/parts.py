@@ -67,8 +67,8 @@ def dictionary_columns(table: pa.Table) -> bool | list[str]:
     when every column does, or the schema is nested. A column of mostly distinct values (a
     view's key) gains nothing from a dictionary: Arrow builds one as large as the column (up to
     its 1 MiB page limit) and writes indices besides, so a plain key column makes parts smaller
-    and cheaper to encode. A part's rows come in the order received or consolidated, not sorted, so its first
-    rows are as good a sample as any."""
+    and cheaper to encode. A part's rows come in the order received or consolidated, not
+    sorted, so its first rows are as good a sample as any."""
     if any(pa.types.is_nested(f.type) for f in table.schema) or table.num_rows == 0:
         return True
     sample = table.slice(0, DICTIONARY_SAMPLE)
