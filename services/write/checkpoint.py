@@ -256,6 +256,20 @@ def _save_warm(sink_id: str, partition: int, state: PartitionState | None) -> No
     partial.replace(path)
 
 
+def keep(sink_id: str, partition: int, state: PartitionState, cache: StateCache) -> None:
+    """Keep `state` in `cache` at its version, its warm copy written or due as
+    `cache.warm_copies` says: after `save`, or for a step that checkpoints nothing (a
+    partition's first fold, `services.write.task.StepSpec.checkpoint`). A state kept without a
+    checkpoint has folded past the version it carries; a step that continues from that version
+    folds on from where it is, and one that loads the checkpoint (or, at version -1, nothing)
+    folds the difference again."""
+    cache.states[(sink_id, partition)] = state
+    if cache.warm_copies:
+        _save_warm(sink_id, partition, state)
+    else:
+        cache.deferred.add((sink_id, partition))
+
+
 def _read(sink_id: str, partition: int, version: int, s3: S3Settings) -> tuple[pa.Table, bool, int]:
     """Checkpoint `version`, whether it was a (legacy) Parquet one, and its size."""
     client = s3_client(s3)
@@ -299,11 +313,7 @@ def save(
         _save_warm(sink_id, partition, None)
         return None
     state.version = version
-    cache.states[(sink_id, partition)] = state
-    if cache.warm_copies:
-        _save_warm(sink_id, partition, state)
-    else:
-        cache.deferred.add((sink_id, partition))
+    keep(sink_id, partition, state, cache)
     if version >= 2:  # keep the previous version for a driver that has not seen this one
         client.remove_object(s3.bucket, checkpoint_key(sink_id, partition, version - 2))
     if state.legacy:  # the first Arrow checkpoint after Parquet ones: those are garbage now

@@ -131,6 +131,9 @@ class WriteShell:
         self.versions: dict[int, int] = {}
         #: The shard upper each owned partition's corrections have folded (task results).
         self.folded: dict[int, Frontier] = {}
+        #: The shard upper each owned partition's newest durable checkpoint has folded (its
+        #: critical hold; a first fold checkpoints nothing, `StepSpec.checkpoint`).
+        self.held: dict[int, Frontier] = {}
         #: The executor holding each partition's warm state (`services.write.affinity`).
         self.home: dict[int, str] = {}
         #: The lease keeper's own handle, and what it holds (`_hold_target`, set by the loop).
@@ -168,6 +171,7 @@ class WriteShell:
         for tp in partitions:
             self.versions.pop(tp.partition, None)
             self.folded.pop(tp.partition, None)
+            self.held.pop(tp.partition, None)
             self.unchecked.discard(tp.partition)
             self.kept_offsets.pop(tp.partition, None)
             self._set_gone(tp.partition, None)
@@ -197,9 +201,9 @@ class WriteShell:
         known = [self.folded[p] for p in owned if p in self.folded]
         hold = meet_all(known) if owned and len(known) == len(owned) else None
         holds = {
-            checkpoint.holder_id(self.config.sink_id, p): self.folded[p]
+            checkpoint.holder_id(self.config.sink_id, p): self.held[p]
             for p in owned
-            if p in self.folded
+            if p in self.held
         }
         return hold, holds
 
@@ -374,7 +378,10 @@ class WriteShell:
                 self._maybe_restage()
                 self._maybe_trim()
                 if self.unchecked & self.state.owned:
-                    self._fold(tuple(sorted(self.unchecked & self.state.owned)))
+                    # A gained partition's first fold: the staging step right after it writes
+                    # the checkpoint (read-only mode stages none, so it checkpoints its folds).
+                    gained = tuple(sorted(self.unchecked & self.state.owned))
+                    self._fold(gained, checkpointing=self.state.read_only)
                     last_fold = time.monotonic()
                     continue
                 if self.gone:  # nothing is staged until they are repaired
@@ -436,10 +443,16 @@ class WriteShell:
 
     # -- jobs -------------------------------------------------------------------------------
 
-    def _specs(self, partitions: tuple[int, ...], job: StageJob | None) -> list[StepSpec]:
-        """A step of each of `partitions`, staging `job`'s description or only folding."""
+    def _specs(
+        self, partitions: tuple[int, ...], job: StageJob | None, checkpointing: bool = True
+    ) -> list[StepSpec]:
+        """A step of each of `partitions`, staging `job`'s description or only folding (and
+        writing no checkpoint, if not `checkpointing`)."""
         desc = None if job is None else job.desc
-        return [StepSpec(self.sink, p, self.versions.get(p, -1), desc) for p in partitions]
+        return [
+            StepSpec(self.sink, p, self.versions.get(p, -1), desc, checkpointing)
+            for p in partitions
+        ]
 
     def _warm_up(self) -> None:
         """Import the task code in every executor slot; log where the executors got it."""
@@ -480,44 +493,52 @@ class WriteShell:
         if moved:
             log.info("partitions moved between executors: %s (alive: %s)", moved, sorted(executors))
         for result in results:
-            self.home[result.partition] = result.executor
-            if result.partition in self.versions:
-                self._set_gone(result.partition, result.gone)
-                self.unchecked.discard(result.partition)
-            if result.gone is not None:
-                continue
-            # The in-band progress the step folded to: the partition's own record of its
-            # frontier, committed with the `DesiredProgress` that `frontiers` carries, which a
-            # driver that just started may read only after a whole shared topic.
-            self.state.advance_desired_frontier(result.partition, result.desired_frontier)
-            if result.stale and result.partition in self.versions:
-                # Another owner (a replica before a rebalance revokes it here), or a lost attempt
-                # of this driver's own task (its executor died after checkpointing, Spark ran
-                # the task again): continue from the newest checkpoint either way.
-                latest = self._latest_checkpoint(result.partition)
-                log.warning(
-                    "partition %d was checkpointed by another owner or a lost task "
-                    "attempt: continuing from version %d",
-                    result.partition,
-                    latest,
-                )
-                self.versions[result.partition] = latest
-            elif result.partition in self.versions:
-                self.versions[result.partition] = result.version
-                self.folded[result.partition] = result.persist_folded
+            self._absorb_result(result)
+        return results
+
+    def _absorb_result(self, result: StepResult) -> None:
+        """What a step tells the driver: its partition's home, version, folds and desired
+        frontier. The critical hold and the kept desired offsets move only for a step that
+        checkpointed (`StepResult.checkpointed`): they must always name a durable checkpoint."""
+        self.home[result.partition] = result.executor
+        if result.partition in self.versions:
+            self._set_gone(result.partition, result.gone)
+            self.unchecked.discard(result.partition)
+        if result.gone is not None:
+            return
+        # The in-band progress the step folded to: the partition's own record of its frontier,
+        # committed with the `DesiredProgress` that `frontiers` carries, which a driver that
+        # just started may read only after a whole shared topic.
+        self.state.advance_desired_frontier(result.partition, result.desired_frontier)
+        if result.stale and result.partition in self.versions:
+            # Another owner (a replica before a rebalance revokes it here), or a lost attempt of
+            # this driver's own task (its executor died after checkpointing, Spark ran the task
+            # again): continue from the newest checkpoint either way.
+            latest = self._latest_checkpoint(result.partition)
+            log.warning(
+                "partition %d was checkpointed by another owner or a lost task "
+                "attempt: continuing from version %d",
+                result.partition,
+                latest,
+            )
+            self.versions[result.partition] = latest
+        elif result.partition in self.versions:
+            self.versions[result.partition] = result.version
+            self.folded[result.partition] = result.persist_folded
+            if result.checkpointed:  # holds and trimming follow durable checkpoints only
+                self.held[result.partition] = result.persist_folded
                 kept = self.kept_offsets.setdefault(result.partition, [])
                 kept[:] = [*kept, result.folded_offset][-2:]
-            if result.rebuilt:
-                log.warning(
-                    "partition %d rebuilt its corrections from all of desired: the "
-                    "shard's since had passed its checkpoint",
-                    result.partition,
-                )
-            CORRECTIONS.labels(self.config.sink_id, str(result.partition)).set(result.corrections)
-            DEAD.labels(self.config.sink_id).inc(result.dead_letters)
-            READ_BACK.labels(self.config.sink_id).inc(result.bytes_read_back)
-            WRITTEN.labels(self.config.sink_id).inc(result.bytes_written)
-        return results
+        if result.rebuilt:
+            log.warning(
+                "partition %d rebuilt its corrections from all of desired: the shard's since "
+                "had passed its checkpoint",
+                result.partition,
+            )
+        CORRECTIONS.labels(self.config.sink_id, str(result.partition)).set(result.corrections)
+        DEAD.labels(self.config.sink_id).inc(result.dead_letters)
+        READ_BACK.labels(self.config.sink_id).inc(result.bytes_read_back)
+        WRITTEN.labels(self.config.sink_id).inc(result.bytes_written)
 
     def _maybe_restage(self) -> None:
         """Stage the current description again when its batch stayed unappended for
@@ -586,14 +607,16 @@ class WriteShell:
             slowest_steps(results),
         )
 
-    def _fold(self, partitions: tuple[int, ...] | None = None) -> None:
-        """Fold `partitions` (every owned one by default) without staging."""
+    def _fold(self, partitions: tuple[int, ...] | None = None, checkpointing: bool = True) -> None:
+        """Fold `partitions` (every owned one by default) without staging (and without
+        checkpointing, if not `checkpointing`)."""
         partitions = tuple(sorted(self.state.owned)) if partitions is None else partitions
         started = time.monotonic()
-        results = self._run(self._specs(partitions, None))
+        results = self._run(self._specs(partitions, None, checkpointing))
         log.info(
-            "folded partitions %s: corrections %s in %.2fs (slowest task's steps: %s)",
+            "folded partitions %s%s: corrections %s in %.2fs (slowest task's steps: %s)",
             [r.partition for r in results],
+            "" if checkpointing else " (first fold: checkpointed by the staging step)",
             {r.partition: r.corrections for r in results},
             time.monotonic() - started,
             slowest_steps(results),

@@ -28,7 +28,9 @@ of `run_task` apply them:
    `FoldOnly` without one): stage the corrections with time `< upper` as one part (none if
    there are none); written updates stay in the corrections until the read-back cancels them;
 5. checkpoint the state as the next version (conditional create: a second owner loses;
-   `services.write.checkpoint`).
+   `services.write.checkpoint`), unless the step is a gained partition's first fold
+   (`StepSpec.checkpoint`): that state stays in the executor, and the staging step after it
+   writes the corrections once.
 
 A step that would have to read desired records the broker has deleted (a cold start or a
 rebuild on a topic that no longer starts at offset 0, a checkpoint older than what is left)
@@ -51,7 +53,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from mvsink.core.errors import DesiredGone, MvsinkError
+from mvsink.core.errors import DesiredGone, InvalidUsage, MvsinkError
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import BatchDescription
 from mvsink.core.settings import S3Settings
@@ -112,6 +114,16 @@ class StepSpec:
     #: The batch to stage, or None to only fold and consolidate (read-only mode, a gained
     #: partition's first fold).
     desc: BatchDescription | None = None
+    #: Whether the step writes the next checkpoint version. Only a fold-only step may skip it
+    #: (a gained partition's first fold before it stages, `services.write.shell`): its state
+    #: stays in the executor at `version` (`checkpoint.keep`), the staging step that follows
+    #: checkpoints it, and the driver moves neither the partition's critical hold nor its kept
+    #: desired offsets for it (they follow durable checkpoints only).
+    checkpoint: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.checkpoint and self.desc is not None:
+            raise InvalidUsage(f"partition {self.partition}: a staging step must checkpoint")
 
 
 @dataclass(frozen=True)
@@ -147,6 +159,9 @@ class StepResult:
     outdated: bool = False
     #: Another owner checkpointed this partition first: this step's work is void.
     stale: bool = False
+    #: The step wrote checkpoint `version` (durable: the driver may move the partition's
+    #: critical hold to `persist_folded` and keep desired from `folded_offset`).
+    checkpointed: bool = False
     #: The checkpoint was older than the shard's since: rebuilt from all of desired (`Rebuild`).
     rebuilt: bool = False
     #: Desired records it needed were gone: nothing was staged or checkpointed.
@@ -288,9 +303,13 @@ def _step(spec: StepSpec, worker: WriteWorker, shard_state: ShardState | None) -
     batch = plan_batch(spec.desc, shard_state.upper)
     part = _stage(spec, state, shard, batch)
     lap("stage")
-    checkpointed = checkpoint.save(
-        sink.sink_id, spec.partition, sink.s3, sink.writer_id, state, worker.states
-    )
+    if spec.checkpoint:
+        checkpointed = checkpoint.save(
+            sink.sink_id, spec.partition, sink.s3, sink.writer_id, state, worker.states
+        )
+    else:
+        checkpoint.keep(sink.sink_id, spec.partition, state, worker.states)
+        checkpointed = 0
     lap("checkpoint")
     return _result(spec, state, start, batch, part, checkpointed, dead, bytes_read, lap)
 
@@ -351,8 +370,8 @@ def _result(
     bytes_read: int,
     lap: _Laps,
 ) -> StepResult:
-    """The result of a step that ran to its checkpoint (`checkpointed`: its size, or None if
-    another owner wrote that version first)."""
+    """The result of a step that ran to its checkpoint (`checkpointed`: its size, 0 if the step
+    writes none, or None if another owner wrote that version first)."""
     return _report(
         spec,
         state,
@@ -365,6 +384,7 @@ def _result(
         outdated=isinstance(batch, Outdated),
         stale=checkpointed is None,
         rebuilt=isinstance(start, Rebuild),
+        checkpointed=spec.checkpoint and checkpointed is not None,
     )
 
 
@@ -393,6 +413,7 @@ def _report(
     stale: bool = False,
     rebuilt: bool = False,
     gone: Gone | None = None,
+    checkpointed: bool = False,
 ) -> StepResult:
     """A step's result: what `state` holds now, with the step's outcome."""
     return StepResult(
@@ -410,6 +431,7 @@ def _report(
         stale=stale,
         rebuilt=rebuilt,
         gone=gone,
+        checkpointed=checkpointed,
         executor=executor_id(),
         seconds=lap.seconds,
     )

@@ -2,7 +2,8 @@
 the steps run in long-lived Python workers that keep their partitions' state, a lost resident
 hands its partitions back for a one-shot job, residents step aside for another Spark job, and
 only connections that show the crew's token join it. Also: a failed step drops the state it
-left half-changed in memory (`services.write.task.run_task`)."""
+left half-changed in memory (`services.write.task.run_task`), and a first fold that writes no
+checkpoint leaves its state for the staging step after it."""
 
 from __future__ import annotations
 
@@ -12,18 +13,21 @@ import signal
 import socket
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from mvsink.core.errors import InvalidUsage
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import BatchDescription, BatchId, Progress
 from mvsink.core.rows import parse_row_schema
 from mvsink.io.config import S3Settings
 from mvsink.io.spark import executor_dir, run_pinned
 from mvsink.upstream.desired import decode_desired
-from services.write import fold, task
+from services.write import checkpoint, fold, task
+from services.write.checkpoint import StateCache
 from services.write.resident import Crew, Work
 from services.write.task import SinkSpec, StepResult, StepSpec, WriteWorker, run_tasks
 from tests.integration.sinkkit import ROW_SCHEMA, Sink, Upstream, wait_until
@@ -224,3 +228,51 @@ def test_a_failed_step_drops_the_state_it_changed_in_memory(
     again = task.run_task(spec, worker)
     assert again.dead_letters == 0 and again.version == 1
     assert again.desired_frontier == Frontier.at(3) and again.corrections == 4
+
+
+def test_a_first_fold_checkpoints_nothing_and_the_staging_step_after_it_does(
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gained partition's first fold without a checkpoint (`StepSpec.checkpoint`, what the
+    driver sends): no object, the state kept at version -1 in memory and in the executor's warm
+    copy, a result that does not claim a durable checkpoint. The staging step after it folds on
+    from that state and writes version 0 with every update once; a worker of another executor
+    (neither memory nor warm copy) folds it all again from offset 0."""
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-1"))
+    sink = Sink.create(kafka_bootstrap, s3_settings, tmp_path, partitions=1)
+    c, rows = sink.config, parse_row_schema(ROW_SCHEMA)
+    upstream = Upstream(sink, keys=4)
+    upstream.tick()
+    upstream.tick()
+    [fold_only] = specs(sink, {})
+    first = task.run_task(replace(fold_only, checkpoint=False), WriteWorker())
+    assert (first.version, first.checkpointed, first.stale, first.bytes_written) == (
+        -1,
+        False,
+        False,
+        0,
+    )
+    assert first.corrections == upstream.sent and first.folded_offset > 0
+    assert checkpoint.latest(c.sink_id, 0, c.s3) == -1  # nothing in object storage
+    # Another Python worker of the executor finds the fold in the warm copy; another executor
+    # finds nothing, and starts from empty.
+    warm, read = checkpoint.load(c.sink_id, 0, -1, c.s3, rows, c.as_of, StateCache())
+    assert (len(warm.correction), warm.folded_offset, read) == (
+        upstream.sent,
+        first.folded_offset,
+        0,
+    )
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-2"))
+    cold, read = checkpoint.load(c.sink_id, 0, -1, c.s3, rows, c.as_of, StateCache())
+    assert (len(cold.correction), cold.folded_offset, read) == (0, 0, 0)
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-1"))
+    upstream.tick()
+    [stage] = specs(sink, {}, (0, 3))
+    staged = task.run_task(stage, WriteWorker())  # another Python worker: from the warm copy
+    assert (staged.version, staged.checkpointed, staged.bytes_read_back) == (0, True, 0)
+    assert staged.part is not None and staged.part.updates == upstream.sent  # each once
+    assert checkpoint.latest(c.sink_id, 0, c.s3) == 0
+    meta = checkpoint.read_meta(c.sink_id, 0, 0, c.s3)
+    assert meta is not None and meta["folded_offset"] == staged.folded_offset
+    with pytest.raises(InvalidUsage, match="a staging step must checkpoint"):
+        replace(stage, checkpoint=False)
