@@ -29,9 +29,13 @@ from mvsink.core.updates import DIFF, TIME, consolidate, part_schema
 #: is alone, consolidated with anything else), desired updates as received at their own times,
 #: or anything else (read back, advanced).
 CONSOLIDATED, RECEIVED, MIXED = "consolidated", "received", "mixed"
-#: Chunks past which received tables kept as they are are combined into one (a stalled shard
-#: keeps them across steps, and every kernel, pickle and checkpoint pays per chunk).
+#: Chunks past which received tables kept as they are are combined into one, if they average
+#: fewer than `MIN_CHUNK_ROWS` rows: a stalled shard keeps them across steps, and every kernel,
+#: pickle and checkpoint pays per chunk. Chunks as large as a desired record (up to 20k
+#: updates, `mvsink.upstream.producer.CHUNK`) cost nothing per chunk worth a copy of them all
+#: (a hydration folds hundreds of them).
 MAX_CHUNKS = 64
+MIN_CHUNK_ROWS = 4096
 
 
 class Correction:
@@ -113,7 +117,8 @@ class Correction:
                 table, kind = self.schema.empty_table(), CONSOLIDATED
             elif kinds == {RECEIVED} or (len(pending) == 1 and kinds == {CONSOLIDATED}):
                 table, kind = pa.concat_tables([t for t, _ in pending]), kinds.pop()
-                if table.column(0).num_chunks > MAX_CHUNKS:
+                chunks = table.column(0).num_chunks
+                if chunks > MAX_CHUNKS and table.num_rows < MIN_CHUNK_ROWS * chunks:
                     table = table.combine_chunks()
             else:
                 table = consolidate(pa.concat_tables([t for t, _ in pending]), self.row_schema)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from mvsink.core.frontier import Frontier
 from mvsink.core.updates import normalize_updates
-from services.write.correction import MAX_CHUNKS, Correction
+from services.write.correction import MAX_CHUNKS, MIN_CHUNK_ROWS, Correction
 
 ROWS = pa.schema([("k", pa.string())])
 F = Frontier.at
@@ -122,7 +122,7 @@ def test_retract_before_the_empty_frontier_leaves_nothing() -> None:
     assert len(correction) == 0
 
 
-def test_many_received_tables_are_combined_into_one_chunk() -> None:
+def test_many_small_received_tables_are_combined_into_one_chunk() -> None:
     """A stalled shard keeps received tables from step to step: their chunks are bounded."""
     correction = Correction(ROWS, F(0))
     for i in range(MAX_CHUNKS + 1):
@@ -130,6 +130,17 @@ def test_many_received_tables_are_combined_into_one_chunk() -> None:
     got = correction.consolidate()
     assert got.column(0).num_chunks == 1
     assert got.num_rows == MAX_CHUNKS + 1
+
+
+def test_many_large_received_tables_are_kept_as_they_are() -> None:
+    """Chunks of a desired record's size (a hydration's) are not copied into one."""
+    correction = Correction(ROWS, F(0))
+    rows = [(f"k{i}", 1, 1) for i in range(MIN_CHUNK_ROWS)]
+    for _ in range(MAX_CHUNKS + 1):
+        correction.insert(table(rows))
+    got = correction.consolidate()
+    assert got.column(0).num_chunks == MAX_CHUNKS + 1
+    assert got.num_rows == (MAX_CHUNKS + 1) * MIN_CHUNK_ROWS
 
 
 @pytest.mark.parametrize(
