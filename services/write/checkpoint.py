@@ -1,7 +1,8 @@
 """A write task's correction state per desired partition, and its checkpoints in object storage
 (`sinks/<sink>/write/p<N>/<version:020d>.arrow`).
 
-A task continues from the version the driver expects, found in the first of:
+A task continues from the version the driver expects, found in the first of (the first two may
+have folded past that version's checkpoint: a first fold keeps its state without one, `keep`):
 1. this Python worker's memory (its `StateCache`, part of the task's
    `services.write.task.WriteWorker`);
 2. the executor's warm copy (`executor_dir()/warm/<sink>/p<N>.pickle`): an executor runs

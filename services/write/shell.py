@@ -8,7 +8,8 @@ desired records themselves, by offset, from where their checkpoint says they sto
 
 The desired topic's life cycle is the driver's too:
 * a partition it gains is first folded without staging (`_fold`), which finds out whether the
-  desired records its checkpoint needs are still there; a partition whose records are gone
+  desired records its checkpoint needs are still there, and writes no checkpoint (the staging
+  step after it does; read-only drivers checkpoint it); a partition whose records are gone
   (`StepResult.gone`) stops the sink's staging, logs what to do, shows on `/readyz` and
   `mvsink_write_desired_gone`, until its checkpoint version changes (`mvsink repair`);
 * its lease version (renewed on a thread of its own, so a long step cannot let it lapse) moves
@@ -129,11 +130,9 @@ class WriteShell:
         )
         #: Checkpoint version per owned partition (-1: none).
         self.versions: dict[int, int] = {}
-        #: The shard upper each owned partition's corrections have folded (task results).
+        #: The shard upper each owned partition's newest durable checkpoint has folded (the
+        #: results of steps that checkpointed; a first fold does not, `StepSpec.checkpoint`).
         self.folded: dict[int, Frontier] = {}
-        #: The shard upper each owned partition's newest durable checkpoint has folded (its
-        #: critical hold; a first fold checkpoints nothing, `StepSpec.checkpoint`).
-        self.held: dict[int, Frontier] = {}
         #: The executor holding each partition's warm state (`services.write.affinity`).
         self.home: dict[int, str] = {}
         #: The lease keeper's own handle, and what it holds (`_hold_target`, set by the loop).
@@ -171,7 +170,6 @@ class WriteShell:
         for tp in partitions:
             self.versions.pop(tp.partition, None)
             self.folded.pop(tp.partition, None)
-            self.held.pop(tp.partition, None)
             self.unchecked.discard(tp.partition)
             self.kept_offsets.pop(tp.partition, None)
             self._set_gone(tp.partition, None)
@@ -192,18 +190,19 @@ class WriteShell:
     # -- the reader lease ---------------------------------------------------------------------
 
     def _hold_target(self) -> tuple[Frontier | None, dict[str, Frontier]]:
-        """Where this driver's lease holds `since`: the least upper its partitions' corrections
-        have folded (the tasks read the shard's changes from there, which merges keep distinct
-        only at or after `since`); and each owned partition's critical hold: its latest durable
-        checkpoint's `persist_folded` (the lease lapses when this driver is gone for longer
-        than `reader_lease`; the holds stay, so the checkpoints stay valid)."""
+        """Where this driver's lease holds `since`: the least upper its partitions' durable
+        checkpoints have folded (the tasks read the shard's changes from there, or from a fold
+        in memory past it, which merges keep distinct only at or after `since`), None (where it
+        is) until every owned partition has one; and each owned partition's critical hold: its
+        latest durable checkpoint's `persist_folded` (the lease lapses when this driver is gone
+        for longer than `reader_lease`; the holds stay, so the checkpoints stay valid)."""
         owned = sorted(self.state.owned)
         known = [self.folded[p] for p in owned if p in self.folded]
         hold = meet_all(known) if owned and len(known) == len(owned) else None
         holds = {
-            checkpoint.holder_id(self.config.sink_id, p): self.held[p]
+            checkpoint.holder_id(self.config.sink_id, p): self.folded[p]
             for p in owned
-            if p in self.held
+            if p in self.folded
         }
         return hold, holds
 
@@ -497,9 +496,11 @@ class WriteShell:
         return results
 
     def _absorb_result(self, result: StepResult) -> None:
-        """What a step tells the driver: its partition's home, version, folds and desired
-        frontier. The critical hold and the kept desired offsets move only for a step that
-        checkpointed (`StepResult.checkpointed`): they must always name a durable checkpoint."""
+        """What a step tells the driver: its partition's home, version, fold and desired
+        frontier. The fold the reader lease and the critical hold follow, and the kept desired
+        offsets, move only for a step that checkpointed (`StepResult.checkpointed`): they must
+        always name a durable checkpoint. Until a gained partition's first one, the lease stays
+        where it was (`_hold_target`: at or before every fold in memory)."""
         self.home[result.partition] = result.executor
         if result.partition in self.versions:
             self._set_gone(result.partition, result.gone)
@@ -524,9 +525,8 @@ class WriteShell:
             self.versions[result.partition] = latest
         elif result.partition in self.versions:
             self.versions[result.partition] = result.version
-            self.folded[result.partition] = result.persist_folded
-            if result.checkpointed:  # holds and trimming follow durable checkpoints only
-                self.held[result.partition] = result.persist_folded
+            if result.checkpointed:  # the lease, holds and trimming follow durable ones only
+                self.folded[result.partition] = result.persist_folded
                 kept = self.kept_offsets.setdefault(result.partition, [])
                 kept[:] = [*kept, result.folded_offset][-2:]
         if result.rebuilt:

@@ -24,6 +24,7 @@ from mvsink.core.frontier import Frontier
 from mvsink.core.messages import BatchDescription, BatchId, Progress
 from mvsink.core.rows import parse_row_schema
 from mvsink.io.config import S3Settings
+from mvsink.io.kafka import delete_below
 from mvsink.io.spark import executor_dir, run_pinned
 from mvsink.upstream.desired import decode_desired
 from services.write import checkpoint, fold, task
@@ -235,9 +236,9 @@ def test_a_first_fold_checkpoints_nothing_and_the_staging_step_after_it_does(
 ) -> None:
     """A gained partition's first fold without a checkpoint (`StepSpec.checkpoint`, what the
     driver sends): no object, the state kept at version -1 in memory and in the executor's warm
-    copy, a result that does not claim a durable checkpoint. The staging step after it folds on
-    from that state and writes version 0 with every update once; a worker of another executor
-    (neither memory nor warm copy) folds it all again from offset 0."""
+    copy, a result that does not claim a durable checkpoint. With the records below that fold
+    deleted, a worker of another executor (neither memory nor warm copy) finds them gone, and
+    the staging step from the warm copy folds on and writes version 0 with every update once."""
     monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-1"))
     sink = Sink.create(kafka_bootstrap, s3_settings, tmp_path, partitions=1)
     c, rows = sink.config, parse_row_schema(ROW_SCHEMA)
@@ -265,10 +266,15 @@ def test_a_first_fold_checkpoints_nothing_and_the_staging_step_after_it_does(
     monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-2"))
     cold, read = checkpoint.load(c.sink_id, 0, -1, c.s3, rows, c.as_of, StateCache())
     assert (len(cold.correction), cold.folded_offset, read) == (0, 0, 0)
-    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-1"))
+    # Records below the fold deleted (as a trim would): only the kept state can go on now.
+    delete_below(c.kafka_bootstrap, c.topics.desired, {0: first.folded_offset})
     upstream.tick()
     [stage] = specs(sink, {}, (0, 3))
+    gone = task.run_task(stage, WriteWorker())  # executor-2: from nothing, offset 0
+    assert gone.gone is not None and gone.part is None and not gone.checkpointed
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-1"))
     staged = task.run_task(stage, WriteWorker())  # another Python worker: from the warm copy
+    assert staged.gone is None
     assert (staged.version, staged.checkpointed, staged.bytes_read_back) == (0, True, 0)
     assert staged.part is not None and staged.part.updates == upstream.sent  # each once
     assert checkpoint.latest(c.sink_id, 0, c.s3) == 0

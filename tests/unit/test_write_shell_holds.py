@@ -1,7 +1,7 @@
 """The write driver's record of its partitions' checkpoints (`WriteShell._absorb_result`): the
-reader lease follows every fold, but a partition's critical hold and the desired offsets kept
-from trimming follow only steps that wrote a durable checkpoint, so neither ever names state
-that lives only in an executor (a gained partition's first fold, `StepSpec.checkpoint`)."""
+reader lease, a partition's critical hold and the desired offsets kept from trimming follow
+only steps that wrote a durable checkpoint, so none ever names state that lives only in an
+executor (a gained partition's first fold, `StepSpec.checkpoint`)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def shell(versions: dict[int, int]) -> WriteShell:
     driver.state = WriteState("holds", 2, read_only=False)
     driver.state.set_owned(frozenset(versions))
     driver.versions, driver.unchecked = dict(versions), set(versions)
-    driver.folded, driver.held, driver.home, driver.kept_offsets, driver.gone = {}, {}, {}, {}, {}
+    driver.folded, driver.home, driver.kept_offsets, driver.gone = {}, {}, {}, {}
     return driver
 
 
@@ -47,19 +47,20 @@ def result(partition: int, version: int, folded: int, offset: int, durable: bool
 
 
 @pytest.mark.parametrize("version", [-1, 4], ids=["new sink", "restart"])
-def test_holds_and_kept_offsets_follow_durable_checkpoints_only(version: int) -> None:
+def test_the_lease_holds_and_kept_offsets_follow_durable_checkpoints_only(version: int) -> None:
     driver = shell({0: version, 1: version})
     for p in (0, 1):  # the first folds, no checkpoint: state only in the executors
         driver._absorb_result(result(p, version, folded=7 + p, offset=90, durable=False))
-    lease, holds = driver._hold_target()
-    assert lease == F(7)  # the lease holds since for the folds in memory ...
-    assert holds == {}  # ... the critical holds stay at the durable checkpoints (or none)
+    # The lease stays where it is (None), at or before the folds in memory; the critical holds
+    # stay at the durable checkpoints (or none), and nothing is kept from trimming yet.
+    assert driver._hold_target() == (None, {})
     assert driver.kept_offsets == {} and driver.versions == {0: version, 1: version}
     assert driver.unchecked == set()
     driver._absorb_result(result(0, version + 1, folded=9, offset=120, durable=True))
-    lease, holds = driver._hold_target()
-    assert lease == F(8) and holds == {holder_id("holds", 0): F(9)}
+    assert driver._hold_target() == (None, {holder_id("holds", 0): F(9)})
     assert driver.kept_offsets == {0: [120]} and driver.versions == {0: version + 1, 1: version}
+    driver._absorb_result(result(1, version + 1, folded=10, offset=130, durable=True))
+    assert driver._hold_target() == (F(9), {holder_id("holds", p): F(9 + p) for p in (0, 1)})
     driver._absorb_result(result(0, version + 1, folded=11, offset=150, durable=False))
-    assert driver._hold_target()[1] == {holder_id("holds", 0): F(9)}  # no durable step: kept
-    assert driver.kept_offsets == {0: [120]}
+    assert driver._hold_target()[1][holder_id("holds", 0)] == F(9)  # not durable: unmoved
+    assert driver.kept_offsets == {0: [120], 1: [130]}
