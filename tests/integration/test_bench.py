@@ -317,21 +317,30 @@ def test_bench_soak_keeps_the_shard_small(
     assert "checkpoints deleted and repaired from the shard" in text
 
 
+#: The faults of the matrix no other test of the suite injects: a stalled (SIGSTOP) Kafka and
+#: MinIO, a slow MinIO, and mint and write paused past the longest shard bound. The kills are
+#: `test_outages.py` (Kafka, MinIO) and `test_pipeline.py` (each service); append paused inside
+#: its commit is `test_pipeline.py` too. `mvsink bench faults` runs all of them.
+SUITE_FAULTS = ("kafka-stop", "minio-stop", "minio-slow", "mint-pause", "write-pause")
+
+
 def test_bench_faults_survives_every_fault(
     kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path
 ) -> None:
-    """The fault matrix on a stack of its own (the session's is never killed), short outages:
-    every fault survived with no service exit, the shard equal to the view at every upper
-    checked, readiness lost during each dependency's outage, nothing left after the sweep; each
-    service paused (SIGSTOP) past the longest shard bound loses nothing and leaves nothing
-    dangling."""
+    """The fault matrix on a stack of its own (the session's is never killed), short outages,
+    the faults no other test injects: every fault survived with no service exit, the shard equal
+    to the view at every upper checked, readiness lost during each dependency's outage, nothing
+    left after the sweep; a service paused (SIGSTOP) past the longest shard bound loses nothing
+    and leaves nothing dangling."""
     from mvsink.bench import FAULTS
     from mvsink.io.config import cache_dir
 
+    assert set(SUITE_FAULTS) <= set(FAULTS)
     out = tmp_path / "out"
     env = {**cli_env(kafka_bootstrap, s3_settings, tmp_path), "MVSINK_CACHE_DIR": str(cache_dir())}
+    faults = ["--faults", ",".join(SUITE_FAULTS), "--outage", "6", "--out", str(out)]
     done = subprocess.run(
-        [sys.executable, "-m", "mvsink.cli", "bench", "faults", "--outage", "6", "--out", str(out)],
+        [sys.executable, "-m", "mvsink.cli", "bench", "faults", *faults],
         env=env,
         capture_output=True,
         text=True,
@@ -340,8 +349,8 @@ def test_bench_faults_survives_every_fault(
     assert done.returncode == 0, done.stderr[-4000:]
     figures = json.loads((out / "faults.json").read_text())
     assert figures["passed"] is True
-    assert [row["fault"] for row in figures["faults"]] == list(FAULTS)
-    assert figures["uppers_checked"] > len(FAULTS) and figures["mismatches"] == []
+    assert [row["fault"] for row in figures["faults"]] == list(SUITE_FAULTS)
+    assert figures["uppers_checked"] > len(SUITE_FAULTS) and figures["mismatches"] == []
     assert figures["duplicates"] == 0 and figures["unreferenced_after_sweep"] == 0
     for row in figures["faults"]:
         assert row["exited"] == {}, row
