@@ -296,20 +296,7 @@ def save(
 ) -> int | None:
     """Write `state` as the next version, kept in `cache` (and its warm copy written, or due,
     as `cache.warm_copies` says); its size, or None if another owner wrote it first (then the
-    partition is dropped from `cache` and its warm copy deleted). `write`, then `settle`."""
-    return settle(
-        sink_id, partition, s3, state, cache, write(sink_id, partition, s3, writer_id, state)
-    )
-
-
-def write(
-    sink_id: str, partition: int, s3: S3Settings, writer_id: str, state: PartitionState
-) -> int | None:
-    """The object-storage half of `save`: `state` created as version `state.version + 1` and
-    version `state.version - 1` deleted (the previous one stays for a driver that has not seen
-    the new one); its size, or None if another owner created it first. Only reads `state`, so it
-    may run while the step stages its part (`services.write.task`): `settle` applies the outcome
-    to the state."""
+    partition is dropped from `cache` and its warm copy deleted)."""
     version = state.version + 1
     meta = {
         "since": state.correction.since.elements(),
@@ -321,36 +308,17 @@ def write(
     table = state.correction.consolidate()
     data = updates_to_ipc(table.replace_schema_metadata({"mvsink.write": json.dumps(meta)}))
     client = s3_client(s3)
-    if isinstance(
-        conditional_put(client, s3.bucket, checkpoint_key(sink_id, partition, version), data),
-        PreconditionFailed,
-    ):
-        return None
-    if version >= 2:
-        client.remove_object(s3.bucket, checkpoint_key(sink_id, partition, version - 2))
-    return len(data)
-
-
-def settle(
-    sink_id: str,
-    partition: int,
-    s3: S3Settings,
-    state: PartitionState,
-    cache: StateCache,
-    written: int | None,
-) -> int | None:
-    """Apply `write`'s outcome (`written`) to `state` and `cache`: created, the state moves to
-    the new version and is kept (`keep`); refused, the partition is dropped from `cache` and its
-    warm copy deleted. `written`, passed on."""
-    if written is None:
+    key = checkpoint_key(sink_id, partition, version)
+    if isinstance(conditional_put(client, s3.bucket, key, data), PreconditionFailed):
         cache.drop(sink_id, partition)
         _save_warm(sink_id, partition, None)
         return None
-    state.version += 1
+    state.version = version
     keep(sink_id, partition, state, cache)
+    if version >= 2:  # keep the previous version for a driver that has not seen this one
+        client.remove_object(s3.bucket, checkpoint_key(sink_id, partition, version - 2))
     if state.legacy:  # the first Arrow checkpoint after Parquet ones: those are garbage now
-        client = s3_client(s3)
-        for old in (state.version - 1, state.version - 2):
+        for old in (version - 1, version - 2):
             client.remove_object(s3.bucket, checkpoint_key(sink_id, partition, old, "parquet"))
         state.legacy = False
-    return written
+    return len(data)

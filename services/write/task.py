@@ -28,14 +28,9 @@ of `run_task` apply them:
    `FoldOnly` without one): stage the corrections with time `< upper` as one part (none if
    there are none); written updates stay in the corrections until the read-back cancels them;
 5. checkpoint the state as the next version (conditional create: a second owner loses;
-   `services.write.checkpoint`), written while step 4 stages: a checkpoint holds the
-   corrections, which staging leaves as they are, and the step returns once both are written.
-   If one fails, so does the step: a checkpoint written beside a part that was not staged is a
-   lost attempt's (a retry writing the same bytes settles it as its own create and stages
-   again; a step that differs is stale, and the driver continues from it); a part staged
-   beside a refused or failed checkpoint is never reported and the sweeper deletes it. A gained partition's first fold (`StepSpec.checkpoint`) writes
-   none: that state stays in the executor, and the staging step after it writes the
-   corrections once.
+   `services.write.checkpoint`), unless the step is a gained partition's first fold
+   (`StepSpec.checkpoint`): that state stays in the executor, and the staging step after it
+   writes the corrections once.
 
 A step that would have to read desired records the broker has deleted (a cold start or a
 rebuild on a topic that no longer starts at offset 0, a checkpoint older than what is left)
@@ -54,7 +49,6 @@ import contextlib
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -307,25 +301,13 @@ def _step(spec: StepSpec, worker: WriteWorker, shard_state: ShardState | None) -
     state.correction.consolidate()
     lap("consolidate")
     batch = plan_batch(spec.desc, shard_state.upper)
+    part = _stage(spec, state, shard, batch)
+    lap("stage")
     if spec.checkpoint:
-        # step 5 while step 4 stages (module docs): the checkpoint only reads the state
-        with ThreadPoolExecutor(1, thread_name_prefix=f"checkpoint-p{spec.partition}") as pool:
-            written = pool.submit(
-                checkpoint.write, sink.sink_id, spec.partition, sink.s3, sink.writer_id, state
-            )
-            try:
-                part = _stage(spec, state, shard, batch)
-            finally:
-                outcome = written.exception()  # waited for either way
-            lap("stage")
-            if outcome is not None:
-                raise outcome
-        checkpointed = checkpoint.settle(
-            sink.sink_id, spec.partition, sink.s3, state, worker.states, written.result()
+        checkpointed = checkpoint.save(
+            sink.sink_id, spec.partition, sink.s3, sink.writer_id, state, worker.states
         )
     else:
-        part = _stage(spec, state, shard, batch)
-        lap("stage")
         checkpoint.keep(sink.sink_id, spec.partition, state, worker.states)
         checkpointed = 0
     lap("checkpoint")

@@ -2,9 +2,8 @@
 the steps run in long-lived Python workers that keep their partitions' state, a lost resident
 hands its partitions back for a one-shot job, residents step aside for another Spark job, and
 only connections that show the crew's token join it. Also: a failed step drops the state it
-left half-changed in memory (`services.write.task.run_task`), a first fold that writes no
-checkpoint leaves its state for the staging step after it, and a step writes its checkpoint
-while it stages."""
+left half-changed in memory (`services.write.task.run_task`), and a first fold that writes no
+checkpoint leaves its state for the staging step after it."""
 
 from __future__ import annotations
 
@@ -283,47 +282,3 @@ def test_a_first_fold_checkpoints_nothing_and_the_staging_step_after_it_does(
     assert meta is not None and meta["folded_offset"] == staged.folded_offset
     with pytest.raises(InvalidUsage, match="a staging step must checkpoint"):
         replace(stage, checkpoint=False)
-
-
-def test_the_checkpoint_is_written_while_the_part_is_staged_and_either_failing_fails_the_step(
-    sink: Sink, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A staging step writes its checkpoint on a thread of its own while it stages the part. A
-    part that fails to stage fails the step; the checkpoint written beside it stays. Another
-    owner's step at the version before it stages a part too, but its checkpoint is refused: it
-    is stale (the driver reports no part of it). The same step retried writes the same bytes,
-    which settle as its own create; the step after it stages every update again."""
-    from mvsink.shard import Shard
-
-    c = sink.config
-    upstream = Upstream(sink, keys=4)
-    upstream.tick()
-    [spec, _] = specs(sink, {}, (0, 1))
-    threads: list[str] = []
-    write = checkpoint.write
-
-    def recorded(*args: Any) -> int | None:
-        threads.append(threading.current_thread().name)
-        return write(*args)
-
-    def unreachable(*args: Any, **kwargs: Any) -> Any:
-        raise ConnectionError("MinIO went away while staging")
-
-    monkeypatch.setattr(checkpoint, "write", recorded)
-    worker = WriteWorker()
-    with monkeypatch.context() as patch:
-        patch.setattr(Shard, "stage", unreachable)
-        with pytest.raises(ConnectionError):
-            task.run_task(spec, worker)
-    assert threads == ["checkpoint-p0_0"]  # beside the staging, not after it
-    assert checkpoint.latest(c.sink_id, 0, c.s3) == 0  # written while the part failed
-    assert (c.sink_id, 0) not in worker.states.states  # the failed step's state is dropped
-    other = replace(spec, sink=replace(spec.sink, writer_id="other-writer"))
-    lost = task.run_task(other, WriteWorker())
-    assert lost.stale and not lost.checkpointed and lost.part is not None
-    retried = task.run_task(spec, worker)  # Spark's retry of the failed step
-    assert not retried.stale and retried.checkpointed and retried.version == 0
-    assert retried.part is not None and retried.part.updates == lost.part.updates > 0
-    staged = task.run_task(replace(spec, version=0), worker)  # nothing was appended
-    assert (staged.version, staged.checkpointed, staged.stale) == (1, True, False)
-    assert staged.part is not None and staged.part.updates == retried.part.updates
