@@ -189,6 +189,10 @@ def _port(setting: Setting, value: int) -> str | None:
     return None if 0 <= value <= 65535 else f"{setting.name} {value} is not a TCP port"
 
 
+def _positive(setting: Setting, value: float) -> str | None:
+    return None if value > 0 else f"{setting.name} must be > 0, got {value}"
+
+
 def _log_level(setting: Setting, value: str) -> str | None:
     if value.upper() in {"DEBUG", "INFO", "WARNING", "ERROR"}:
         return None
@@ -252,6 +256,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("desired_segment_ms",   "kafka",   "desired_segment_ms",  "MVSINK_DESIRED_SEGMENT_MS",    3_600_000, _int,
             "`segment.ms` provisioning sets on `<sink>.desired`: trimmed records leave the broker's "
             "disk only with their whole segment"),
+    Setting("kafka_call_timeout",   "kafka",   "call_timeout",        "MVSINK_KAFKA_CALL_TIMEOUT",    60.0, float,
+            "s, how long an upstream producer (`DesiredProducer`, `publish_dataframe`'s tasks, "
+            "`mvsink view`) waits on one Kafka call (a transaction's start or commit, a flush, a read "
+            "to the end) before the attempt fails; > 0", _positive),
     Setting("s3_endpoint",          "s3",      "endpoint",            "MVSINK_S3_ENDPOINT",           "", str,
             "S3 endpoint, `host:port`; required (the embedded stack's when it runs)",
             _required("S3 endpoint"), attr="s3.endpoint"),
@@ -373,6 +381,7 @@ class Config:
     retain_history: int = _default("retain_history")
     desired_retention_ms: int = _default("desired_retention_ms")
     desired_segment_ms: int = _default("desired_segment_ms")
+    kafka_call_timeout: float = _default("kafka_call_timeout")
     schema_registry_url: str = _default("schema_registry_url")
     desired_trim_interval: float = _default("desired_trim_interval")
     compaction: bool = _default("compaction")

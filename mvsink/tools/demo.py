@@ -96,17 +96,19 @@ class ViewJob:
             self.events.produce(
                 self.orders_topic, f"{tick},{customer},{amount}".encode(), key=customer.encode()
             )
-        left = self.events.flush(30)
+        timeout = self.config.kafka_call_timeout
+        left = self.events.flush(timeout)
         if left:
-            raise TimeoutError(f"tick {tick}: {left} order events not acknowledged in 30s")
+            raise TimeoutError(f"tick {tick}: {left} order events not acknowledged in {timeout}s")
 
-    def _read_to_end(self, consumer: Consumer, timeout: float = 30.0) -> list[tuple[int, str, int]]:
+    def _read_to_end(self, consumer: Consumer) -> list[tuple[int, str, int]]:
         """`(tick, customer, amount)` of every event from the consumer's position to the end of
-        the topic as it is now.
+        the topic as it is now, within the config's `kafka_call_timeout`.
 
         Raises:
             TimeoutError: the end was not reached within `timeout` (Kafka unavailable).
         """
+        timeout = self.config.kafka_call_timeout
         partition = TopicPartition(self.orders_topic, 0)
         _, high = consumer.get_watermark_offsets(partition, timeout=timeout)
         deadline, events = time.monotonic() + timeout, []

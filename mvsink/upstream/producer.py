@@ -89,9 +89,10 @@ class DesiredProducer:
         self.frontier = Frontier.minimum()
         self.in_transaction = False
 
-    def start(self, timeout: float = 60.0) -> Frontier:
-        """Fence predecessors and restore the frontier from `frontiers`; the frontier."""
-        init_transactions(self.producer, timeout)
+    def start(self, timeout: float | None = None) -> Frontier:
+        """Fence predecessors and restore the frontier from `frontiers`; the frontier. `timeout`
+        defaults to the config's `kafka_call_timeout`."""
+        init_transactions(self.producer, timeout or self.config.kafka_call_timeout)
         latest = read_compacted(self.config.kafka_bootstrap, self.config.topics.frontiers)
         mine = [
             record.frontier
@@ -190,8 +191,9 @@ class DesiredProducer:
             for row, err, time_, diff in columns
         ]
 
-    def advance_to(self, frontier: Frontier, timeout: float = 60.0) -> None:
-        """Declare every time before `frontier` complete and commit the transaction.
+    def advance_to(self, frontier: Frontier, timeout: float | None = None) -> None:
+        """Declare every time before `frontier` complete and commit the transaction (waiting at
+        most `timeout`, by default the config's `kafka_call_timeout`).
 
         Raises:
             ContractError: `frontier` is before the current one.
@@ -201,7 +203,7 @@ class DesiredProducer:
         for topic, partition, record in self.progress(frontier):
             key = str(partition) if isinstance(record, Progress) else record.key
             produce(self.producer, topic, key, record, partition)
-        self.producer.commit_transaction(timeout)
+        self.producer.commit_transaction(timeout or self.config.kafka_call_timeout)
         self.in_transaction = False
         self.frontier = frontier
 

@@ -149,6 +149,8 @@ class PublishSpec:
     hook: Hook | None = None
     #: The Schema Registry the records are framed for ("" for mvsink's own framing).
     schema_registry_url: str = ""
+    #: s, a task's wait on one Kafka call (its transaction's start and commit).
+    call_timeout: float = 60.0
 
 
 def publish_dataframe(
@@ -192,6 +194,7 @@ def publish_dataframe(
         producer.chunk,
         hook,
         config.schema_registry_url,
+        config.kafka_call_timeout,
     )
     try:
         published = _run_publish(df, spec, one_task_bytes)
@@ -400,7 +403,7 @@ def _publish_partition(spec: PublishSpec, partition: int, rows: pa.Table) -> tup
             producer = Producer(
                 client_config(spec.bootstrap, **{"transactional.id": key[1], "linger.ms": 5})
             )
-            init_transactions(producer, 60)
+            init_transactions(producer, spec.call_timeout)
             token = _claim(key[1])
             committed = last_progress(spec.bootstrap, spec.desired_topic, partition)
             kept, reused = _Kept(producer, committed, token), False
@@ -418,7 +421,7 @@ def _publish_partition(spec: PublishSpec, partition: int, rows: pa.Table) -> tup
             produce(producer, spec.frontiers_topic, progress.key, progress)
             if spec.hook is not None:
                 spec.hook("produced", partition)
-            producer.commit_transaction(60)
+            producer.commit_transaction(spec.call_timeout)
         except BaseException as error:
             # Abort now rather than leave the transaction open until it times out: an open
             # transaction holds back what read_committed readers of the partition may see.

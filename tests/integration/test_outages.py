@@ -39,10 +39,12 @@ pytestmark = pytest.mark.integration
 READY_BOUND = 10.0
 OUTAGE = 20.0
 SERVICES = ("mint", "write", "append")
-#: Longer than every wait of the view's Kafka calls (30 s for its events, 60 s for the desired
-#: transaction), so the tick in flight fails and is retried by a job rebuilt from Kafka; a
-#: shorter outage may be ridden through by the client alone.
-VIEW_OUTAGE = 75.0
+#: The view's wait on each Kafka call (`kafka_call_timeout`: its events' flush and read, the
+#: desired transactions' start and commit, in the driver and in the publishing tasks).
+VIEW_CALL_TIMEOUT = 10.0
+#: Longer than every such wait, so the tick in flight fails and is retried by a job rebuilt from
+#: Kafka; a shorter outage may be ridden through by the client alone.
+VIEW_OUTAGE = 2.5 * VIEW_CALL_TIMEOUT
 
 
 @pytest.fixture
@@ -162,6 +164,7 @@ def test_the_view_tool_rides_through_a_kafka_outage(
             "MVSINK_S3_BUCKET": "outages",
             "MVSINK_S3_ACCESS_KEY": endpoints.s3_access_key,
             "MVSINK_S3_SECRET_KEY": endpoints.s3_secret_key,
+            "MVSINK_KAFKA_CALL_TIMEOUT": str(VIEW_CALL_TIMEOUT),
         }
     )
     config = load_config(env=env)
