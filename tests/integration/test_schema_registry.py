@@ -180,6 +180,7 @@ def test_the_bench_measures_the_registry_framing_beside_mvsinks_own(
     done = mvsink_cli(
         [
             *("bench", "--no-stack", "--keys", "3000", "--ticks", "3"),
+            *("--repeats", "1", "--seconds", "0"),
             *("--systems", "mvsink,mvsink-registry", "--out", str(out)),
         ],
         env,
