@@ -141,11 +141,16 @@ class ViewJob:
         rows = self.carried + [(c, a) for _, c, a in self._read_to_end(self.reader)]
         from pyspark.sql import functions as F
 
-        events = self.spark.createDataFrame(rows, "customer string, amount long")
+        events = self.spark.createDataFrame(_events_table(rows))
         deltas = events.groupBy("customer").agg(F.count("*").alias("n"), F.sum("amount").alias("s"))
         old = self.spark.createDataFrame(
-            [(c, n, cents) for c, (n, cents) in self.state.items()],
-            "customer string, old_n long, old_s long",
+            pa.table(
+                {
+                    "customer": pa.array(list(self.state), pa.string()),
+                    "old_n": pa.array([n for n, _ in self.state.values()], pa.int64()),
+                    "old_s": pa.array([cents for _, cents in self.state.values()], pa.int64()),
+                }
+            )
         )
         joined = deltas.join(old, "customer", "left").select(
             "customer",
@@ -186,11 +191,22 @@ class ViewJob:
             consumer.close()
         from pyspark.sql import functions as F
 
-        frame = self.spark.createDataFrame(rows, "customer string, amount long")
+        frame = self.spark.createDataFrame(_events_table(rows))
         agg = frame.groupBy("customer").agg(
             F.count("*").alias("orders"), F.sum("amount").alias("total")
         )
         return {r["customer"]: (r["orders"], r["total"] / 100) for r in agg.collect()}
+
+
+def _events_table(rows: list[tuple[str, int]]) -> pa.Table:
+    """Order events `(customer, amount)` as an Arrow table: Spark takes it as a local relation
+    in the JVM, where a Python list becomes an RDD that Python workers convert, task by task."""
+    return pa.table(
+        {
+            "customer": pa.array([c for c, _ in rows], pa.string()),
+            "amount": pa.array([a for _, a in rows], pa.int64()),
+        }
+    )
 
 
 def _plus(old: tuple[int, int] | None, orders: int, cents: int) -> tuple[int, int]:
