@@ -443,10 +443,12 @@ def _work(
 
 
 def check_work_since(
-    deployment: Deployment, since: str, containers: dict[str, str], timeout: float = 120.0
+    deployment: Deployment, since: str, containers: dict[str, str], timeout: float
 ) -> None:
-    """Each of `containers` (name -> its service) did work after `since` (RFC 3339): a write
-    container staged, an append container appended."""
+    """Each of `containers` (name -> its service) did work after `since` (RFC 3339), within
+    `timeout` (a liveness bound, as a convergence's): a write container staged, an append
+    container appended. A write container started again works only once its Spark application
+    has executors again, which on a loaded box can take minutes."""
     deadline, pending = time.monotonic() + timeout, dict(containers)
     while pending:
         for name, service in list(pending.items()):
@@ -823,21 +825,25 @@ def run_verify(
             engine.docker("kill", *victims, check=True)
             say(f"  killed {', '.join(victims)}")
             upper = converge()  # the survivors took over the victims' partitions and worker
-            check_work_since(deployment, killed_at, {writers[1]: "write", appenders[1]: "append"})
+            check_work_since(
+                deployment, killed_at, {writers[1]: "write", appenders[1]: "append"}, timeout
+            )
             stopped = [v for v in victims if not _running(v)]
             started_at = _now()
             if stopped:  # `docker kill` is a manual stop: no restart policy applies
                 engine.docker("start", *stopped, check=True, timeout=120)
                 say(f"  started {', '.join(stopped)} again")
             upper = converge()
-            check_work_since(deployment, started_at, {writers[0]: "write", appenders[0]: "append"})
+            check_work_since(
+                deployment, started_at, {writers[0]: "write", appenders[0]: "append"}, timeout
+            )
         with phases.phase("kill spark-worker"):
             victim = deployment.containers("spark-worker")[0]
             killed_at = _now()
             engine.docker("kill", victim, check=True)
             say(f"  killed {victim}")
             upper = converge()  # the write drivers' tasks ran on the surviving worker's executors
-            check_work_since(deployment, killed_at, {w: "write" for w in writers})
+            check_work_since(deployment, killed_at, {w: "write" for w in writers}, timeout)
             figures["spark_after_kill"] = check_spark(deployment, SCALE["spark-worker"] - 1)
             started_at = _now()
             if not _running(victim):  # `docker kill` is a manual stop: no restart policy applies
@@ -845,7 +851,7 @@ def run_verify(
                 say(f"  started {victim} again")
             figures["spark_after_start"] = check_spark(deployment, SCALE["spark-worker"])
             upper = converge()
-            check_work_since(deployment, started_at, {w: "write" for w in writers})
+            check_work_since(deployment, started_at, {w: "write" for w in writers}, timeout)
         for component in ("kafka", "minio", "registry"):
             with phases.phase(f"restart {component}"):
                 deployment.compose("restart", component, timeout=300)
