@@ -106,7 +106,7 @@ class ViewJob:
         the topic as it is now, within the config's `kafka_call_timeout`.
 
         Raises:
-            TimeoutError: the end was not reached within `timeout` (Kafka unavailable).
+            TimeoutError: the end was not reached in time (Kafka unavailable).
         """
         timeout = self.config.kafka_call_timeout
         partition = TopicPartition(self.orders_topic, 0)
@@ -199,8 +199,8 @@ class ViewJob:
 
 
 def _events_table(rows: list[tuple[str, int]]) -> pa.Table:
-    """Order events `(customer, amount)` as an Arrow table: Spark takes it as a local relation
-    in the JVM, where a Python list becomes an RDD that Python workers convert, task by task."""
+    """Order events `(customer, amount)` as an Arrow table, which Spark takes as a local relation
+    in the JVM (a Python list would be an RDD that Python tasks convert each time it is read)."""
     return pa.table(
         {
             "customer": pa.array([c for c, _ in rows], pa.string()),
