@@ -299,9 +299,10 @@ SETTINGS: tuple[Setting, ...] = (
             "this process's id in part keys, reader leases and logs, without `/`; empty: "
             "`<service>-<host>-<pid>`; only the write service reads it"),
     Setting("live_bound",           "service", "live_bound",          "MVSINK_LIVE_BOUND",            300.0, float,
-            "s, `/healthz` fails when the service loop has been silent this long; > 0"),
+            "s, `/healthz` fails when the service loop has been silent this long; > 0", _positive),
     Setting("ready_bound",          "service", "ready_bound",         "MVSINK_READY_BOUND",           30.0, float,
-            "s, `/readyz` fails when the frontier is behind its target and unmoved this long; > 0"),
+            "s, `/readyz` fails when the frontier is behind its target and unmoved this long; > 0",
+            _positive),
     Setting("shard_max_attempt_age", "shard",  "max_attempt_age",     "MVSINK_SHARD_MAX_ATTEMPT_AGE", _TIMING.max_attempt_age, float,
             "s, a compare-and-set writes version n+1 at most this long after reading n"),
     Setting("shard_max_part_age",   "shard",   "max_part_age",        "MVSINK_SHARD_MAX_PART_AGE",    _TIMING.max_part_age, float,
@@ -349,8 +350,8 @@ class Config:
 
     Each field is a setting of `SETTINGS` (its meaning and default there); `topics` and `s3`
     group the Kafka topic names and the S3 settings. Checked on construction: each setting's
-    `check`, then the bounds that tie settings together (`live_bound`, `ready_bound`, the
-    shard's `Timing` and `CompactionPolicy`).
+    `check`, then the bounds that tie settings together (the shard's `Timing` and
+    `CompactionPolicy`).
     """
 
     sink_id: str
@@ -416,11 +417,6 @@ class Config:
             problem = setting.check and setting.check(setting, _value(self, setting))
             if problem:
                 raise ConfigError(problem)
-        if self.live_bound <= 0 or self.ready_bound <= 0:
-            raise ConfigError(
-                f"live_bound ({self.live_bound}) and ready_bound "
-                f"({self.ready_bound}) must be > 0 seconds"
-            )
         try:
             self.shard_timing()
         except ContractError as error:

@@ -89,10 +89,10 @@ class DesiredProducer:
         self.frontier = Frontier.minimum()
         self.in_transaction = False
 
-    def start(self, timeout: float | None = None) -> Frontier:
-        """Fence predecessors and restore the frontier from `frontiers`; the frontier. `timeout`
-        defaults to the config's `kafka_call_timeout`."""
-        init_transactions(self.producer, timeout or self.config.kafka_call_timeout)
+    def start(self) -> Frontier:
+        """Fence predecessors and restore the frontier from `frontiers`; the frontier. Waits on
+        Kafka at most the config's `kafka_call_timeout`."""
+        init_transactions(self.producer, self.config.kafka_call_timeout)
         latest = read_compacted(self.config.kafka_bootstrap, self.config.topics.frontiers)
         mine = [
             record.frontier
@@ -191,9 +191,9 @@ class DesiredProducer:
             for row, err, time_, diff in columns
         ]
 
-    def advance_to(self, frontier: Frontier, timeout: float | None = None) -> None:
+    def advance_to(self, frontier: Frontier) -> None:
         """Declare every time before `frontier` complete and commit the transaction (waiting at
-        most `timeout`, by default the config's `kafka_call_timeout`).
+        most the config's `kafka_call_timeout`).
 
         Raises:
             ContractError: `frontier` is before the current one.
@@ -203,7 +203,7 @@ class DesiredProducer:
         for topic, partition, record in self.progress(frontier):
             key = str(partition) if isinstance(record, Progress) else record.key
             produce(self.producer, topic, key, record, partition)
-        self.producer.commit_transaction(timeout or self.config.kafka_call_timeout)
+        self.producer.commit_transaction(self.config.kafka_call_timeout)
         self.in_transaction = False
         self.frontier = frontier
 
