@@ -44,6 +44,8 @@ RUN mkdir -p /usr/share/man/man1 \
  && rm -rf /var/lib/apt/lists/* \
  && useradd --system --uid 10001 --user-group --home-dir /var/lib/mvsink --create-home mvsink
 COPY --from=build /opt/mvsink /opt/mvsink
+# The healthchecks of the services and the Spark daemons (`docker-compose.yaml`).
+COPY docker/http-ready /usr/local/bin/http-ready
 ENV PATH=/opt/mvsink/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \

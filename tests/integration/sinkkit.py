@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
+import yaml
 from confluent_kafka import Producer
 
 from mvsink.core.codec import decode_message
@@ -39,6 +40,28 @@ from mvsink.tools.provision import provision
 from mvsink.upstream.producer import DesiredProducer
 
 ROW_SCHEMA = "k string, v long"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+#: The compose deployment's healthcheck scripts, by the name its checks run them.
+SCRIPTS = {
+    "kafka-ready": REPO_ROOT / "docker/kafka/kafka-ready",
+    "http-ready": REPO_ROOT / "docker/http-ready",
+}
+
+
+def compose_check(service: str) -> list[str]:
+    """The healthcheck command of `service` in the compose file, without its `CMD`."""
+    compose = yaml.safe_load((REPO_ROOT / "docker-compose.yaml").read_text())
+    test: list[str] = compose["services"][service]["healthcheck"]["test"]
+    assert test[0] == "CMD", test
+    return test[1:]
+
+
+def run_check(command: list[str], port: int) -> subprocess.CompletedProcess[str]:
+    """`command` (a compose check: script, port, arguments) run here against `port`."""
+    script, _, *args = command
+    return subprocess.run(
+        [str(SCRIPTS[script]), str(port), *args], capture_output=True, text=True, timeout=30
+    )
 
 
 def mvsink_cli(

@@ -12,12 +12,25 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
-from sinkkit import Service, Sink, Upstream, cli_env, contents, converged, start, wait_until
+from sinkkit import (
+    Service,
+    Sink,
+    Upstream,
+    cli_env,
+    compose_check,
+    contents,
+    converged,
+    run_check,
+    start,
+    wait_until,
+)
 
 from mvsink.io.config import S3Settings, cache_dir
 from mvsink.stack.manager import Stack
+from mvsink.stack.spark import cluster_status
 from mvsink.stack.state import load_records
 
 pytestmark = pytest.mark.integration
@@ -145,6 +158,25 @@ def test_scaling_workers_1_2_1_loses_and_double_covers_no_partition(
     _tick_until(sink, upstream, lambda: len(_moves(write)) >= 1, "partitions onto worker 2")
     cluster.scale(1)
     _tick_until(sink, upstream, lambda: len(_moves(write)) >= 2, "partitions back onto worker 1")
+
+
+def test_the_compose_healthchecks_pass_on_the_daemons(cluster: Cluster) -> None:
+    """The compose file's checks of the Spark master (`/json/` says ALIVE) and of a worker (its
+    `/json/` names the master's UI once registered), run against this cluster's daemons; the
+    master's check refuses a worker's page, which has no status."""
+    cluster.scale(2)
+    ui_port = load_records(cluster.home)["spark-master"].ports["ui_port"]
+    master_check = compose_check("spark-master")
+    worker_check = compose_check("spark-worker")
+    assert run_check(master_check, ui_port).returncode == 0
+    workers = cluster_status(ui_port)["workers"]
+    assert isinstance(workers, list) and len(workers) == 2, workers
+    for worker in workers:
+        port = urlsplit(worker["webuiaddress"]).port
+        assert port is not None, worker
+        registered = run_check(worker_check, port)
+        assert registered.returncode == 0, registered.stderr
+        assert run_check(master_check, port).returncode == 1
 
 
 def test_bench_runs_mvsink_on_the_cluster(
