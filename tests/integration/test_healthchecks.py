@@ -7,29 +7,21 @@ text, a 404) is tried too. (The Spark daemons' checks: `test_spark_cluster.py`.)
 from __future__ import annotations
 
 import http.server
-import socket
 import threading
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 from sinkkit import compose_check, run_check
 
 from mvsink.io.config import S3Settings
+from mvsink.stack.procs import free_ports
 
 pytestmark = pytest.mark.integration
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _port(address: str) -> int:
-    port = urlsplit(address if "//" in address else f"//{address}").port
-    assert port is not None, address
-    return port
+    """The port of a `host:port` address (a Kafka bootstrap server, the S3 endpoint)."""
+    return int(address.rsplit(":", 1)[1])
 
 
 def test_kafka_ready_passes_on_the_broker_only(
@@ -41,7 +33,7 @@ def test_kafka_ready_passes_on_the_broker_only(
     assert ok.returncode == 0, ok.stderr
     http = run_check(check, _port(s3_settings.endpoint))
     assert http.returncode == 1 and "no ApiVersions answer" in http.stderr, http
-    closed = run_check(check, closed_port())
+    closed = run_check(check, free_ports(1)[0])
     assert closed.returncode == 1, closed
 
 
@@ -57,7 +49,7 @@ def test_http_ready_passes_on_a_ready_minio_and_checks_the_body(s3_settings: S3S
     assert absent.returncode == 1 and "no 'MinIO'" in absent.stderr, absent
     missing = run_check(["http-ready", "PORT", "/minio/health/nothing-here"], port)
     assert missing.returncode == 1, missing
-    closed = run_check(check, closed_port())
+    closed = run_check(check, free_ports(1)[0])
     assert closed.returncode == 1, closed
 
 
