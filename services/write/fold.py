@@ -8,7 +8,9 @@ after the `Progress` that reaches it, and meanwhile librdkafka goes on fetching,
 step finds its records already fetched. A kept reader is used only from where the state folded
 to (any other offset, after a failed step or a reload, gets a new one); a read to the end
 (read-only) uses a new one; the resident closes them when it leaves, and a round closes those
-of the partitions it no longer holds. Each prefetches at most `KEPT_QUEUE_KBYTES`.
+of the partitions it no longer holds. Each prefetches at most `KEPT_QUEUE_KBYTES`, and, at the
+end of its partition between steps, waits at the broker for records instead of asking again
+(`KEPT`).
 
 A fold never reads with a hole. Records below a partition's log start are gone (deleted by
 the write service once every checkpoint is past them, by retention, or by hand), and a fold
@@ -47,6 +49,13 @@ log = logging.getLogger("mvsink.write.task")
 PROGRESS_WAIT = 60.0
 #: The most a kept reader prefetches (librdkafka's default is 64 MiB a partition).
 KEPT_QUEUE_KBYTES = 16384
+#: A kept reader's consumer settings. It only ever reads until a batch's upper (a `Progress`
+#: stops it), never to the end, so it needs no quick empty answer there (`READ_TO_END`): once
+#: it has fetched all there is, its next fetch waits at the broker until records come, at most
+#: `fetch.wait.max.ms` (librdkafka's default), and a commit's markers answer it at once.
+#: `READ_TO_END`'s 10 ms would have each kept reader ask about 100 times a second between
+#: steps, an idle sink's partitions too: broker and worker CPU taken from the steps.
+KEPT = {"queued.max.messages.kbytes": KEPT_QUEUE_KBYTES, "fetch.wait.max.ms": 500}
 #: How long asking the broker for a partition's log start may take.
 WATERMARK_TIMEOUT = 10.0
 
@@ -217,10 +226,9 @@ def _reader(
         if keep and kept[1] == offset:
             return kept[0]
         kept[0].close()
-    extra = {**READ_TO_END, **NO_RESET}
-    if keep:
-        extra["queued.max.messages.kbytes"] = KEPT_QUEUE_KBYTES
-    reader = Reader(key[0], key[1], {key[2]: offset}, extra)
+    reader = Reader(
+        key[0], key[1], {key[2]: offset}, {**(KEPT if keep else READ_TO_END), **NO_RESET}
+    )
     low = _log_start(reader, key[1], key[2])
     if offset < low:
         reader.close()

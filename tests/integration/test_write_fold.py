@@ -5,7 +5,9 @@ reads to the end. A resident's kept readers read on from where the state folded.
 
 from __future__ import annotations
 
+import json
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -108,17 +110,7 @@ def test_a_resident_keeps_its_readers_from_where_the_state_folded(
     key = (kafka_bootstrap, config.topics.desired, 0)
 
     def run(state: checkpoint.PartitionState, until: Frontier | None) -> None:
-        fold_desired(
-            kafka_bootstrap,
-            config.topics.desired,
-            config.topics.dead_letter,
-            0,
-            schema,
-            config.partitioning,
-            state,
-            until,
-            readers=readers,
-        )
+        _fold_kept(readers, kafka_bootstrap, sink, state, until)
 
     state = checkpoint.empty(schema, 0, -1)
     try:
@@ -150,3 +142,79 @@ def test_a_resident_keeps_its_readers_from_where_the_state_folded(
         "key-1",
         "key-2",
     ]
+
+
+def test_a_kept_reader_waits_at_the_end_for_records_instead_of_asking_again(
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between a resident's steps its kept readers sit at the end of their partitions: each
+    fetch there waits at the broker for records (`fold.KEPT`), so an idle reader asks a few
+    times a second, not a hundred, and still reads the next committed progress."""
+    sink = Sink.create(kafka_bootstrap, s3_settings, tmp_path, partitions=1)
+    config, schema = sink.config, parse_row_schema(sink.config.row_schema)
+    producer = DesiredProducer(config, schema, f"fold-{uuid.uuid4().hex[:6]}")
+    producer.start()
+    producer.send(pa.table({"k": ["key-0"], "v": [0], "_time": [0], "_diff": [1]}))
+    producer.advance_to(F(1))
+    fetches: list[int] = []  # librdkafka's count of Fetch requests sent, from its statistics
+
+    def on_stats(stats: str) -> None:
+        brokers = json.loads(stats)["brokers"].values()
+        fetches.append(sum(b.get("req", {}).get("Fetch", 0) for b in brokers))
+
+    monkeypatch.setitem(fold.KEPT, "statistics.interval.ms", 100)
+    monkeypatch.setitem(fold.KEPT, "stats_cb", on_stats)
+    readers = fold.Readers(keep=True)
+    state = checkpoint.empty(schema, 0, -1)
+
+    def run(until: Frontier) -> None:
+        _fold_kept(readers, kafka_bootstrap, sink, state, until)
+
+    try:
+        run(F(1))
+        reader = readers.kept[(kafka_bootstrap, config.topics.desired, 0)][0]
+
+        def fetched_after(seconds: float) -> int:
+            """Fetches sent while the reader sat idle for `seconds` (stats are served by polls;
+            nothing is there to read)."""
+            fetches.clear()
+            while not fetches:
+                assert reader.consumer.poll(0.05) is None
+            first = fetches[-1]
+            time.sleep(seconds)
+            fetches.clear()
+            while not fetches:
+                assert reader.consumer.poll(0.05) is None
+            return fetches[-1] - first
+
+        # 2 s at the end: a fetch at most every 0.5 s (with a 10 ms wait: about 200)
+        assert fetched_after(2.0) <= 12
+        producer.send(pa.table({"k": ["key-1"], "v": [1], "_time": [1], "_diff": [1]}))
+        producer.advance_to(F(2))
+        run(F(2))  # the waiting fetch is answered by the commit
+        assert readers.kept[(kafka_bootstrap, config.topics.desired, 0)][0] is reader
+    finally:
+        readers.close()
+    assert sorted(state.correction.consolidate().column("k").to_pylist()) == ["key-0", "key-1"]
+
+
+def _fold_kept(
+    readers: fold.Readers,
+    bootstrap: str,
+    sink: Sink,
+    state: checkpoint.PartitionState,
+    until: Frontier | None,
+) -> None:
+    """Fold partition 0 of `sink`'s desired into `state` with `readers` (a resident's)."""
+    config = sink.config
+    fold_desired(
+        bootstrap,
+        config.topics.desired,
+        config.topics.dead_letter,
+        0,
+        parse_row_schema(config.row_schema),
+        config.partitioning,
+        state,
+        until,
+        readers=readers,
+    )
