@@ -47,7 +47,9 @@ per CPU second set a system's throughput against what it costs, not only against
 bench's own feeder, and the end-to-end columns' upstream in it, are not counted); bytes read
 back per byte written (mvsink's write metrics; the Delta peer's S3A reads; the others never read
 back), the table's size in the bucket at the end (mvsink, delta), and whether the shard and the
-Delta table equal the view. Writes `bench.json` and `bench.png` into `--out`. How each system is driven (started, asked, finished) is
+Delta table equal the view; and for mvsink, where a description's cycle went (`cycle`: its
+phases from the services' logs, medians over the steady window). Writes `bench.json` and
+`bench.png` into `--out`. How each system is driven (started, asked, finished) is
 `mvsink.bench.contenders`.
 
 Once a column's figures are taken, its sink is discarded (`discard`): its topics and its
@@ -79,6 +81,7 @@ from mvsink.bench.contenders import (
     Run,
     System,
 )
+from mvsink.bench.cycle import describe
 from mvsink.bench.repeats import cell, summarise
 from mvsink.bench.rss import RssSampler, cpu_seconds
 from mvsink.bench.workload import (
@@ -224,6 +227,8 @@ def drive(
         }
     run.ticks = fed
     run.steady_s = reached[fed - 1] - steady_start
+    wall = time.time() - time.monotonic()  # monotonic -> the services' log clock
+    run.steady_wall = (steady_start + wall, reached[fed - 1] + wall)
     run.steady_updates = sum(t.updates for t in ticks[1:fed])
     run.freshness = [reached[t] - sent[t] for t in range(1, fed)]
     return run
@@ -611,6 +616,8 @@ def _figures(
             )
         if result.table_bytes is not None:
             figures[f"{name}_table_bytes"] = result.table_bytes
+        if result.cycle:
+            figures[f"{name}_cycle_s"] = result.cycle
         figures[f"{name}_bytes_read_back_per_byte_written"] = (
             round(result.bytes_read_back / result.bytes_written, 4) if result.bytes_written else 0.0
         )
@@ -697,6 +704,10 @@ def _report(figures: dict[str, Any], say: Say) -> None:
         if cores:
             shown = " ".join(f"{k}={v:.2f}" for k, v in cores.items())
             say(f"CPU cores {name:<24} {shown} (medians, steady window)")
+    for name in names:
+        cycle = figures.get(f"{name}_cycle_s")
+        if cycle and "cycle" in cycle:
+            say(f"cycle {name:<28} {describe(cycle)} (medians over the steady descriptions)")
     if figures.get("ratio_vs_raw_per_cpu_s") is not None:
         say(
             f"updates per CPU second mvsink/raw {cell(figures, 'ratio_vs_raw_per_cpu_s')} (the "

@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from mvsink.bench.cycle import cycle_phases
 from mvsink.bench.workload import BenchError
 from mvsink.core.messages import ShardUpper
 from mvsink.io.config import Config
@@ -59,6 +60,10 @@ class Run:
     table_bytes: int | None = None
     detail: str = ""
     spark_master: str | None = None
+    #: The steady window in seconds since the epoch (the services' logs are stamped so).
+    steady_wall: tuple[float, float] | None = None
+    #: mvsink: where a description's cycle went in the steady window (`mvsink.bench.cycle`).
+    cycle: dict[str, float] = field(default_factory=dict)
 
     @property
     def updates_per_s(self) -> float:
@@ -157,6 +162,12 @@ class MvsinkSystem(System):
         run.bytes_read_back = int(metrics.get("mvsink_write_read_back_bytes_total", 0))
         run.table_bytes = shard_table_bytes(shard)[1]
         run.detail = f"shard {len(got):,} rows at upper {{{self.upper}}}"
+        if run.steady_wall is not None:
+            mint, write, append = (
+                (self.logs / f"{label}.log").read_text(errors="replace")
+                for label in ("mint", "write", "append")
+            )
+            run.cycle = cycle_phases(mint, write, append, run.steady_wall)
 
 
 def scrape(log: Path) -> dict[str, float]:

@@ -596,7 +596,7 @@ class WriteShell:
         BATCHES.labels(self.config.sink_id).inc()
         PARTS.labels(self.config.sink_id).inc(len(parts))
         log.info(
-            "staged %s: partitions %s, %d parts, %d updates in %.2fs (Spark job %.2fs, "
+            "staged %s: partitions %s, %d parts, %d updates in %.3fs (Spark job %.3fs, "
             "slowest task's steps: %s)",
             desc,
             list(covered),

@@ -145,7 +145,12 @@ def test_bench_repeats_interleave_and_windows_end_by_time(
         assert set(repeat["mvsink_cpu_cores"]) == {"mint", "write", "append"}
         assert repeat["mvsink_cpu_cores"]["write"] > 0 and repeat["raw_cpu_cores"]["raw"] > 0
         assert repeat["mvsink_updates_per_cpu_s"] > 0 and repeat["ratio_vs_raw_per_cpu_s"] > 0
+        # where a description's cycle went, from the services' own logs of the window
+        cycle = repeat["mvsink_cycle_s"]
+        assert cycle["cycle"] > 0 and cycle["job"] > 0 and "task.stage" in cycle, cycle
+        assert cycle["to_job"] + cycle["append"] + cycle["to_next"] < cycle["cycle"], cycle
     assert "CPU cores mvsink " in text and "updates per CPU second mvsink/raw" in text
+    assert "cycle mvsink " in text and " s a description: to_job " in text
     assert "every cell is the median [min-max] over them" in text
     assert figures["mvsink_shard_equals_desired"] is True
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
