@@ -51,6 +51,10 @@ FRONTIERS = {**COMPACTED, "segment.ms": "3600000", "max.compaction.lag.ms": "360
 #: `fetch.wait.max.ms` (500 ms by default) for data that is not coming: a write task's staging
 #: job reads desired to its end, so that wait would add to every job.
 READ_TO_END = {"enable.partition.eof": True, "fetch.wait.max.ms": 10}
+#: For a producer whose few records others wait for (append's `ShardUpper`): sent at once, not
+#: after librdkafka's `linger.ms` (5 ms by default) spent waiting for more to batch with.
+#: Producers that `flush` or commit a transaction after producing send at once anyway.
+SEND_AT_ONCE = {"linger.ms": 0}
 #: For a reader of desired that must not miss a record: an offset out of range (records deleted
 #: below it) is an error, never a reset to whatever is left.
 NO_RESET = {"auto.offset.reset": "error"}

@@ -29,6 +29,7 @@ from mvsink.core.messages import BatchDescription, ShardUpper, StagedBatch
 from mvsink.io.config import Config
 from mvsink.io.health import report
 from mvsink.io.kafka import (
+    SEND_AT_ONCE,
     Reader,
     client_config,
     consumer_config,
@@ -59,7 +60,8 @@ class AppendShell:
         self.stopping = stopping
         self.shard: Shard = open_shard(config.shard_id, None, config.s3, config.shard_timing())
         ensure_retention(self.shard, config.retain_history)
-        self.producer = Producer(client_config(config.kafka_bootstrap))
+        # `ShardUpper` is on the sink's critical path: mint mints the next description on it.
+        self.producer = Producer(client_config(config.kafka_bootstrap, **SEND_AT_ONCE))
         self.states: dict[int, AppendState] = {}
         #: Per owned partition: the offset of the first batch stashed for the current lower.
         self.first_needed: dict[int, tuple[Frontier, int]] = {}
