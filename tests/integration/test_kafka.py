@@ -189,7 +189,9 @@ def test_a_drain_without_a_limit_takes_the_whole_backlog(
     config = _config(kafka_bootstrap, s3_settings, f"drain-{unique}")
     ensure_topics(kafka_bootstrap, sink_topics(config))
     topic = config.topics.frontiers
-    producer = Producer(client_config(kafka_bootstrap))
+    # Idempotent: the records must land in the order sent. Without it, a produce request that
+    # is retried (a busy broker) lands after the ones sent behind it.
+    producer = Producer(client_config(kafka_bootstrap, **{"enable.idempotence": True}))
     # a key each: `frontiers` is compacted with small segments, and the cleaner may run before
     # the reader (records of one key would leave only the newest)
     sent = [DesiredProgress(config.sink_id, t, Frontier.at(t)) for t in range(3000)]
