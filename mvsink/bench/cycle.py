@@ -39,18 +39,28 @@ PHASES = ("to_job", "job", "report", "append", "to_next")
 #: The slowest task's steps, within `job`.
 STEPS = ("desired", "persist", "consolidate", "stage", "checkpoint")
 
-_STAMP = r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) "
-_MINTED = re.compile(_STAMP + r".*: minted desc (\S+) ")
-_STAGED = re.compile(
-    _STAMP + r".*: staged desc (\S+) .* in ([\d.]+)s \(Spark job ([\d.]+)s, slowest task's "
-    r"steps: (\{.*\})\)"
+# The services' log lines this module reads (`mvsink.bench.steady` and `mvsink.bench.soak` read
+# them through these too): a line's time stamp, then what it says of a description.
+_STAMP = r"^(?P<at>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(?P<millis>\d{3}) "
+_MINTED = re.compile(_STAMP + r".*: minted desc (?P<desc>\S+) ", re.MULTILINE)
+#: The write driver's line of a staging job.
+STAGED = re.compile(
+    _STAMP + r".*: staged desc (?P<desc>\S+) .* (?P<updates>\d+) updates in (?P<total>[\d.]+)s "
+    r"\(Spark job (?P<job>[\d.]+)s, slowest task's steps: (?P<steps>\{.*\})\)",
+    re.MULTILINE,
 )
-_APPENDED = re.compile(_STAMP + r".*: appended \d+ parts for desc (\S+) ")
+#: An append worker's line of a batch appended (a single-time upper).
+APPENDED = re.compile(
+    _STAMP + r".*: appended \d+ parts for desc (?P<desc>\S+) \[\{\d*\}, \{(?P<upper>\d+)\}\)"
+    r".* in (?P<took_ms>[\d.]+) ms",
+    re.MULTILINE,
+)
 
 
-def _at(day_time: str, millis: str) -> float:
-    """Seconds since the epoch of a log line's local time stamp."""
-    return time.mktime(time.strptime(day_time, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1000
+def _at(line: re.Match[str]) -> float:
+    """Seconds since the epoch of a matched log line's local time stamp."""
+    stamp = time.strptime(line["at"], "%Y-%m-%d %H:%M:%S")
+    return time.mktime(stamp) + int(line["millis"]) / 1000
 
 
 @dataclass
@@ -66,17 +76,14 @@ class _Desc:
 def _descs(mint_log: str, write_log: str, append_log: str) -> list[_Desc]:
     """The descriptions minted, in order, with what the other two logs say of each (its first
     staging and first append)."""
-    found: dict[str, _Desc] = {}
-    for line in mint_log.splitlines():
-        if m := _MINTED.match(line):
-            found[m[3]] = _Desc(_at(m[1], m[2]))
-    for line in write_log.splitlines():
-        if (m := _STAGED.match(line)) and (desc := found.get(m[3])) and desc.staged is None:
-            desc.staged, desc.total, desc.job = _at(m[1], m[2]), float(m[4]), float(m[5])
-            desc.steps = ast.literal_eval(m[6])
-    for line in append_log.splitlines():
-        if (m := _APPENDED.match(line)) and (desc := found.get(m[3])) and desc.appended is None:
-            desc.appended = _at(m[1], m[2])
+    found = {m["desc"]: _Desc(_at(m)) for m in _MINTED.finditer(mint_log)}
+    for m in STAGED.finditer(write_log):
+        if (desc := found.get(m["desc"])) and desc.staged is None:
+            desc.staged, desc.total, desc.job = _at(m), float(m["total"]), float(m["job"])
+            desc.steps = ast.literal_eval(m["steps"])
+    for m in APPENDED.finditer(append_log):
+        if (desc := found.get(m["desc"])) and desc.appended is None:
+            desc.appended = _at(m)
     return sorted(found.values(), key=lambda d: d.minted)
 
 

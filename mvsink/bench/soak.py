@@ -42,7 +42,6 @@ timeline of samples, `soak.png` charts the timeline.
 from __future__ import annotations
 
 import math
-import re
 import statistics
 import subprocess
 import sys
@@ -56,6 +55,7 @@ from typing import Any
 from mvsink import Say
 from mvsink.bench.compare import drive, percentile, save_figures, sink_config
 from mvsink.bench.contenders import MvsinkSystem, Run
+from mvsink.bench.cycle import APPENDED
 from mvsink.bench.steady import empty_tick, first_job, read_once, wait_upper
 from mvsink.bench.workload import BenchError, EncodedTick, Feeder, Workload, encode_ticks
 from mvsink.io.config import Config, cache_dir, state_dir
@@ -86,7 +86,6 @@ FLAT, PARTS_PER_PARTITION, VIEW_FACTOR, RESTART_FACTOR = 1.5, 64, 3.0, 2.0
 READS = 3
 #: Samples each window has at least: a drive ending at a window's last tick tops it up.
 WINDOW_SAMPLES = 3
-_APPENDED = re.compile(r"appended \d+ parts for desc \S+ \[\{\d*\}, \{(\d+)\}\).* in ([\d.]+) ms")
 #: The figures of the table: key, label, unit.
 FIGURES = (
     ("state_bytes", "state version", "B"),
@@ -461,8 +460,8 @@ def _figures(
     """Per window: the medians of its samples, its appends' latencies, its ticks' freshness and
     the cold restart after it (`None`: nothing measured)."""
     appends = [
-        (int(m.group(1)), float(m.group(2)))
-        for m in _APPENDED.finditer(append_log.read_text(errors="replace"))
+        (int(m["upper"]), float(m["took_ms"]))
+        for m in APPENDED.finditer(append_log.read_text(errors="replace"))
     ]
     out: dict[str, Any] = {}
     for name, (low, high) in windows.items():

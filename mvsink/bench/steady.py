@@ -23,6 +23,7 @@ from typing import Any
 from mvsink import Say
 from mvsink.bench.compare import BLOCK, save_figures, sink_config
 from mvsink.bench.contenders import MvsinkSystem, scrape
+from mvsink.bench.cycle import STAGED
 from mvsink.bench.workload import (
     BenchError,
     EncodedTick,
@@ -55,12 +56,8 @@ def empty_tick(time_: int) -> EncodedTick:
 
 def first_job(log: Path, after: int) -> tuple[float, int]:
     """(seconds, updates) of the first staging job logged after byte offset `after`."""
-    text = log.read_text(errors="replace")[after:]
-    for line in text.splitlines():
-        if "staged desc" in line:
-            updates = int(line.split(" parts, ")[1].split(" updates")[0])
-            return float(line.split(" updates in ")[1].split("s")[0]), updates
-    return float("nan"), -1
+    found = STAGED.search(log.read_text(errors="replace")[after:])
+    return (float(found["total"]), int(found["updates"])) if found else (float("nan"), -1)
 
 
 def run_restart(
