@@ -54,7 +54,9 @@ KEPT_QUEUE_KBYTES = 16384
 #: it has fetched all there is, its next fetch waits at the broker until records come, at most
 #: `fetch.wait.max.ms` (librdkafka's default), and a commit's markers answer it at once.
 #: `READ_TO_END`'s 10 ms would have each kept reader ask about 100 times a second between
-#: steps, an idle sink's partitions too: broker and worker CPU taken from the steps.
+#: steps, an idle sink's partitions too: broker and worker CPU taken from the steps. No safety
+#: rests on the wait: a worker paused longer than it finds its fetches answered and the records
+#: queued, and a fold's own deadline is `PROGRESS_WAIT`.
 KEPT = {"queued.max.messages.kbytes": KEPT_QUEUE_KBYTES, "fetch.wait.max.ms": 500}
 #: How long asking the broker for a partition's log start may take.
 WATERMARK_TIMEOUT = 10.0
