@@ -20,23 +20,28 @@ A checkpoint is an Arrow IPC stream (LZ4, `updates_to_ipc`) of the corrections
 `persist_folded`, writer) in its schema metadata; checkpoints written before were Parquet and
 are still read. Versions are created conditionally, so two owners of one partition cannot both
 continue from the same one (invariant 4 of `services.write`); the previous version is kept for
-a driver that has not seen the newest.
+a driver that has not seen the newest. Older ones are garbage: deleted off the step's path
+(`_Collector`), and by a driver gaining the partition (`collect_superseded`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import logging
 import os
 import pickle
+import queue
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from minio import Minio
 from minio.error import S3Error
 
 from mvsink.core.frontier import Frontier
@@ -117,16 +122,26 @@ def holder_id(sink_id: str, partition: int) -> str:
     return f"checkpoint:{sink_id}:p{partition}"
 
 
+@functools.cache
+def _client(s3: S3Settings) -> Minio:
+    """One client (its connection pool) per object store for this process's checkpoints."""
+    return s3_client(s3)
+
+
 def latest(sink_id: str, partition: int, s3: S3Settings) -> int:
     """The partition's newest checkpoint version in object storage (-1: none)."""
-    prefix = f"sinks/{sink_id}/write/p{partition}/"
-    objects = s3_client(s3).list_objects(s3.bucket, prefix=prefix)
-    return max((int(o.object_name.rsplit("/", 1)[-1].split(".")[0]) for o in objects), default=-1)
+    return max((version for version, _ in _versions(sink_id, partition, s3)), default=-1)
+
+
+def _versions(sink_id: str, partition: int, s3: S3Settings) -> list[tuple[int, str]]:
+    """The partition's checkpoints in object storage: (version, key) each."""
+    objects = _client(s3).list_objects(s3.bucket, prefix=f"sinks/{sink_id}/write/p{partition}/")
+    return [(int(o.object_name.rsplit("/", 1)[-1].split(".")[0]), o.object_name) for o in objects]
 
 
 def exists(sink_id: str, partition: int, version: int, s3: S3Settings) -> bool:
     """Whether checkpoint `version` exists (Arrow or legacy Parquet)."""
-    client = s3_client(s3)
+    client = _client(s3)
     for suffix in ("arrow", "parquet"):
         try:
             client.stat_object(s3.bucket, checkpoint_key(sink_id, partition, version, suffix))
@@ -147,7 +162,7 @@ def read_meta(sink_id: str, partition: int, version: int, s3: S3Settings) -> dic
     for no checkpoint (-1), a gone one, or a legacy Parquet one."""
     if version < 0:
         return None
-    client, key = s3_client(s3), checkpoint_key(sink_id, partition, version)
+    client, key = _client(s3), checkpoint_key(sink_id, partition, version)
     try:
         head = get_bytes(client, s3.bucket, key, length=META_PREFIX)
     except S3Error as error:
@@ -273,7 +288,7 @@ def keep(sink_id: str, partition: int, state: PartitionState, cache: StateCache)
 
 def _read(sink_id: str, partition: int, version: int, s3: S3Settings) -> tuple[pa.Table, bool, int]:
     """Checkpoint `version`, whether it was a (legacy) Parquet one, and its size."""
-    client = s3_client(s3)
+    client = _client(s3)
     try:
         data = get_bytes(client, s3.bucket, checkpoint_key(sink_id, partition, version))
     except S3Error as error:
@@ -307,7 +322,7 @@ def save(
     }
     table = state.correction.consolidate()
     data = updates_to_ipc(table.replace_schema_metadata({"mvsink.write": json.dumps(meta)}))
-    client = s3_client(s3)
+    client = _client(s3)
     key = checkpoint_key(sink_id, partition, version)
     if isinstance(conditional_put(client, s3.bucket, key, data), PreconditionFailed):
         cache.drop(sink_id, partition)
@@ -315,10 +330,77 @@ def save(
         return None
     state.version = version
     keep(sink_id, partition, state, cache)
+    garbage = []
     if version >= 2:  # keep the previous version for a driver that has not seen this one
-        client.remove_object(s3.bucket, checkpoint_key(sink_id, partition, version - 2))
+        garbage.append(checkpoint_key(sink_id, partition, version - 2))
     if state.legacy:  # the first Arrow checkpoint after Parquet ones: those are garbage now
-        for old in (version - 1, version - 2):
-            client.remove_object(s3.bucket, checkpoint_key(sink_id, partition, old, "parquet"))
+        garbage += [
+            checkpoint_key(sink_id, partition, v, "parquet") for v in (version - 1, version - 2)
+        ]
         state.legacy = False
+    _COLLECTOR.collect(s3, garbage)
     return len(data)
+
+
+class _Collector:
+    """Deletes superseded checkpoints off the step's path, on one thread of this process.
+
+    Pure garbage collection: loads name an exact version, and the versions deleted are two
+    behind one this owner created (or older, `collect_superseded`), which no step continues
+    from: a driver that has not seen the newest expects the one before it. So nothing rests on
+    when a delete runs. A process that pauses, or dies, with deletes queued leaves those
+    objects behind until the partition's next owner starts (`collect_superseded`); a failed
+    delete is logged and left to that too."""
+
+    def __init__(self) -> None:
+        self.queue: queue.Queue[tuple[S3Settings, str]] = queue.Queue()
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+
+    def collect(self, s3: S3Settings, keys: list[str]) -> None:
+        """Queue `keys` for deletion."""
+        if not keys:
+            return
+        with self.lock:
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, name="checkpoint-gc", daemon=True)
+                self.thread.start()
+        for key in keys:
+            self.queue.put((s3, key))
+
+    def settle(self) -> None:
+        """Wait until every queued delete has been tried."""
+        self.queue.join()
+
+    def _run(self) -> None:
+        while True:
+            s3, key = self.queue.get()
+            try:
+                _client(s3).remove_object(s3.bucket, key)
+            except Exception as error:  # best effort: the next owner's collect_superseded
+                log.warning("deleting superseded checkpoint %s failed: %r", key, error)
+            finally:
+                self.queue.task_done()
+
+
+_COLLECTOR = _Collector()
+settle = _COLLECTOR.settle
+
+
+def collect_superseded(sink_id: str, partition: int, s3: S3Settings) -> int:
+    """The partition's newest checkpoint version (-1: none), after deleting every version
+    older than the one before it: what a process that died or paused with its deletes queued
+    (`_Collector`) left behind, or a create that landed after its key was collected. For a
+    driver gaining the partition; the two newest stay (`save`)."""
+    found = _versions(sink_id, partition, s3)
+    newest = max((version for version, _ in found), default=-1)
+    old = [name for version, name in found if version < newest - 1]
+    try:
+        for name in old:
+            _client(s3).remove_object(s3.bucket, name)
+    except Exception as error:  # garbage only: the next owner tries again
+        log.warning("partition %d: deleting superseded checkpoints failed: %r", partition, error)
+    else:
+        if old:
+            log.info("partition %d: deleted %d superseded checkpoints", partition, len(old))
+    return newest

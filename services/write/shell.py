@@ -158,7 +158,9 @@ class WriteShell:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         consumer.pause(partitions)
         for tp in partitions:
-            self.versions[tp.partition] = self._latest_checkpoint(tp.partition)
+            self.versions[tp.partition] = checkpoint.collect_superseded(
+                self.config.sink_id, tp.partition, self.config.s3
+            )
             self.unchecked.add(tp.partition)
         self.state.set_owned(frozenset(self.versions))
         self._lead_compaction()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from minio.commonconfig import CopySource
 
 from mvsink.core.frontier import Frontier
 from mvsink.core.rows import parse_row_schema
@@ -59,6 +60,7 @@ def test_a_parquet_checkpoint_loads_and_is_replaced(
     assert state.legacy and state.folded_offset == 7 and state.desired_frontier == Frontier.at(4)
     assert sorted(state.correction.consolidate().column("k").to_pylist()) == ["a", "b"]
     assert checkpoint.save(sink, 0, s3_settings, "w", state, cache)  # writes version 6 as Arrow
+    checkpoint.settle()  # the superseded versions are deleted off the step's path
     names = sorted(
         o.object_name.rsplit("/", 1)[-1]
         for o in client.list_objects(s3_settings.bucket, prefix=f"sinks/{sink}/write/p0/")
@@ -105,3 +107,50 @@ def test_another_python_worker_of_the_executor_continues_from_its_warm_copy(
     cache = StateCache()
     _, size = checkpoint.load(sink, 3, 0, s3_settings, ROWS, 0, cache)
     assert size > 0  # the warm copy went with the lost race
+
+
+def _names(client: object, s3: S3Settings, sink: str) -> list[str]:
+    return sorted(
+        o.object_name.rsplit("/", 1)[-1]
+        for o in client.list_objects(s3.bucket, prefix=f"sinks/{sink}/write/p0/")  # type: ignore[attr-defined]
+    )
+
+
+def test_saves_keep_two_versions_and_a_new_owner_collects_what_a_dead_one_left(
+    s3_settings: S3Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each save queues the version two behind it for deletion, off the step's path; what a
+    process leaves undeleted (it died with deletes queued, or a late create landed after its
+    key was collected) the partition's next owner deletes when it gains the partition, keeping
+    the two newest, while the chain goes on from the newest."""
+    client = s3_client(s3_settings)
+    ensure_bucket(client, s3_settings.bucket)
+    sink, cache = f"gc-{uuid.uuid4().hex[:6]}", StateCache()
+    state, _ = checkpoint.load(sink, 0, -1, s3_settings, ROWS, 0, cache)
+    for version in range(4):
+        state.folded_offset = version
+        assert checkpoint.save(sink, 0, s3_settings, "w", state, cache)
+        assert state.version == version
+    checkpoint.settle()
+    assert _names(client, s3_settings, sink) == [f"{2:020d}.arrow", f"{3:020d}.arrow"]
+    # What a dead process's queued deletes leave: older versions, and a late legacy one.
+    key = checkpoint.checkpoint_key(sink, 0, 3)
+    for old in (0, 1):
+        client.copy_object(
+            s3_settings.bucket,
+            checkpoint.checkpoint_key(sink, 0, old),
+            CopySource(s3_settings.bucket, key),
+        )
+    client.copy_object(
+        s3_settings.bucket,
+        checkpoint.checkpoint_key(sink, 0, 1, "parquet"),
+        CopySource(s3_settings.bucket, key),
+    )
+    assert len(_names(client, s3_settings, sink)) == 5
+    assert checkpoint.collect_superseded(sink, 0, s3_settings) == 3
+    assert _names(client, s3_settings, sink) == [f"{2:020d}.arrow", f"{3:020d}.arrow"]
+    assert checkpoint.collect_superseded(sink, 0, s3_settings) == 3  # nothing more to delete
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-2"))  # the new owner's
+    fresh, size = checkpoint.load(sink, 0, 3, s3_settings, ROWS, 0, StateCache())
+    assert size > 0 and fresh.folded_offset == 3
+    assert checkpoint.collect_superseded(f"{sink}-none", 0, s3_settings) == -1
