@@ -14,8 +14,8 @@ log line was written, in the services' local time, to the millisecond):
 
 * `to_job`: the description on `descs`, the write driver taking it, planning the job;
 * `job`: the Spark job (or the residents' round) of the staging steps; the slowest task
-  (`task`) and its steps (`desired`, `persist`, `consolidate`, `stage`, `checkpoint`) are
-  within it;
+  (`task`) and its steps (`resolve`: waiting for the previous step's pipelined checkpoint,
+  `desired`, `persist`, `consolidate`, `stage`, `checkpoint`) are within it;
 * `report`: the staged batch produced to `batches` and flushed;
 * `append`: the batch on `batches`, the compare-and-append, `ShardUpper` produced;
 * `to_next`: `ShardUpper` on `frontiers`, mint minting and committing the next description.
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 #: The phases, in the order they follow each other.
 PHASES = ("to_job", "job", "report", "append", "to_next")
 #: The slowest task's steps, within `job`.
-STEPS = ("desired", "persist", "consolidate", "stage", "checkpoint")
+STEPS = ("resolve", "desired", "persist", "consolidate", "stage", "checkpoint")
 
 # The services' log lines this module reads (`mvsink.bench.steady` and `mvsink.bench.soak` read
 # them through these too): a line's time stamp, then what it says of a description.

@@ -26,13 +26,19 @@ def _process_table() -> dict[int, tuple[int, int, int]]:
     return table
 
 
+def _children(table: dict[int, tuple[int, int, int]]) -> dict[int, list[int]]:
+    """pid -> its children's pids, in `table`."""
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    return children
+
+
 def _trees(
     table: dict[int, tuple[int, int, int]], roots: Mapping[str, int]
 ) -> dict[str, tuple[int, int]]:
     """label -> (rss bytes, CPU clock ticks) summed over each root's tree in `table`."""
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _, _) in table.items():
-        children.setdefault(ppid, []).append(pid)
+    children = _children(table)
     sums = {}
     for label, root in roots.items():
         rss = cpu = 0
@@ -44,6 +50,17 @@ def _trees(
             stack.extend(children.get(pid, []))
         sums[label] = (rss, cpu)
     return sums
+
+
+def tree(root: int) -> list[int]:
+    """`root` and every live descendant of it (pids)."""
+    children = _children(_process_table())
+    found, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(children.get(pid, []))
+    return found
 
 
 def cpu_seconds(roots: Mapping[str, int]) -> dict[str, float]:

@@ -36,7 +36,14 @@ Invariants
 3. Written updates stay in the corrections until the read-back cancels them
    (self-correction): a lost append is simply written again later.
 4. A partition's correction state moves forward by conditional checkpoints: two owners of one
-   partition cannot both continue from the same version.
+   partition cannot both continue from the same version. A version is created only from the
+   version before it as created by this owner or loaded durable. A resident's staging step may
+   report its part while its checkpoint is being created (`StepSpec.pipelined`); the
+   partition's next step waits for that create before anything else, and is stale if it was
+   lost. The parts need no more: each is `desired(< upper) - shard(< lower)` whichever state
+   staged it, and append keeps one per lower and partition. What lets go of history follows
+   versions known created only: the lease, the critical holds, the kept desired offsets and
+   the deletion of old versions.
 5. Desired is never folded with a hole: records a step needs below the partition's log start
    make it stage and checkpoint nothing (`services.write.fold`), and the driver stages nothing
    for the sink until the checkpoint is restored or repaired (`services.write.repair`).

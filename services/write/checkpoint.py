@@ -35,6 +35,7 @@ import os
 import pickle
 import queue
 import threading
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ import pyarrow.parquet as pq
 from minio import Minio
 from minio.error import S3Error
 
+from mvsink.core.errors import InvalidUsage
 from mvsink.core.frontier import Frontier
 from mvsink.core.settings import S3Settings
 from mvsink.core.updates import part_schema, updates_to_ipc
@@ -87,6 +89,10 @@ class StateCache:
     warm_copies: bool = True
     #: The states saved while `warm_copies` was off, whose warm copies are due.
     deferred: set[tuple[str, int]] = field(default_factory=set)
+    #: Creates under way (`save_later`), and the versions they created, not yet reported
+    #: (`resolve`), by (sink, partition); shared like `states`.
+    pending: dict[tuple[str, int], Pending] = field(default_factory=dict)
+    confirmed: dict[tuple[str, int], Confirmed] = field(default_factory=dict)
 
     def drop(self, sink_id: str, partition: int) -> None:
         """Forget the partition's state (a failed step may have left it half changed)."""
@@ -100,7 +106,7 @@ class StateCache:
         for key in sorted(self.deferred):
             state = self.states.get(key)
             try:
-                if state is not None:
+                if state is not None and key not in self.pending:  # resolved states only
                     _save_warm(*key, state)
                     written += 1
             except OSError as error:
@@ -216,10 +222,42 @@ def load(
     row_schema: pa.Schema,
     as_of: int,
     cache: StateCache,
+    durable: int | None = None,
 ) -> tuple[PartitionState, int]:
     """The state at checkpoint `version` (-1: none yet), and the bytes read from object storage
     to get it (0 when this executor holds it: in `cache`, or its warm copy, then kept in
-    `cache`)."""
+    `cache`).
+
+    `durable` (default `version`) is the newest version the driver knows was created. A
+    pipelined create (`save_later`) of `version` may have died with its Python worker: when
+    `version` is absent, the state is `durable`'s, and the step's own create of `version`
+    then races any straggler's, conditionally. If a version at or past `version` exists by
+    then, the caller lost the chain (`Superseded`)."""
+    try:
+        return _load(sink_id, partition, version, s3, row_schema, as_of, cache)
+    except S3Error as error:
+        if error.code not in ("NoSuchKey", "NoSuchObject") or durable is None or durable >= version:
+            raise
+    if latest(sink_id, partition, s3) >= version:
+        raise Superseded(f"partition {partition}: version {version} was created by another owner")
+    log.warning(
+        "partition %d: checkpoint %d was never created: continuing from %d",
+        partition,
+        version,
+        durable,
+    )
+    return _load(sink_id, partition, durable, s3, row_schema, as_of, cache)
+
+
+def _load(
+    sink_id: str,
+    partition: int,
+    version: int,
+    s3: S3Settings,
+    row_schema: pa.Schema,
+    as_of: int,
+    cache: StateCache,
+) -> tuple[PartitionState, int]:
     cached = cache.states.get((sink_id, partition))
     if cached is not None and cached.version == version:
         return cached, 0
@@ -301,6 +339,76 @@ def _read(sink_id: str, partition: int, version: int, s3: S3Settings) -> tuple[p
     return pa.ipc.open_stream(data).read_all(), False, len(data)
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """A state as it is at the end of a step, to write as version `version`: immutable (the
+    consolidated table and the metadata), so the next step may change the live state in place
+    while its checkpoint is written (`save_later`)."""
+
+    version: int
+    table: pa.Table
+    meta: dict[str, Any]
+    #: Keys that are garbage once `version` exists (`_Collector`).
+    garbage: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """A checkpoint version this Python worker created after its step had reported (a
+    pipelined create, `save_later`), and what the state it holds had folded."""
+
+    version: int
+    folded_offset: int
+    persist_folded: Frontier
+    size: int
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A create under way (`save_later`)."""
+
+    version: int
+    folded_offset: int
+    persist_folded: Frontier
+    future: Future[int | None]
+
+
+class Superseded(Exception):
+    """The version a step expected is absent and a newer one exists: its owner lost the chain."""
+
+
+def snapshot(sink_id: str, partition: int, writer_id: str, state: PartitionState) -> Snapshot:
+    """`state` as the next version's checkpoint."""
+    version = state.version + 1
+    meta = {
+        "since": state.correction.since.elements(),
+        "folded_offset": state.folded_offset,
+        "desired_frontier": state.desired_frontier.elements(),
+        "persist_folded": state.persist_folded.elements(),
+        "writer_id": writer_id,
+    }
+    garbage = []
+    if version >= 2:  # keep the previous version for a driver that has not seen this one
+        garbage.append(checkpoint_key(sink_id, partition, version - 2))
+    if state.legacy:  # the first Arrow checkpoint after Parquet ones: those are garbage now
+        garbage += [
+            checkpoint_key(sink_id, partition, v, "parquet") for v in (version - 1, version - 2)
+        ]
+    return Snapshot(version, state.correction.consolidate(), meta, tuple(garbage))
+
+
+def create(sink_id: str, partition: int, s3: S3Settings, snap: Snapshot) -> int | None:
+    """Create `snap`'s version, conditionally; its size, or None if another owner created
+    it first. The garbage it supersedes is then deleted off the caller's path."""
+    table = snap.table.replace_schema_metadata({"mvsink.write": json.dumps(snap.meta)})
+    data = updates_to_ipc(table)
+    key = checkpoint_key(sink_id, partition, snap.version)
+    if isinstance(conditional_put(_client(s3), s3.bucket, key, data), PreconditionFailed):
+        return None
+    _COLLECTOR.collect(s3, list(snap.garbage))
+    return len(data)
+
+
 def save(
     sink_id: str,
     partition: int,
@@ -312,34 +420,67 @@ def save(
     """Write `state` as the next version, kept in `cache` (and its warm copy written, or due,
     as `cache.warm_copies` says); its size, or None if another owner wrote it first (then the
     partition is dropped from `cache` and its warm copy deleted)."""
-    version = state.version + 1
-    meta = {
-        "since": state.correction.since.elements(),
-        "folded_offset": state.folded_offset,
-        "desired_frontier": state.desired_frontier.elements(),
-        "persist_folded": state.persist_folded.elements(),
-        "writer_id": writer_id,
-    }
-    table = state.correction.consolidate()
-    data = updates_to_ipc(table.replace_schema_metadata({"mvsink.write": json.dumps(meta)}))
-    client = _client(s3)
-    key = checkpoint_key(sink_id, partition, version)
-    if isinstance(conditional_put(client, s3.bucket, key, data), PreconditionFailed):
-        cache.drop(sink_id, partition)
-        _save_warm(sink_id, partition, None)
+    snap = snapshot(sink_id, partition, writer_id, state)
+    size = create(sink_id, partition, s3, snap)
+    if size is None:
+        _lost(sink_id, partition, cache)
         return None
-    state.version = version
+    state.version, state.legacy = snap.version, False
     keep(sink_id, partition, state, cache)
-    garbage = []
-    if version >= 2:  # keep the previous version for a driver that has not seen this one
-        garbage.append(checkpoint_key(sink_id, partition, version - 2))
-    if state.legacy:  # the first Arrow checkpoint after Parquet ones: those are garbage now
-        garbage += [
-            checkpoint_key(sink_id, partition, v, "parquet") for v in (version - 1, version - 2)
-        ]
-        state.legacy = False
-    _COLLECTOR.collect(s3, garbage)
-    return len(data)
+    return size
+
+
+def save_later(
+    sink_id: str,
+    partition: int,
+    s3: S3Settings,
+    writer_id: str,
+    state: PartitionState,
+    cache: StateCache,
+    pool: Executor,
+) -> None:
+    """`save`, pipelined: `state` is kept at the next version at once and that version is
+    created on `pool` while the step reports. Nothing continues from it before `resolve` has
+    found it created (invariant 4 of `services.write`): the partition's next step in this
+    Python worker, a resident leaving, or a failed step resolves it; its warm copy is due only
+    then (`StateCache.save_warm_copies` writes copies of resolved states only)."""
+    key = (sink_id, partition)
+    if key in cache.pending:
+        raise InvalidUsage(f"partition {partition}: a create is already under way")
+    snap = snapshot(sink_id, partition, writer_id, state)
+    future = pool.submit(create, sink_id, partition, s3, snap)
+    cache.pending[key] = Pending(snap.version, state.folded_offset, state.persist_folded, future)
+    state.version, state.legacy = snap.version, False
+    keep(sink_id, partition, state, cache)
+
+
+def resolve(sink_id: str, partition: int, cache: StateCache) -> int | None:
+    """Wait for the partition's create under way (`save_later`), if any: the version it lost
+    to another owner (the state it was of is dropped, as `save` drops it), or None (none was
+    under way, or it was created: `cache.confirmed` records it for the partition's next
+    result). A create that failed drops the state and raises its error."""
+    key = (sink_id, partition)
+    pending = cache.pending.pop(key, None)
+    if pending is None:
+        return None
+    try:
+        size = pending.future.result()
+    except BaseException:
+        _lost(sink_id, partition, cache)
+        raise
+    if size is None:
+        _lost(sink_id, partition, cache)
+        return pending.version
+    cache.confirmed[key] = Confirmed(
+        pending.version, pending.folded_offset, pending.persist_folded, size
+    )
+    return None
+
+
+def _lost(sink_id: str, partition: int, cache: StateCache) -> None:
+    """Forget a state whose version another owner created (or whose create failed)."""
+    cache.drop(sink_id, partition)
+    _save_warm(sink_id, partition, None)
 
 
 class _Collector:

@@ -19,11 +19,13 @@ Rules
    checkpoints as a one-shot task, so every invariant of `services.write` holds unchanged.
    Its Python worker keeps the partitions' states in memory between steps, as a reused Python
    worker does for one-shot tasks, and a group of partitions goes to the same resident every
-   round while the placement holds. Two differences, in speed only, both in the resident's own
-   `services.write.task.WriteWorker` (`WriteWorker.resident()` of its Python worker's): it
-   writes the executor's warm copies of its states when it leaves, not at every step, and it
+   round while the placement holds. Three differences, in speed only, all in the resident's
+   own `services.write.task.WriteWorker` (`WriteWorker.resident()` of its Python worker's): it
+   writes the executor's warm copies of its states when it leaves, not at every step; it
    keeps each partition's desired reader from step to step, so librdkafka fetches the next
-   batch's records meanwhile.
+   batch's records meanwhile; and it creates a pipelined staging step's checkpoint after the
+   step reported (`StepSpec.pipelined`), waiting for it in the partition's next step, or when
+   it leaves.
 2. Any trouble dismisses the whole crew and hands the groups it did not finish back to the
    caller, who runs them as one-shot Spark jobs (Spark retries those as before): a crew not
    connected within `READY_WAIT`, a broken connection (the resident's executor or Python worker

@@ -128,8 +128,17 @@ class WriteShell:
             writer_id=self.writer_id,
             schema_registry_url=config.schema_registry_url,
         )
-        #: Checkpoint version per owned partition (-1: none).
+        #: Checkpoint version per owned partition (-1: none): the newest its steps reported,
+        #: which may still be being created (`StepResult.pending`).
         self.versions: dict[int, int] = {}
+        #: The newest checkpoint version per owned partition known created.
+        self.durable: dict[int, int] = {}
+        #: Owned partitions whose steps may report before their checkpoint is created
+        #: (`StepSpec.pipelined`): those whose chain this driver has continued itself, with a
+        #: checkpoint it created, since it gained them or last found them stale. A gained
+        #: partition's first staging step creates its checkpoint before it reports, so another
+        #: owner still holding it meets this one before either's part is reported twice.
+        self.pipelined: set[int] = set()
         #: The shard upper each owned partition's newest durable checkpoint has folded (the
         #: results of steps that checkpointed; a first fold does not, `StepSpec.checkpoint`).
         self.folded: dict[int, Frontier] = {}
@@ -161,6 +170,8 @@ class WriteShell:
             self.versions[tp.partition] = checkpoint.collect_superseded(
                 self.config.sink_id, tp.partition, self.config.s3
             )
+            self.durable[tp.partition] = self.versions[tp.partition]
+            self.pipelined.discard(tp.partition)
             self.unchecked.add(tp.partition)
         self.state.set_owned(frozenset(self.versions))
         self._lead_compaction()
@@ -171,6 +182,8 @@ class WriteShell:
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
             self.versions.pop(tp.partition, None)
+            self.durable.pop(tp.partition, None)
+            self.pipelined.discard(tp.partition)
             self.folded.pop(tp.partition, None)
             self.unchecked.discard(tp.partition)
             self.kept_offsets.pop(tp.partition, None)
@@ -273,7 +286,8 @@ class WriteShell:
                     self.versions.get(partition),
                     latest,
                 )
-                self.versions[partition] = latest
+                self.versions[partition] = self.durable[partition] = latest
+                self.pipelined.discard(partition)
                 self.kept_offsets.pop(partition, None)
                 self._set_gone(partition, None)
                 self.unchecked.add(partition)
@@ -400,6 +414,7 @@ class WriteShell:
         finally:
             if self.crew is not None:
                 self.crew.dismiss()
+            self._confirm_pending()
             if self.compactor is not None:
                 self.compactor.stop()
             self.lease_stop.set()
@@ -451,7 +466,15 @@ class WriteShell:
         writing no checkpoint, if not `checkpointing`)."""
         desc = None if job is None else job.desc
         return [
-            StepSpec(self.sink, p, self.versions.get(p, -1), desc, checkpointing)
+            StepSpec(
+                self.sink,
+                p,
+                self.versions.get(p, -1),
+                desc,
+                checkpointing,
+                durable=self.durable.get(p),
+                pipelined=desc is not None and p in self.pipelined,
+            )
             for p in partitions
         ]
 
@@ -524,13 +547,22 @@ class WriteShell:
                 result.partition,
                 latest,
             )
-            self.versions[result.partition] = latest
+            self.versions[result.partition] = self.durable[result.partition] = latest
+            self.pipelined.discard(result.partition)
         elif result.partition in self.versions:
             self.versions[result.partition] = result.version
-            if result.checkpointed:  # the lease, holds and trimming follow durable ones only
-                self.folded[result.partition] = result.persist_folded
-                kept = self.kept_offsets.setdefault(result.partition, [])
-                kept[:] = [*kept, result.folded_offset][-2:]
+            # The lease, holds and trimming follow durable checkpoints only: a pipelined step's
+            # once a later result confirms it, an inline one's at once.
+            if result.confirmed is not None:
+                c = result.confirmed
+                self._advance_durable(
+                    result.partition, c.version, c.persist_folded, c.folded_offset
+                )
+            if result.checkpointed:
+                self._advance_durable(
+                    result.partition, result.version, result.persist_folded, result.folded_offset
+                )
+                self.pipelined.add(result.partition)
         if result.rebuilt:
             log.warning(
                 "partition %d rebuilt its corrections from all of desired: the shard's since "
@@ -541,6 +573,38 @@ class WriteShell:
         DEAD.labels(self.config.sink_id).inc(result.dead_letters)
         READ_BACK.labels(self.config.sink_id).inc(result.bytes_read_back)
         WRITTEN.labels(self.config.sink_id).inc(result.bytes_written)
+
+    def _advance_durable(
+        self, partition: int, version: int, persist_folded: Frontier, folded_offset: int | None
+    ) -> None:
+        """Checkpoint `version` of `partition` is known created: the lease and the critical
+        hold may follow its fold, and desired may be trimmed below the older of the newest two
+        (`folded_offset` None: not known, nothing trimmed further)."""
+        if version <= self.durable.get(partition, -1):
+            return  # an older confirmation (the chain moved on past it)
+        self.durable[partition] = version
+        self.folded[partition] = persist_folded
+        if folded_offset is not None:
+            kept = self.kept_offsets.setdefault(partition, [])
+            kept[:] = [*kept, folded_offset][-2:]
+
+    def _confirm_pending(self) -> None:
+        """On the way out, after the residents waited for their creates under way: a pending
+        version (`StepResult.pending`) that now exists is durable, so the final holds follow
+        it (`_hold`)."""
+        for partition, version in sorted(self.versions.items()):
+            if version <= self.durable.get(partition, -1):
+                continue
+            try:
+                meta = checkpoint.read_meta(self.config.sink_id, partition, version, self.config.s3)
+            except Exception as error:  # the holds stay at the older checkpoint: still valid
+                log.warning(
+                    "partition %d: reading checkpoint %d failed: %r", partition, version, error
+                )
+                continue
+            if meta is not None:
+                folded = Frontier.from_elements(meta["persist_folded"])
+                self._advance_durable(partition, version, folded, None)
 
     def _maybe_restage(self) -> None:
         """Stage the current description again when its batch stayed unappended for

@@ -5,6 +5,8 @@ description or none) of one `SinkSpec` (what every step of the sink shares), run
 `WriteWorker`: what the Python worker keeps from step to step (states, desired readers, shard
 handles). Its decisions are `services.write.state`'s (`plan_start`, `plan_batch`); the steps
 of `run_task` apply them:
+0. wait for the partition's pipelined create under way in this Python worker, if any: lost to
+   another owner, the step is stale;
 1. load the partition's correction state at the version the driver expects: this executor's
    (in memory, or its warm copy), else that version's checkpoint in object storage, else empty
    (`services.write.checkpoint`). If the shard's `since` has passed the upper the state folded
@@ -30,7 +32,8 @@ of `run_task` apply them:
 5. checkpoint the state as the next version (conditional create: a second owner loses;
    `services.write.checkpoint`), unless the step is a gained partition's first fold
    (`StepSpec.checkpoint`): that state stays in the executor, and the staging step after it
-   writes the corrections once.
+   writes the corrections once. A resident's pipelined staging step (`StepSpec.pipelined`)
+   starts the create and reports; the partition's next step here waits for it first (step 0).
 
 A step that would have to read desired records the broker has deleted (a cold start or a
 rebuild on a topic that no longer starts at offset 0, a checkpoint older than what is left)
@@ -49,6 +52,7 @@ import contextlib
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -120,6 +124,16 @@ class StepSpec:
     #: checkpoints it, and the driver moves neither the partition's critical hold nor its kept
     #: desired offsets for it (they follow durable checkpoints only).
     checkpoint: bool = True
+    #: The newest version the driver knows was created (None: `version`). Below `version`
+    #: when the step before reported while its create was under way (`pipelined`): a step
+    #: that finds `version` never created continues from this one (`checkpoint.load`).
+    durable: int | None = None
+    #: Whether a resident may report this step before its checkpoint is created (invariant 4
+    #: of `services.write`): the create runs while the batch is appended, and the partition's
+    #: next step in this Python worker waits for it before anything else. The driver sets it
+    #: for staging steps of partitions whose chain it has itself continued since it gained them
+    #: (`services.write.shell.WriteShell.pipelined`); a one-shot task ignores it.
+    pipelined: bool = False
 
     def __post_init__(self) -> None:
         if not self.checkpoint and self.desc is not None:
@@ -162,6 +176,12 @@ class StepResult:
     #: The step wrote checkpoint `version` (durable: the driver may move the partition's
     #: critical hold to `persist_folded` and keep desired from `folded_offset`).
     checkpointed: bool = False
+    #: Checkpoint `version` is being created (`StepSpec.pipelined`): not durable yet.
+    pending: bool = False
+    #: A pipelined create this Python worker found done since the partition's last result:
+    #: that version is durable, with what its state had folded (what `checkpointed` says of
+    #: this step's own).
+    confirmed: checkpoint.Confirmed | None = None
     #: The checkpoint was older than the shard's since: rebuilt from all of desired (`Rebuild`).
     rebuilt: bool = False
     #: Desired records it needed were gone: nothing was staged or checkpointed.
@@ -183,6 +203,9 @@ class WriteWorker:
     readers: Readers = field(default_factory=Readers)
     #: Open shards, by shard id.
     shards: dict[str, Shard] = field(default_factory=dict)
+    #: Where pipelined steps' checkpoints are created (`StepSpec.pipelined`): a resident's
+    #: only; None runs every checkpoint inline.
+    creates: ThreadPoolExecutor | None = None
 
     def shard(self, sink: SinkSpec) -> Shard:
         """The sink's shard, opened once per worker."""
@@ -195,18 +218,37 @@ class WriteWorker:
         """The worker of a resident task in this Python worker (`services.write.resident`, rule
         1): the same states in memory and shards, but the warm copies written only when it
         leaves (`leave`), and the desired readers kept from step to step."""
+        shared = self.states
         return WriteWorker(
-            StateCache(self.states.states, warm_copies=False), Readers(keep=True), self.shards
+            StateCache(
+                shared.states,
+                warm_copies=False,
+                pending=shared.pending,
+                confirmed=shared.confirmed,
+            ),
+            Readers(keep=True),
+            self.shards,
+            ThreadPoolExecutor(_CREATES, thread_name_prefix="checkpoint-create"),
         )
 
     def leave(self) -> None:
-        """A resident leaving: close its readers and write the warm copies it deferred, for the
-        one-shot tasks this Python worker may run next."""
+        """A resident leaving: wait for its checkpoints under way (a lost or failed one drops
+        its state), close its readers and write the warm copies of the states it saved, for
+        the one-shot tasks this Python worker may run next."""
+        for sink_id, partition in list(self.states.pending):
+            try:
+                checkpoint.resolve(sink_id, partition, self.states)
+            except Exception as error:
+                log.warning("partition %d: its checkpoint failed: %r", partition, error)
+        if self.creates is not None:
+            self.creates.shutdown()
         self.readers.close()
         self.states.save_warm_copies()
 
 
 _DEFAULT: WriteWorker | None = None
+#: Creates a resident runs at once (one per partition at most).
+_CREATES = 4
 
 
 def default_worker() -> WriteWorker:
@@ -235,28 +277,45 @@ def run_task(
     try:
         for _ in range(_READ_ATTEMPTS):
             try:
-                return _step(spec, worker, shard_state)
+                result = _step(spec, worker, shard_state)
+                worker.states.confirmed.pop((spec.sink.sink_id, spec.partition), None)
+                return result
             except SincePassed as error:
                 worker.states.drop(spec.sink.sink_id, spec.partition)
                 log.warning("%s: starting the step over", error)
                 shard_state = None
         raise MvsinkError(f"partition {spec.partition}: the shard's since kept passing its fold")
     except BaseException:
+        with contextlib.suppress(Exception):  # the next attempt loads what is durable
+            checkpoint.resolve(spec.sink.sink_id, spec.partition, worker.states)
         worker.states.drop(spec.sink.sink_id, spec.partition)
         raise
 
 
 def _step(spec: StepSpec, worker: WriteWorker, shard_state: ShardState | None) -> StepResult:
     sink, lap = spec.sink, _Laps()
-    state, bytes_read = checkpoint.load(
-        sink.sink_id,
-        spec.partition,
-        spec.version,
-        sink.s3,
-        sink.row_schema,
-        sink.as_of,
-        worker.states,
-    )
+    # The partition's create under way here (pipelined) must have succeeded before anything
+    # continues from its state (invariant 4 of `services.write`).
+    lost = checkpoint.resolve(sink.sink_id, spec.partition, worker.states)
+    confirmed = worker.states.confirmed.get((sink.sink_id, spec.partition))  # `run_task` pops it
+    lap("resolve")
+    try:
+        if lost is not None:
+            raise checkpoint.Superseded(f"partition {spec.partition}: version {lost} was lost")
+        state, bytes_read = checkpoint.load(
+            sink.sink_id,
+            spec.partition,
+            spec.version,
+            sink.s3,
+            sink.row_schema,
+            sink.as_of,
+            worker.states,
+            spec.durable,
+        )
+    except checkpoint.Superseded as error:
+        log.warning("%s: the step is stale", error)
+        empty = checkpoint.empty(sink.row_schema, sink.as_of, spec.version)
+        return _void(spec, empty, lap, 0, confirmed=confirmed)
     shard = worker.shard(sink)
     shard_state = shard_state or shard.state()
     start = plan_start(state.version, state.persist_folded, shard_state.since)
@@ -264,7 +323,7 @@ def _step(spec: StepSpec, worker: WriteWorker, shard_state: ShardState | None) -
         if _newer_checkpoint(spec):
             # A driver that has not seen the newest checkpoint (which the critical hold
             # protects): its result would be stale anyway, and a rebuild reads all of desired.
-            return _void(spec, state, lap, bytes_read)
+            return _void(spec, state, lap, bytes_read, confirmed=confirmed)
         log.warning(
             "partition %d: shard since %s passed checkpoint %d (folded %s): rebuilding",
             spec.partition,
@@ -291,8 +350,9 @@ def _step(spec: StepSpec, worker: WriteWorker, shard_state: ShardState | None) -
     except DesiredGone as error:
         worker.states.drop(sink.sink_id, spec.partition)  # folded nothing, but unsure
         if _newer_checkpoint(spec):
-            return _void(spec, state, lap, bytes_read)
-        return _void(spec, state, lap, bytes_read, Gone(error.needed, error.log_start, str(error)))
+            return _void(spec, state, lap, bytes_read, confirmed=confirmed)
+        gone = Gone(error.needed, error.log_start, str(error))
+        return _void(spec, state, lap, bytes_read, gone, confirmed)
     lap("desired")
     shard_state, read_back = _fold_persist(spec, state, shard, shard_state)
     bytes_read += read_back
@@ -303,7 +363,14 @@ def _step(spec: StepSpec, worker: WriteWorker, shard_state: ShardState | None) -
     batch = plan_batch(spec.desc, shard_state.upper)
     part = _stage(spec, state, shard, batch)
     lap("stage")
-    if spec.checkpoint:
+    creates = worker.creates if spec.checkpoint and spec.pipelined else None
+    pending = creates is not None
+    if creates is not None:
+        checkpoint.save_later(
+            sink.sink_id, spec.partition, sink.s3, sink.writer_id, state, worker.states, creates
+        )
+        checkpointed: int | None = 0
+    elif spec.checkpoint:
         checkpointed = checkpoint.save(
             sink.sink_id, spec.partition, sink.s3, sink.writer_id, state, worker.states
         )
@@ -311,7 +378,9 @@ def _step(spec: StepSpec, worker: WriteWorker, shard_state: ShardState | None) -
         checkpoint.keep(sink.sink_id, spec.partition, state, worker.states)
         checkpointed = 0
     lap("checkpoint")
-    return _result(spec, state, start, batch, part, checkpointed, dead, bytes_read, lap)
+    return _result(
+        spec, state, start, batch, part, checkpointed, dead, bytes_read, lap, pending, confirmed
+    )
 
 
 def _newer_checkpoint(spec: StepSpec) -> bool:
@@ -369,9 +438,12 @@ def _result(
     dead: int,
     bytes_read: int,
     lap: _Laps,
+    pending: bool,
+    confirmed: checkpoint.Confirmed | None,
 ) -> StepResult:
     """The result of a step that ran to its checkpoint (`checkpointed`: its size, 0 if the step
-    writes none, or None if another owner wrote that version first)."""
+    writes none or its create is under way (`pending`), or None if another owner wrote that
+    version first)."""
     return _report(
         spec,
         state,
@@ -384,18 +456,32 @@ def _result(
         outdated=isinstance(batch, Outdated),
         stale=checkpointed is None,
         rebuilt=isinstance(start, Rebuild),
-        checkpointed=spec.checkpoint and checkpointed is not None,
+        checkpointed=spec.checkpoint and not pending and checkpointed is not None,
+        pending=pending,
+        confirmed=confirmed,
     )
 
 
 def _void(
-    spec: StepSpec, state: PartitionState, lap: _Laps, bytes_read: int, gone: Gone | None = None
+    spec: StepSpec,
+    state: PartitionState,
+    lap: _Laps,
+    bytes_read: int,
+    gone: Gone | None = None,
+    confirmed: checkpoint.Confirmed | None = None,
 ) -> StepResult:
     """A step that staged and checkpointed nothing: stale (a newer checkpoint exists), or
     `gone` (the desired records it needed were deleted)."""
     lap("desired")
     return _report(
-        spec, state, lap, bytes_read, version=spec.version, stale=gone is None, gone=gone
+        spec,
+        state,
+        lap,
+        bytes_read,
+        version=spec.version,
+        stale=gone is None,
+        gone=gone,
+        confirmed=confirmed,
     )
 
 
@@ -414,6 +500,8 @@ def _report(
     rebuilt: bool = False,
     gone: Gone | None = None,
     checkpointed: bool = False,
+    pending: bool = False,
+    confirmed: checkpoint.Confirmed | None = None,
 ) -> StepResult:
     """A step's result: what `state` holds now, with the step's outcome."""
     return StepResult(
@@ -432,6 +520,8 @@ def _report(
         rebuilt=rebuilt,
         gone=gone,
         checkpointed=checkpointed,
+        pending=pending,
+        confirmed=confirmed,
         executor=executor_id(),
         seconds=lap.seconds,
     )

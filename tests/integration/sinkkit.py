@@ -17,6 +17,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 import yaml
@@ -24,7 +25,7 @@ from confluent_kafka import Producer
 
 from mvsink.core.codec import decode_message
 from mvsink.core.frontier import Frontier
-from mvsink.core.messages import BatchDescription, DesiredProgress, StagedBatch
+from mvsink.core.messages import BatchDescription, BatchId, DesiredProgress, StagedBatch
 from mvsink.core.rows import parse_row_schema
 from mvsink.io.config import Config, S3Settings, Topics
 from mvsink.io.kafka import (
@@ -38,6 +39,9 @@ from mvsink.io.kafka import (
 from mvsink.shard import Shard, open_shard
 from mvsink.tools.provision import provision
 from mvsink.upstream.producer import DesiredProducer
+
+if TYPE_CHECKING:
+    from services.write.task import StepSpec
 
 ROW_SCHEMA = "k string, v long"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -413,3 +417,32 @@ def converged(sink: Sink, upstream: Upstream) -> bool:
         upper == Frontier.at(upstream.frontier)
         and contents(sink, upstream.frontier) == upstream.expected()
     )
+
+
+def step_specs(
+    sink: Sink, versions: dict[int, int], stage: tuple[int, int] | None = None
+) -> list[StepSpec]:
+    """Specs as the write driver makes them, for every partition of `sink`, staging
+    `[lower, upper)` or only folding."""
+    from services.write.task import SinkSpec, StepSpec
+
+    c = sink.config
+    desc = None
+    if stage:
+        desc = BatchDescription(
+            c.sink_id, BatchId(0, 0), Frontier.at(stage[0]), Frontier.at(stage[1]), 0
+        )
+    of = SinkSpec(
+        sink_id=c.sink_id,
+        shard_id=c.shard_id,
+        partitions=c.partitions,
+        partitioning=c.partitioning,
+        bootstrap=c.kafka_bootstrap,
+        desired_topic=c.topics.desired,
+        dead_letter_topic=c.topics.dead_letter,
+        s3=c.s3,
+        row_schema=parse_row_schema(ROW_SCHEMA),
+        as_of=c.as_of,
+        writer_id="test-writer",
+    )
+    return [StepSpec(of, p, versions.get(p, -1), desc) for p in range(c.partitions)]

@@ -3,6 +3,8 @@ against real Kafka, MinIO and Spark."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import signal
 import subprocess
@@ -27,6 +29,7 @@ from sinkkit import (
     wait_until,
 )
 
+from mvsink.bench.rss import tree
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import BatchDescription, BatchId, Update, Updates, UpdatesArrow
 from mvsink.core.rows import parse_row_schema, row_encoder
@@ -488,3 +491,75 @@ def test_the_view_job_alone_publishes_ticks(sink: Sink) -> None:
     assert "view stopped after 2 ticks" in view.stderr
     latest = read_compacted(sink.config.kafka_bootstrap, sink.config.topics.frontiers)
     assert latest[f"desired:{sink.config.sink_id}:0"].frontier == F(2)  # type: ignore[union-attr]
+
+
+def _signal_tree(service: Service, how: signal.Signals) -> None:
+    """Send `how` to a service and all its descendants (its Spark JVM and Python workers)."""
+    assert service.proc is not None
+    for pid in tree(service.proc.pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, how)
+
+
+def test_a_write_replica_paused_with_checkpoints_under_way_forks_no_chain(
+    sink: Sink, procs: list[Service]
+) -> None:
+    """Two write replicas in resident tasks, whose staging steps report before their
+    checkpoints are created (`StepSpec.pipelined`). One is paused whole (driver, JVM, Python
+    workers) right after a tick, so with creates likely under way, for longer than the group's
+    session: the other gains its partitions, stages them from the newest checkpoints, and meets
+    the paused one's creates, landed or not, at its own conditional creates. Resumed, the
+    paused one is revoked or stale. No partition's chain forks (a fork would halt the sink with
+    desired records gone), the shard ends with every update once, and after a clean stop no
+    partition's hold, nor `since`, is past its newest checkpoint's fold. (They may be behind
+    it: a driver revoked moves its partitions' holds no further, and the next owner moves them
+    at its first create.)"""
+    from services.write import checkpoint
+
+    start(procs, sink, "mint")
+    start(procs, sink, "append")
+    writes = [start(procs, sink, "write", f"-{i}", MVSINK_SPARK_RESIDENTS="true") for i in range(2)]
+    wait_until(
+        lambda: all(_assigned(w, "desired partitions assigned:") for w in writes),
+        120,
+        "both replicas to own a share",
+    )
+    upstream = Upstream(sink)
+    for _ in range(4):
+        upstream.tick()
+        time.sleep(0.3)
+    wait_until(lambda: converged(sink, upstream), 180, "convergence")
+    paused, other = writes
+    upstream.tick()
+    time.sleep(0.05)
+    _signal_tree(paused, signal.SIGSTOP)
+    try:
+        for _ in range(3):
+            upstream.tick()
+            time.sleep(0.5)
+        every = list(range(sink.config.partitions))
+        wait_until(
+            lambda: _assigned(other, "desired partitions assigned:") == every,
+            60,
+            "the other replica to gain every partition",
+        )
+        wait_until(lambda: converged(sink, upstream), 180, "convergence without the paused one")
+    finally:
+        _signal_tree(paused, signal.SIGCONT)
+    for _ in range(4):
+        upstream.tick()
+        time.sleep(0.3)
+    wait_until(lambda: converged(sink, upstream), 180, "convergence after the resume")
+    assert all(d == 1 for d in contents(sink, upstream.frontier).values())
+    for write in writes:
+        assert write.proc is not None and write.proc.poll() is None, write.text()[-3000:]
+        assert "are gone" not in write.text() and "mvsink repair" not in write.text()
+    assert other.stop() == 0 and paused.stop() == 0
+    c, state = sink.config, sink.shard.state()
+    for p in range(c.partitions):
+        meta = checkpoint.read_meta(c.sink_id, p, checkpoint.latest(c.sink_id, p, c.s3), c.s3)
+        assert meta is not None, p
+        folded = Frontier.from_elements(meta["persist_folded"])
+        hold = state.hold(checkpoint.holder_id(c.sink_id, p))
+        assert hold is not None and not folded.less_than(hold.since), (p, hold, folded)
+        assert not folded.less_than(state.since), (p, state.since, folded)

@@ -21,7 +21,7 @@ import pytest
 
 from mvsink.core.errors import InvalidUsage
 from mvsink.core.frontier import Frontier
-from mvsink.core.messages import BatchDescription, BatchId, Progress
+from mvsink.core.messages import Progress
 from mvsink.core.rows import parse_row_schema
 from mvsink.io.config import S3Settings
 from mvsink.io.kafka import delete_below
@@ -30,8 +30,8 @@ from mvsink.upstream.desired import decode_desired
 from services.write import checkpoint, fold, task
 from services.write.checkpoint import StateCache
 from services.write.resident import Crew, Work
-from services.write.task import SinkSpec, StepResult, StepSpec, WriteWorker, run_tasks
-from tests.integration.sinkkit import ROW_SCHEMA, Sink, Upstream, wait_until
+from services.write.task import StepResult, StepSpec, WriteWorker, run_tasks
+from tests.integration.sinkkit import ROW_SCHEMA, Sink, Upstream, step_specs, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -46,33 +46,6 @@ def crew(spark: Any) -> Iterator[Crew]:
     crew = Crew(spark)
     yield crew
     crew.dismiss()  # the session's Spark serves the next tests
-
-
-def specs(
-    sink: Sink, versions: dict[int, int], stage: tuple[int, int] | None = None
-) -> list[StepSpec]:
-    """Specs as the write driver makes them, for every partition of `sink`, staging
-    `[lower, upper)` or only folding."""
-    c = sink.config
-    desc = None
-    if stage:
-        desc = BatchDescription(
-            c.sink_id, BatchId(0, 0), Frontier.at(stage[0]), Frontier.at(stage[1]), 0
-        )
-    of = SinkSpec(
-        sink_id=c.sink_id,
-        shard_id=c.shard_id,
-        partitions=c.partitions,
-        partitioning=c.partitioning,
-        bootstrap=c.kafka_bootstrap,
-        desired_topic=c.topics.desired,
-        dead_letter_topic=c.topics.dead_letter,
-        s3=c.s3,
-        row_schema=parse_row_schema(ROW_SCHEMA),
-        as_of=c.as_of,
-        writer_id="test-writer",
-    )
-    return [StepSpec(of, p, versions.get(p, -1), desc) for p in range(c.partitions)]
 
 
 def one_each(of: list[StepSpec]) -> list[Work]:
@@ -90,7 +63,7 @@ def test_residents_run_the_steps_and_keep_the_state_in_memory(
     upstream = Upstream(sink, keys=8)
     for _ in range(3):
         upstream.tick()
-    results, left = crew.run(one_each(specs(sink, {}, (0, 3))), ["driver"], 2)
+    results, left = crew.run(one_each(step_specs(sink, {}, (0, 3))), ["driver"], 2)
     assert left == []
     assert sorted(r.partition for r in results) == [0, 1]
     assert all(not r.stale and not r.outdated and r.version == 0 for r in results)
@@ -102,7 +75,7 @@ def test_residents_run_the_steps_and_keep_the_state_in_memory(
     warm = Path(local) / "warm" / sink.config.sink_id
     assert not warm.exists()  # residents write no warm copies while they serve
     again, left = crew.run(
-        one_each(specs(sink, {r.partition: r.version for r in results})), ["driver"], 2
+        one_each(step_specs(sink, {r.partition: r.version for r in results})), ["driver"], 2
     )
     assert left == [] and {r.pid for r in crew.residents} == pids
     assert all(r.version == 1 and r.bytes_read_back == 0 for r in again)
@@ -118,12 +91,12 @@ def test_a_lost_resident_hands_its_partitions_back(sink: Sink, crew: Crew, spark
     the resident wrote (its memory went with it)."""
     upstream = Upstream(sink)
     upstream.tick()
-    results, _ = crew.run(one_each(specs(sink, {}, (0, 1))), ["driver"], 2)
+    results, _ = crew.run(one_each(step_specs(sink, {}, (0, 1))), ["driver"], 2)
     versions = {r.partition: r.version for r in results}
-    victim = crew.assign(one_each(specs(sink, versions)))[0][0]
+    victim = crew.assign(one_each(step_specs(sink, versions)))[0][0]
     os.kill(victim.pid, signal.SIGKILL)
     upstream.tick()
-    work = one_each(specs(sink, versions))
+    work = one_each(step_specs(sink, versions))
     done, left = crew.run(work, ["driver"], 2)
     assert [spec.partition for item in left for spec in item[0]] == [work[0][0][0].partition]
     assert [r.partition for r in done] == [work[1][0][0].partition]
@@ -137,7 +110,7 @@ def test_a_lost_resident_hands_its_partitions_back(sink: Sink, crew: Crew, spark
 
 def test_residents_step_aside_for_another_spark_job(sink: Sink, crew: Crew, spark: Any) -> None:
     Upstream(sink).tick()
-    results, _ = crew.run(one_each(specs(sink, {})), ["driver"], 2)
+    results, _ = crew.run(one_each(step_specs(sink, {})), ["driver"], 2)
     counted: list[int] = []
     other = threading.Thread(
         target=lambda: counted.append(spark.sparkContext.parallelize(range(10), 2).count())
@@ -146,7 +119,7 @@ def test_residents_step_aside_for_another_spark_job(sink: Sink, crew: Crew, spar
     tracker = spark.sparkContext.statusTracker()
     wait_until(lambda: len(tracker.getActiveJobsIds()) >= 2, 30, "the other job to be submitted")
     versions = {r.partition: r.version for r in results}
-    again, left = crew.run(one_each(specs(sink, versions)), ["driver"], 2)
+    again, left = crew.run(one_each(step_specs(sink, versions)), ["driver"], 2)
     assert left == [] and len(again) == 2  # the round still ran in the residents
     assert crew.job is None  # ... and then they went home
     other.join(60)
@@ -155,7 +128,7 @@ def test_residents_step_aside_for_another_spark_job(sink: Sink, crew: Crew, spar
     wait_until(crewless, 30, "the status tracker to see the other job end")
     # With no other job active the next round launches a new crew.
     versions = {r.partition: r.version for r in again}
-    third, left = crew.run(one_each(specs(sink, versions)), ["driver"], 2)
+    third, left = crew.run(one_each(step_specs(sink, versions)), ["driver"], 2)
     assert left == [] and len(third) == 2 and crew.job is not None
 
 
@@ -163,7 +136,7 @@ def test_only_the_crews_token_joins(sink: Sink, crew: Crew) -> None:
     """A connection with a wrong token is refused before its hello is read, even a hello that
     would otherwise join (a free slot, on the crew's executor)."""
     Upstream(sink).tick()
-    crew.run(one_each(specs(sink, {})), ["driver"], 2)
+    crew.run(one_each(step_specs(sink, {})), ["driver"], 2)
     assert crew.address is not None and len(crew.residents) == 2
     crew.expected = 3  # a slot free for the intruder, were its token right
     frames = b""
@@ -187,7 +160,7 @@ def test_a_step_failing_in_a_resident_hands_its_group_back(
     back as work left for a one-shot job, where Spark retries it and the error surfaces; the
     other group's result is kept."""
     Upstream(sink).tick()
-    work = one_each(specs(sink, {0: 7}))
+    work = one_each(step_specs(sink, {0: 7}))
     done, left = crew.run(work, ["driver"], 2)
     assert [r.partition for r in done] == [1] and left == [work[0]]
     assert crew.job is None and crew.failures == 1
@@ -207,10 +180,10 @@ def test_a_failed_step_drops_the_state_it_changed_in_memory(
     sink = Sink.create(kafka_bootstrap, s3_settings, tmp_path, partitions=1)
     upstream = Upstream(sink, keys=2)
     upstream.tick()
-    [first] = [task.run_task(s, worker) for s in specs(sink, {})]  # version 0, kept in memory
+    [first] = [task.run_task(s, worker) for s in step_specs(sink, {})]  # version 0, kept in memory
     upstream.tick()
     upstream.tick()  # partition 0 now holds: updates 1, progress 2, updates 2, progress 3
-    [spec] = specs(sink, {0: first.version})
+    [spec] = step_specs(sink, {0: first.version})
     original, calls = decode_desired, []
 
     def flaky(*args: Any) -> Any:
@@ -245,7 +218,7 @@ def test_a_first_fold_checkpoints_nothing_and_the_staging_step_after_it_does(
     upstream = Upstream(sink, keys=4)
     upstream.tick()
     upstream.tick()
-    [fold_only] = specs(sink, {})
+    [fold_only] = step_specs(sink, {})
     first = task.run_task(replace(fold_only, checkpoint=False), WriteWorker())
     assert (first.version, first.checkpointed, first.stale, first.bytes_written) == (
         -1,
@@ -269,7 +242,7 @@ def test_a_first_fold_checkpoints_nothing_and_the_staging_step_after_it_does(
     # Records below the fold deleted (as a trim would): only the kept state can go on now.
     delete_below(c.kafka_bootstrap, c.topics.desired, {0: first.folded_offset})
     upstream.tick()
-    [stage] = specs(sink, {}, (0, 3))
+    [stage] = step_specs(sink, {}, (0, 3))
     gone = task.run_task(stage, WriteWorker())  # executor-2: from nothing, offset 0
     assert gone.gone is not None and gone.part is None and not gone.checkpointed
     monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-1"))

@@ -5,14 +5,16 @@ executor (a gained partition's first fold, `StepSpec.checkpoint`)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 
 from mvsink.core.frontier import Frontier
-from services.write.checkpoint import holder_id
+from mvsink.core.messages import BatchDescription, BatchId
+from services.write.checkpoint import Confirmed, holder_id
 from services.write.shell import WriteShell
-from services.write.state import WriteState
+from services.write.state import StageJob, WriteState
 from services.write.task import StepResult
 
 F = Frontier.at
@@ -26,6 +28,8 @@ def shell(versions: dict[int, int]) -> WriteShell:
     driver.state = WriteState("holds", 2, read_only=False)
     driver.state.set_owned(frozenset(versions))
     driver.versions, driver.unchecked = dict(versions), set(versions)
+    driver.durable, driver.pipelined = dict(versions), set()
+    driver.sink = None  # type: ignore[assignment]  # carried in the specs only
     driver.folded, driver.home, driver.kept_offsets, driver.gone = {}, {}, {}, {}
     return driver
 
@@ -64,3 +68,43 @@ def test_the_lease_holds_and_kept_offsets_follow_durable_checkpoints_only(versio
     driver._absorb_result(result(0, version + 1, folded=11, offset=150, durable=False))
     assert driver._hold_target()[1][holder_id("holds", 0)] == F(9)  # not durable: unmoved
     assert driver.kept_offsets == {0: [120], 1: [130]}
+
+
+def test_pipelined_steps_move_the_holds_once_a_later_result_confirms_them() -> None:
+    """A resident reports a staging step while its checkpoint is being created (`pending`):
+    the driver continues from that version, but the lease, the hold and the kept desired
+    offsets move only when a later result confirms it (`confirmed`); a gained partition and
+    one found stale stage inline until the driver has created a version of its own."""
+    driver = shell({0: 4})
+    desc = BatchDescription("holds", BatchId(0, 1), F(10), F(11), 0)
+    job = StageJob(desc, (0,))
+    assert not driver._specs((0,), job)[0].pipelined  # gained: its first staging is inline
+    driver._absorb_result(result(0, 5, folded=9, offset=100, durable=True))
+    assert driver.pipelined == {0} and driver.durable == {0: 5}
+    (spec,) = driver._specs((0,), job)
+    assert spec.pipelined and spec.version == 5 and spec.durable == 5
+    assert not driver._specs((0,), None)[0].pipelined  # folds stay inline
+    driver._absorb_result(replace(result(0, 6, folded=11, offset=150, durable=False), pending=True))
+    (spec,) = driver._specs((0,), job)
+    assert spec.version == 6 and spec.durable == 5  # a step finding 6 never created falls back
+    assert driver._hold_target()[1] == {holder_id("holds", 0): F(9)}
+    assert driver.kept_offsets == {0: [100]}
+    confirming = replace(
+        result(0, 7, folded=13, offset=200, durable=False),
+        pending=True,
+        confirmed=Confirmed(6, 150, F(11), 1),
+    )
+    driver._absorb_result(confirming)
+    assert driver.versions == {0: 7} and driver.durable == {0: 6}
+    assert driver._hold_target()[1] == {holder_id("holds", 0): F(11)}
+    assert driver.kept_offsets == {0: [100, 150]}  # trimmed below 100: what 6 and 5 need
+    # A confirmation the chain has moved past moves nothing back.
+    driver._absorb_result(replace(confirming, version=7, confirmed=Confirmed(5, 100, F(9), 1)))
+    assert driver._hold_target()[1] == {holder_id("holds", 0): F(11)}
+    assert driver.kept_offsets == {0: [100, 150]} and driver.durable == {0: 6}
+    # Stale (7 lost to another owner): continue from the newest, inline until a create of its own.
+    driver._latest_checkpoint = lambda partition: 7  # type: ignore[method-assign]
+    driver._absorb_result(replace(result(0, 7, folded=0, offset=0, durable=False), stale=True))
+    assert driver.versions == {0: 7} and driver.durable == {0: 7} and driver.pipelined == set()
+    assert not driver._specs((0,), job)[0].pipelined
+    assert driver._hold_target()[1] == {holder_id("holds", 0): F(11)}  # never moved back

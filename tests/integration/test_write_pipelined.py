@@ -1,0 +1,188 @@
+"""Pipelined checkpoints (`services.write.task.StepSpec.pipelined`) on real Kafka and MinIO, in
+process: a resident's staging step reports its part while its checkpoint is being created; the
+partition's next step waits for that create before anything else, and reports it confirmed;
+a create lost to another owner makes that next step stale before it stages; a create that
+never happened (its Python worker died or paused) is continued from the version before it,
+and the straggler, if it ever lands, loses. Each part appended is exact whatever lineage staged
+it, so the shard ends with every update once."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+from minio.commonconfig import CopySource
+
+from mvsink.core.frontier import Frontier
+from mvsink.core.rows import parse_row_schema
+from mvsink.io.config import S3Settings
+from mvsink.shard import Appended
+from services.write import checkpoint, task
+from services.write.task import StepResult, StepSpec, WriteWorker
+from tests.integration.sinkkit import ROW_SCHEMA, Sink, Upstream, contents, step_specs
+
+pytestmark = pytest.mark.integration
+
+
+class Gate:
+    """Holds the creates that resident workers run in the background (`checkpoint-create`
+    threads) until opened; inline creates pass."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.open = threading.Event()
+        real = checkpoint.create
+
+        def gated(*args: Any) -> Any:
+            if threading.current_thread().name.startswith("checkpoint-create"):
+                assert self.open.wait(60), "the gate was never opened"
+            return real(*args)
+
+        monkeypatch.setattr(checkpoint, "create", gated)
+
+
+@pytest.fixture
+def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
+    gate = Gate(monkeypatch)
+    yield gate
+    gate.open.set()  # never leave a worker thread waiting
+
+
+@pytest.fixture
+def sink(
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Sink:
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-1"))
+    return Sink.create(kafka_bootstrap, s3_settings, tmp_path, partitions=1)
+
+
+def step(sink: Sink, version: int, lower: int, upper: int, durable: int | None = None) -> StepSpec:
+    """Partition 0's pipelined staging step of `[lower, upper)` from `version`."""
+    [spec] = step_specs(sink, {0: version}, (lower, upper))
+    return replace(spec, durable=durable, pipelined=True)
+
+
+def append(sink: Sink, result: StepResult, lower: int, upper: int) -> None:
+    """What append does with the step's batch."""
+    parts = [] if result.part is None else [result.part]
+    outcome = sink.shard.compare_and_append(parts, Frontier.at(lower), Frontier.at(upper))
+    assert isinstance(outcome, Appended), outcome
+
+
+def test_a_step_reports_before_its_checkpoint_and_the_next_step_confirms_it(
+    sink: Sink, gate: Gate
+) -> None:
+    c = sink.config
+    base = WriteWorker()  # a Python worker's: its one-shot tasks share the resident's states
+    resident = base.resident()
+    upstream = Upstream(sink, keys=4)
+    for _ in range(3):
+        upstream.tick()
+    first = task.run_task(step(sink, -1, 0, 3), resident)
+    assert first.pending and not first.checkpointed and first.version == 0
+    assert first.part is not None and first.part.updates == upstream.sent
+    assert checkpoint.latest(c.sink_id, 0, c.s3) == -1  # reported before its create
+    append(sink, first, 0, 3)
+    upstream.tick()
+    threading.Timer(0.5, gate.open.set).start()  # the next step waits for the create first
+    second = task.run_task(step(sink, 0, 3, 4, durable=-1), resident)
+    confirmed = second.confirmed
+    assert confirmed is not None and confirmed.size > 0
+    assert (confirmed.version, confirmed.folded_offset, confirmed.persist_folded) == (
+        0,
+        first.folded_offset,
+        first.persist_folded,
+    )
+    assert second.pending and second.version == 1 and not second.stale
+    meta = checkpoint.read_meta(c.sink_id, 0, 0, c.s3)
+    assert meta is not None and meta["folded_offset"] == first.folded_offset
+    assert Frontier.from_elements(meta["persist_folded"]) == first.persist_folded
+    append(sink, second, 3, 4)
+    # Leaving, the resident waits for version 1 and writes its warm copy; the Python worker's
+    # next task (a one-shot here) continues from it and reports it confirmed.
+    resident.leave()
+    assert checkpoint.latest(c.sink_id, 0, c.s3) == 1
+    assert base.states.states[(c.sink_id, 0)].version == 1
+    upstream.tick()
+    third = task.run_task(replace(step(sink, 1, 4, 5), pipelined=False), base)
+    assert third.checkpointed and third.version == 2
+    assert third.confirmed is not None and third.confirmed.version == 1
+    append(sink, third, 4, 5)
+    assert contents(sink, upstream.frontier) == upstream.expected()
+
+
+def test_a_create_lost_to_another_owner_makes_the_next_step_stale_before_it_stages(
+    sink: Sink, gate: Gate, tmp_path: Path
+) -> None:
+    c = sink.config
+    resident = WriteWorker().resident()
+    upstream = Upstream(sink, keys=4)
+    for _ in range(3):
+        upstream.tick()
+    first = task.run_task(step(sink, -1, 0, 3), resident)
+    assert first.pending and first.version == 0
+    append(sink, first, 0, 3)  # its part was reported: it is exact, whoever continues
+    # Another owner creates version 0 first (its own fold of nothing, as a gained partition's
+    # first staging could), then the resident's create goes through and loses.
+    other = checkpoint.empty(parse_row_schema(ROW_SCHEMA), c.as_of, -1)
+    assert checkpoint.save(c.sink_id, 0, c.s3, "other", other, checkpoint.StateCache())
+    gate.open.set()
+    upstream.tick()
+    stale = task.run_task(step(sink, 0, 3, 4, durable=-1), resident)
+    assert stale.stale and stale.part is None and stale.confirmed is None
+    assert (c.sink_id, 0) not in resident.states.states
+    assert not (tmp_path / "executor-1" / "warm" / c.sink_id / "p0.pickle").exists()
+    assert checkpoint.latest(c.sink_id, 0, c.s3) == 0
+    # The driver continues from the newest version (the other owner's), inline.
+    again = task.run_task(replace(step(sink, 0, 3, 4), pipelined=False), resident)
+    assert again.checkpointed and again.version == 1 and not again.stale
+    append(sink, again, 3, 4)
+    assert contents(sink, upstream.frontier) == upstream.expected()  # every update once
+    resident.leave()
+
+
+def test_a_create_that_never_happened_is_continued_from_the_version_before(
+    sink: Sink, gate: Gate, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The resident's Python worker stops (a pause, or a death) with its create under way; the
+    driver sends the partition's next step elsewhere, expecting that version; it is absent, so
+    the step continues from the version before and creates it itself. The straggler's create,
+    when it finally runs, loses; leaving, the resident keeps nothing of that state."""
+    c = sink.config
+    base = WriteWorker()
+    paused = base.resident()
+    upstream = Upstream(sink, keys=4)
+    for _ in range(3):
+        upstream.tick()
+    first = task.run_task(step(sink, -1, 0, 3), paused)
+    assert first.pending and first.version == 0
+    append(sink, first, 0, 3)
+    upstream.tick()
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-2"))
+    moved = task.run_task(replace(step(sink, 0, 3, 4, durable=-1), pipelined=False), WriteWorker())
+    assert moved.checkpointed and moved.version == 0 and not moved.stale
+    assert moved.part is not None
+    append(sink, moved, 3, 4)
+    assert contents(sink, upstream.frontier) == upstream.expected()
+    # The straggler resumes: its create of version 0 loses, and its state goes.
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-1"))
+    gate.open.set()
+    paused.leave()
+    assert (c.sink_id, 0) not in base.states.states and not base.states.pending
+    assert not (tmp_path / "executor-1" / "warm" / c.sink_id / "p0.pickle").exists()
+    meta = checkpoint.read_meta(c.sink_id, 0, 0, c.s3)
+    assert meta is not None and meta["folded_offset"] == moved.folded_offset  # the mover's
+    # A step expecting a version that is absent while a newer one exists lost the chain.
+    bucket = c.s3.bucket
+    client = checkpoint._client(c.s3)
+    client.copy_object(
+        bucket,
+        checkpoint.checkpoint_key(c.sink_id, 0, 2),
+        CopySource(bucket, checkpoint.checkpoint_key(c.sink_id, 0, 0)),
+    )
+    upstream.tick()
+    lost = task.run_task(replace(step(sink, 1, 4, 5, durable=0), pipelined=False), WriteWorker())
+    assert lost.stale and lost.part is None
