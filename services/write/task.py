@@ -300,7 +300,7 @@ def _step(spec: StepSpec, worker: WriteWorker, shard_state: ShardState | None) -
     confirmed = worker.states.confirmed.get((sink.sink_id, spec.partition))  # `run_task` pops it
     lap("resolve")
     try:
-        if lost is not None:
+        if lost is not None and lost >= spec.version:  # (an older loss: load what is asked)
             raise checkpoint.Superseded(f"partition {spec.partition}: version {lost} was lost")
         state, bytes_read = checkpoint.load(
             sink.sink_id,
@@ -320,7 +320,7 @@ def _step(spec: StepSpec, worker: WriteWorker, shard_state: ShardState | None) -
     shard_state = shard_state or shard.state()
     start = plan_start(state.version, state.persist_folded, shard_state.since)
     if isinstance(start, Rebuild):
-        if _newer_checkpoint(spec):
+        if _newer_checkpoint(spec, state.version):
             # A driver that has not seen the newest checkpoint (which the critical hold
             # protects): its result would be stale anyway, and a rebuild reads all of desired.
             return _void(spec, state, lap, bytes_read, confirmed=confirmed)
@@ -349,7 +349,7 @@ def _step(spec: StepSpec, worker: WriteWorker, shard_state: ShardState | None) -
         )
     except DesiredGone as error:
         worker.states.drop(sink.sink_id, spec.partition)  # folded nothing, but unsure
-        if _newer_checkpoint(spec):
+        if _newer_checkpoint(spec, state.version):
             return _void(spec, state, lap, bytes_read, confirmed=confirmed)
         gone = Gone(error.needed, error.log_start, str(error))
         return _void(spec, state, lap, bytes_read, gone, confirmed)
@@ -383,9 +383,11 @@ def _step(spec: StepSpec, worker: WriteWorker, shard_state: ShardState | None) -
     )
 
 
-def _newer_checkpoint(spec: StepSpec) -> bool:
-    """Whether a checkpoint newer than the one the driver expects exists (its step is stale)."""
-    return checkpoint.exists(spec.sink.sink_id, spec.partition, spec.version + 1, spec.sink.s3)
+def _newer_checkpoint(spec: StepSpec, loaded: int) -> bool:
+    """Whether a checkpoint newer than the one the step loaded exists (its step is stale): the
+    version the driver expects, or the one before it if that was never created
+    (`StepSpec.durable`) and a straggler's create has landed since."""
+    return checkpoint.exists(spec.sink.sink_id, spec.partition, loaded + 1, spec.sink.s3)
 
 
 def _fold_persist(

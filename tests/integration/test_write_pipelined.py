@@ -186,3 +186,37 @@ def test_a_create_that_never_happened_is_continued_from_the_version_before(
     upstream.tick()
     lost = task.run_task(replace(step(sink, 1, 4, 5, durable=0), pipelined=False), WriteWorker())
     assert lost.stale and lost.part is None
+
+
+def test_a_lost_create_older_than_the_step_asked_for_does_not_make_it_stale(
+    sink: Sink, gate: Gate, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resident's create lost while the partition's chain went on elsewhere: when the
+    partition comes back to it at a newer version, its step drops the lost state and continues
+    from the version asked for (the chain's, in object storage)."""
+    resident = WriteWorker().resident()
+    upstream = Upstream(sink, keys=4)
+    for _ in range(3):
+        upstream.tick()
+    first = task.run_task(step(sink, -1, 0, 3), resident)
+    assert first.pending and first.version == 0
+    append(sink, first, 0, 3)
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-2"))
+    elsewhere = WriteWorker()
+    for version, lower in ((0, 3), (0, 4)):  # versions 0 (from nothing) and 1, inline
+        upstream.tick()
+        moved = task.run_task(
+            replace(step(sink, version, lower, lower + 1, -1), pipelined=False), elsewhere
+        )
+        assert moved.checkpointed and not moved.stale
+        append(sink, moved, lower, lower + 1)
+    assert moved.version == 1
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-1"))
+    gate.open.set()  # the resident's create of version 0 now loses
+    upstream.tick()
+    back = task.run_task(replace(step(sink, 1, 5, 6), pipelined=False), resident)
+    assert not back.stale and back.checkpointed and back.version == 2
+    assert back.bytes_read_back > 0  # version 1 from object storage, not the lost state
+    append(sink, back, 5, 6)
+    assert contents(sink, upstream.frontier) == upstream.expected()
+    resident.leave()
