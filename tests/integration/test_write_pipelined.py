@@ -72,20 +72,28 @@ def append(sink: Sink, result: StepResult, lower: int, upper: int) -> None:
     assert isinstance(outcome, Appended), outcome
 
 
+def first_step(sink: Sink, worker: WriteWorker) -> tuple[Upstream, StepResult]:
+    """Three ticks of four keys, and partition 0's first pipelined staging step of them (its
+    create held by the gate), its part appended."""
+    upstream = Upstream(sink, keys=4)
+    for _ in range(3):
+        upstream.tick()
+    first = task.run_task(step(sink, -1, 0, 3), worker)
+    assert first.pending and first.version == 0
+    append(sink, first, 0, 3)  # a reported part is exact, whoever continues the chain
+    return upstream, first
+
+
 def test_a_step_reports_before_its_checkpoint_and_the_next_step_confirms_it(
     sink: Sink, gate: Gate
 ) -> None:
     c = sink.config
     base = WriteWorker()  # a Python worker's: its one-shot tasks share the resident's states
     resident = base.resident()
-    upstream = Upstream(sink, keys=4)
-    for _ in range(3):
-        upstream.tick()
-    first = task.run_task(step(sink, -1, 0, 3), resident)
-    assert first.pending and not first.checkpointed and first.version == 0
+    upstream, first = first_step(sink, resident)
+    assert not first.checkpointed
     assert first.part is not None and first.part.updates == upstream.sent
     assert checkpoint.latest(c.sink_id, 0, c.s3) == -1  # reported before its create
-    append(sink, first, 0, 3)
     upstream.tick()
     threading.Timer(0.5, gate.open.set).start()  # the next step waits for the create first
     second = task.run_task(step(sink, 0, 3, 4, durable=-1), resident)
@@ -119,12 +127,7 @@ def test_a_create_lost_to_another_owner_makes_the_next_step_stale_before_it_stag
 ) -> None:
     c = sink.config
     resident = WriteWorker().resident()
-    upstream = Upstream(sink, keys=4)
-    for _ in range(3):
-        upstream.tick()
-    first = task.run_task(step(sink, -1, 0, 3), resident)
-    assert first.pending and first.version == 0
-    append(sink, first, 0, 3)  # its part was reported: it is exact, whoever continues
+    upstream, _ = first_step(sink, resident)
     # Another owner creates version 0 first (its own fold of nothing, as a gained partition's
     # first staging could), then the resident's create goes through and loses.
     other = checkpoint.empty(parse_row_schema(ROW_SCHEMA), c.as_of, -1)
@@ -154,12 +157,7 @@ def test_a_create_that_never_happened_is_continued_from_the_version_before(
     c = sink.config
     base = WriteWorker()
     paused = base.resident()
-    upstream = Upstream(sink, keys=4)
-    for _ in range(3):
-        upstream.tick()
-    first = task.run_task(step(sink, -1, 0, 3), paused)
-    assert first.pending and first.version == 0
-    append(sink, first, 0, 3)
+    upstream, _ = first_step(sink, paused)
     upstream.tick()
     monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-2"))
     moved = task.run_task(replace(step(sink, 0, 3, 4, durable=-1), pipelined=False), WriteWorker())
@@ -195,12 +193,7 @@ def test_a_lost_create_older_than_the_step_asked_for_does_not_make_it_stale(
     partition comes back to it at a newer version, its step drops the lost state and continues
     from the version asked for (the chain's, in object storage)."""
     resident = WriteWorker().resident()
-    upstream = Upstream(sink, keys=4)
-    for _ in range(3):
-        upstream.tick()
-    first = task.run_task(step(sink, -1, 0, 3), resident)
-    assert first.pending and first.version == 0
-    append(sink, first, 0, 3)
+    upstream, _ = first_step(sink, resident)
     monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-2"))
     elsewhere = WriteWorker()
     for version, lower in ((0, 3), (0, 4)):  # versions 0 (from nothing) and 1, inline
