@@ -51,6 +51,7 @@ from mvsink.core.settings import S3Settings
 from mvsink.core.updates import part_schema, updates_to_ipc
 from mvsink.io.s3 import PreconditionFailed, conditional_put, get_bytes, s3_client
 from mvsink.io.spark import executor_dir
+from mvsink.shard.blob import MinioBlob
 from services.write.correction import Correction
 from services.write.state import since_passed as since_passed
 
@@ -494,7 +495,7 @@ class _Collector:
     delete is logged and left to that too."""
 
     def __init__(self) -> None:
-        self.queue: queue.Queue[tuple[S3Settings, str]] = queue.Queue()
+        self.queue: queue.Queue[tuple[S3Settings, list[str]]] = queue.Queue()
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
 
@@ -506,8 +507,7 @@ class _Collector:
             if self.thread is None or not self.thread.is_alive():
                 self.thread = threading.Thread(target=self._run, name="checkpoint-gc", daemon=True)
                 self.thread.start()
-        for key in keys:
-            self.queue.put((s3, key))
+        self.queue.put((s3, keys))
 
     def settle(self) -> None:
         """Wait until every queued delete has been tried."""
@@ -515,11 +515,11 @@ class _Collector:
 
     def _run(self) -> None:
         while True:
-            s3, key = self.queue.get()
+            s3, keys = self.queue.get()
             try:
-                _client(s3).remove_object(s3.bucket, key)
+                MinioBlob(_client(s3), s3.bucket).remove(keys)
             except Exception as error:  # best effort: the next owner's collect_superseded
-                log.warning("deleting superseded checkpoint %s failed: %r", key, error)
+                log.warning("deleting superseded checkpoints %s failed: %r", keys, error)
             finally:
                 self.queue.task_done()
 
@@ -537,8 +537,7 @@ def collect_superseded(sink_id: str, partition: int, s3: S3Settings) -> int:
     newest = max((version for version, _ in found), default=-1)
     old = [name for version, name in found if version < newest - 1]
     try:
-        for name in old:
-            _client(s3).remove_object(s3.bucket, name)
+        MinioBlob(_client(s3), s3.bucket).remove(old)
     except Exception as error:  # garbage only: the next owner tries again
         log.warning("partition %d: deleting superseded checkpoints failed: %r", partition, error)
     else:
