@@ -54,10 +54,20 @@ def empty_tick(time_: int) -> EncodedTick:
     return EncodedTick(time_, 0, [], encode(Progress(Frontier.at(time_ + 1))))
 
 
-def first_job(log: Path, after: int) -> tuple[float, int]:
-    """(seconds, updates) of the first staging job logged after byte offset `after`."""
-    found = STAGED.search(log.read_text(errors="replace")[after:])
-    return (float(found["total"]), int(found["updates"])) if found else (float("nan"), -1)
+def first_job(log: Path, after: int, wait: float = 10.0) -> tuple[float, int]:
+    """(seconds, updates) of the first staging job logged after byte offset `after`, waiting up
+    to `wait` seconds for its line; (nan, -1) if none comes.
+
+    The driver logs a staging job after its batch is reported, so the append, and with it the
+    upper a caller waited for, can land before the line does (a descheduled driver)."""
+    deadline = time.monotonic() + wait
+    while True:
+        found = STAGED.search(log.read_text(errors="replace")[after:])
+        if found:
+            return float(found["total"]), int(found["updates"])
+        if time.monotonic() > deadline:
+            return float("nan"), -1
+        time.sleep(0.1)
 
 
 def run_restart(

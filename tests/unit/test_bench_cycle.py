@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 
 from mvsink.bench.cycle import cycle_phases, describe
+from mvsink.bench.steady import first_job
 
 
 def _line(clock: str, service: str, logger: str, message: str) -> str:
@@ -104,3 +106,26 @@ def test_only_descriptions_minted_within_the_window_count() -> None:
     assert cycle["cycle"] == pytest.approx(0.4) and cycle["job"] == pytest.approx(0.24)
     assert cycle_phases(MINT, WRITE, APPEND, (0.0, 1.0)) == {}
     assert cycle_phases("", "", "", (0.0, 2e9)) == {}
+
+
+def test_first_job_waits_for_a_line_written_after_the_upper(tmp_path) -> None:
+    """The driver logs a staging job after reporting its batch, so a caller that saw the upper
+    can read the log before the line is there: `first_job` waits for it, and gives nan when no
+    line comes within its wait."""
+    log = tmp_path / "write.log"
+    log.write_text(_line("09:59:59,000", "write", "mvsink.write", "started") + "\n")
+    offset = log.stat().st_size
+
+    def late() -> None:
+        time.sleep(0.5)
+        with log.open("a") as out:
+            out.write(_staged("10:00:00,210", 1, 0.200, 0.190, 0.080) + "\n")
+
+    writer = threading.Thread(target=late)
+    writer.start()
+    assert first_job(log, offset, wait=10.0) == (0.2, 200000)
+    writer.join()
+    assert first_job(log, log.stat().st_size, wait=0.3) == (
+        pytest.approx(float("nan"), nan_ok=True),
+        -1,
+    )
