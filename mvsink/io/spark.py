@@ -354,7 +354,8 @@ def run_pinned(
 ) -> list[R]:
     """`run(item)` for each `(item, executor)` of `work`, one task per item, preferring that
     executor (`None`: anywhere); every result, in order. Spark waits `spark.locality.wait`
-    (3 s) for a busy preferred executor, and schedules anywhere when it is gone."""
+    (3 s) for a busy preferred executor, and schedules anywhere when it is gone. Each task
+    first freezes its worker's heap (`freeze_worker_heap`)."""
     from pyspark import RDD
     from pyspark.serializers import CPickleSerializer
 
@@ -373,8 +374,16 @@ def run_pinned(
     rdd: Any = RDD(
         sc._jsc.sc().makeRDD(scala.asScala(pairs).toSeq(), tag).toJavaRDD(), sc, serializer
     )
-    results: list[R] = rdd.flatMap(run).collect()
+    results: list[R] = rdd.flatMap(_frozen_first(run)).collect()
     return results
+
+
+def _frozen_first(run: Callable[[T], Iterable[R]]) -> Callable[[T], Iterable[R]]:
+    def task(item: T) -> Iterable[R]:
+        freeze_worker_heap()
+        return run(item)
+
+    return task
 
 
 def each_on_a_thread(fn: Callable[[T], R], items: Sequence[T], name: str) -> list[R]:
@@ -386,6 +395,41 @@ def each_on_a_thread(fn: Callable[[T], R], items: Sequence[T], name: str) -> lis
     with ThreadPoolExecutor(len(items), thread_name_prefix=name) as pool:
         futures = [pool.submit(fn, item) for item in items]
     return [future.result() for future in futures]
+
+
+#: How many modules this process had imported when `freeze_worker_heap` last froze its heap.
+_FROZEN_AT_MODULES = 0
+
+
+def freeze_worker_heap() -> bool:
+    """Move what a Spark task's Python worker holds into the garbage collector's permanent
+    generation (`gc.freeze`) when modules were imported since the last time; whether this call
+    froze. Call it at the start of a task. No effect outside a Spark task.
+
+    PySpark's daemon runs `gc.collect()` after every task of a reused Python worker, and a full
+    collection walks every object the process tracks: tens of milliseconds for the modules of
+    pyspark, pyarrow, numpy and confluent-kafka alone, paid by every task, and by the
+    collections Python starts itself as a long-lived worker allocates. Frozen objects are
+    skipped by all of them. Modules are what a worker accumulates for its whole life, and a
+    task's code imports some only as it runs, so a task freezes again while the count of
+    imported modules grows; once the worker has run each kind of task, no task freezes.
+    What is frozen is what the worker held after the daemon's last collection: modules,
+    their functions and caches, and whatever a task keeps between tasks. The cost: a frozen
+    object that later becomes part of an unreachable reference cycle is never freed
+    (reference counting still frees every other object).
+    """
+    global _FROZEN_AT_MODULES
+    if len(sys.modules) == _FROZEN_AT_MODULES:
+        return False
+    from pyspark import TaskContext
+
+    if TaskContext.get() is None:
+        return False
+    import gc
+
+    gc.freeze()
+    _FROZEN_AT_MODULES = len(sys.modules)
+    return True
 
 
 def trim_worker_path() -> int:

@@ -93,7 +93,13 @@ from mvsink.core.updates import normalize_updates, part_schema, updates_to_ipc
 from mvsink.io import registry
 from mvsink.io.kafka import client_config, init_transactions, last_record, produce
 from mvsink.io.service import quiet_retries
-from mvsink.io.spark import each_on_a_thread, executor_dir, task_slots, trim_worker_path
+from mvsink.io.spark import (
+    each_on_a_thread,
+    executor_dir,
+    freeze_worker_heap,
+    task_slots,
+    trim_worker_path,
+)
 from mvsink.upstream.producer import DesiredProducer, arrow_records, check_advance, publishable
 
 if TYPE_CHECKING:
@@ -305,6 +311,7 @@ def _split(
 ) -> Iterator[pa.RecordBatch]:
     """The first of two stages: each batch's updates as one uncompressed Arrow IPC payload per
     desired partition, `(partition, task key, payload)` rows."""
+    freeze_worker_heap()
     for split in _by_partition(batches, spec):
         payloads = [updates_to_ipc(part, compression=None) for _, part in split]
         yield pa.RecordBatch.from_arrays(
@@ -320,6 +327,7 @@ def _split(
 def _publish(batches: Iterable[pa.RecordBatch], spec: PublishSpec) -> Iterator[pa.RecordBatch]:
     """The second of two stages: one transaction per desired partition the task holds (module
     docs), from the payloads `_split` made and the partitions' markers."""
+    freeze_worker_heap()
     pending: dict[int, list[pa.Table]] = {}
     for batch in batches:
         partitions, payloads = batch.column(PARTITION).to_pylist(), batch.column(PAYLOAD)
@@ -336,6 +344,7 @@ def _publish_in_one_task(
 ) -> Iterator[pa.RecordBatch]:
     """The whole publish in one task: the input split by desired partition, and every desired
     partition published, one with no updates by its progress alone."""
+    freeze_worker_heap()
     pending: dict[int, list[pa.Table]] = {p: [] for p in range(spec.partitions)}
     for split in _by_partition(batches, spec):
         for partition, part in split:

@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import gc
 import io
+import sys
+import types
 import uuid
 from typing import Any
 
@@ -13,6 +16,7 @@ import pytest
 from mvsink.io.config import S3Settings
 from mvsink.io.s3 import get_bytes, s3_client
 from mvsink.io.spark import (
+    freeze_worker_heap,
     live_executors,
     read_parquet_parts,
     run_pinned,
@@ -58,3 +62,24 @@ def test_run_pinned_runs_every_item_once_in_order_over_unix_sockets(spark: Any) 
     executor = next(iter(live_executors(spark)))
     work = [("a b", executor), ("c", None), ("d e f", executor), ("", None)]
     assert run_pinned(spark, work, str.split) == ["a", "b", "c", "d", "e", "f"]
+
+
+def test_a_task_freezes_its_worker_heap_again_only_after_new_imports(spark: Any) -> None:
+    """PySpark's daemon collects the whole heap after every task of a reused worker: a task
+    run by `run_pinned` has frozen what its worker holds, freezes again only once modules were
+    imported since, and nothing is frozen outside a task (the driver's heap stays as it is)."""
+
+    def probe(name: str) -> list[tuple[bool, bool, bool]]:
+        frozen = gc.get_freeze_count() > 0  # run_pinned's wrapper froze before this ran
+        again = freeze_worker_heap()  # nothing imported since
+        sys.modules[name] = types.ModuleType(name)  # as an import the task makes
+        try:
+            return [(frozen, again, freeze_worker_heap())]
+        finally:
+            del sys.modules[name]
+
+    before = gc.get_freeze_count()
+    assert freeze_worker_heap() is False
+    assert gc.get_freeze_count() == before
+    results = run_pinned(spark, [(f"_mvsink_probe_{uuid.uuid4().hex}", None)] * 3, probe)
+    assert results == [(True, False, True)] * 3
