@@ -28,8 +28,9 @@ Systems, one after the other (never two at once on this box):
    and producing are timed), so their updates/s and freshness run from the upstream's source to
    durable
    (`workload.DataFrameFeeder`; figure `ratio_e2e_vs_peer_e2e`). Before the first of them,
-   the upstream publishes every tick once to a scratch topic, untimed, so both are measured
-   on a warm upstream JVM (`DataFrameFeeder.warm_up`).
+   the upstream publishes every tick to scratch topics, untimed, pass after pass until its
+   JVM's JIT compiler has mostly settled, so both are measured on a warm upstream JVM, in
+   every repeat (`DataFrameFeeder.warm_up`).
 
 The producer's own rate is printed too: how fast `DesiredProducer` turned the workload into
 records when it was encoded, per CPU second, next to partitioning 1 on a sample of the same
@@ -519,9 +520,11 @@ class _Columns:
             self.upstream = DataFrameFeeder(
                 self.base.kafka_bootstrap, self.workload, self.say, self.logs / "upstream", held
             )
-            scratch = provisioned(self.base, f"{self.run_id}-warm-up")
-            self.scratch.append(scratch)
-            self.upstream.warm_up(scratch, self.say)
+            self.upstream.warm_up(
+                lambda n: provisioned(self.base, f"{self.run_id}-warm-up-{n}"),
+                self._discard,
+                self.say,
+            )
         return self.upstream
 
     def _view(self, ticks: int) -> pa.Table:

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -34,6 +35,10 @@ ROW_SCHEMA = "key string not null, value long"
 #: Spark 4's byte limit of an Arrow batch sent to Python, and its "no limit" (Int.MaxValue).
 ARROW_MAX_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
 ARROW_UNLIMITED = 2**31 - 1
+#: The upstream's warm-up stops once the JIT compiled for at most this share of a pass ...
+WARM_JIT_SHARE = 0.15
+#: ... or after this many passes over the ticks.
+WARM_PASSES = 4
 
 
 class BenchError(MvsinkError):
@@ -308,25 +313,49 @@ class DataFrameFeeder:
             producer.start()
         return producer
 
-    def warm_up(self, config: Config, say: Say) -> None:
-        """Publish every tick once to `config`'s desired topic (a scratch sink nothing reads),
-        untimed, before any system is fed. Spark's JVM compiles the publish path over its first
-        publishes (closure cleaning, task serialization, the Arrow conversion), so the early
-        publishes are slower; without the warm-up the first end-to-end column would run on a
-        colder upstream than the second."""
+    def warm_up(
+        self, scratch: Callable[[int], Config], discard: Callable[[Config], None], say: Say
+    ) -> None:
+        """Publish every tick to scratch sinks nothing reads (`scratch(n)` makes pass n's,
+        `discard` deletes it after the pass), untimed, before any system is fed: passes over the
+        ticks until the JIT compiler's share of a pass is at most `WARM_JIT_SHARE`, or
+        `WARM_PASSES` passes. Spark's JVM compiles the publish path (planning, closure cleaning,
+        task serialization, the Arrow conversion) over hundreds of publishes: without the
+        warm-up the first end-to-end column would run on a colder upstream than the second, and
+        the first repeat on a colder one than the last, which a long-running upstream is not.
+        Where the JVM cannot be asked (no py4j gateway), one pass."""
         from mvsink.upstream.publish import publish_dataframe
 
-        producer = self._producer(config)
-        seconds = []
-        for time_, frame in enumerate(self.frames):
-            started = time.monotonic()
-            publish_dataframe(frame, producer, Frontier.at(time_ + 1))
-            seconds.append(time.monotonic() - started)
-        steady = seconds[1:] or seconds
-        say(
-            f"upstream warm-up: {len(seconds)} publishes to a scratch topic in {sum(seconds):.1f}s; "
-            f"after the initial load's, the first {steady[0]:.2f}s, the last {steady[-1]:.2f}s"
-        )
+        for n in range(1, WARM_PASSES + 1):
+            sink = scratch(n)
+            try:
+                producer = self._producer(sink)
+                compiled, started = self._jit_ms(), time.monotonic()
+                for time_, frame in enumerate(self.frames):
+                    publish_dataframe(frame, producer, Frontier.at(time_ + 1))
+                seconds = time.monotonic() - started
+                now = self._jit_ms()
+                jit = (now - compiled) / 1000 if now is not None and compiled is not None else None
+            finally:
+                self.producers.pop(sink.sink_id, None)
+                discard(sink)
+            say(
+                f"upstream warm-up pass {n}: {len(self.frames)} publishes to a scratch topic in "
+                f"{seconds:.1f}s, {seconds / len(self.frames):.3f}s each"
+                + (f"; the JIT compiled for {jit:.1f}s of it" if jit is not None else "")
+            )
+            if jit is None or jit <= WARM_JIT_SHARE * seconds:
+                break
+
+    def _jit_ms(self) -> float | None:
+        """The upstream JVM's JIT compilation time so far (ms), or None where it cannot be
+        asked."""
+        jvm: Any = self.spark._jvm
+        try:
+            bean = jvm.java.lang.management.ManagementFactory.getCompilationMXBean()
+            return float(bean.getTotalCompilationTime())
+        except Exception:
+            return None
 
     def feed(self, config: Config, tick: EncodedTick) -> dict[int, int]:
         from mvsink.upstream.publish import publish_dataframe

@@ -99,7 +99,9 @@ def test_bench_compares_mvsink_peer_delta_and_raw(
     # Both end-to-end columns are fed by a warmed-up upstream: every tick published once first,
     # each read from its Parquet file, which are deleted with the upstream.
     assert "upstream DataFrames: 4 ticks as Parquet files read by Spark" in text
-    assert "upstream warm-up: 4 publishes to a scratch topic" in text
+    # The warm-up passes over the ticks until the JIT's share of a pass is small, at most 4.
+    passes = re.findall(r"upstream warm-up pass (\d): 4 publishes to a scratch topic", text)
+    assert passes == [str(n) for n in range(1, len(passes) + 1)] and 1 <= len(passes) <= 4
     run_id = re.findall(r"logs in \S*/(cmp-[0-9a-f]+)", text)[-1]
     assert (tmp_path / "bench" / run_id).is_dir()
     assert not (tmp_path / "bench" / run_id / "upstream").exists()
@@ -110,7 +112,7 @@ def test_bench_compares_mvsink_peer_delta_and_raw(
     assert "ratio mvsink/peer" in text and "updates/s (steady ticks)" in text
     # Each column's sink is discarded once its figures are taken, and so are the plain read's
     # and the warm-up's: nothing of the run is left on the stack but its logs.
-    assert len(re.findall(r"discarded cmp-\S+: 5 topics", text)) == 8
+    assert len(re.findall(r"discarded cmp-\S+: 5 topics", text)) == 7 + len(passes)
     assert left_behind(kafka_bootstrap, s3_settings, text) == []
 
 
