@@ -33,6 +33,7 @@ master Spark accepts (`spark://…`, `yarn`, `k8s://…`). On a cluster:
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import importlib.metadata
 import io
@@ -425,8 +426,6 @@ def freeze_worker_heap() -> bool:
 
     if TaskContext.get() is None:
         return False
-    import gc
-
     gc.freeze()
     _FROZEN_AT_MODULES = len(sys.modules)
     return True

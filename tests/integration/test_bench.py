@@ -96,8 +96,8 @@ def test_bench_compares_mvsink_peer_delta_and_raw(
     ):
         assert isinstance(figures[key], float) and figures[key] > 0, key
     assert figures["mvsink-e2e_shard_equals_desired"] is True
-    # Both end-to-end columns are fed by a warmed-up upstream: every tick published once first,
-    # each read from its Parquet file, which are deleted with the upstream.
+    # Both end-to-end columns are fed by a warmed-up upstream: every tick published in passes
+    # first, each read from its Parquet file, which are deleted with the upstream.
     assert "upstream DataFrames: 4 ticks as Parquet files read by Spark" in text
     # The warm-up passes over the ticks until the JIT's share of a pass is small, at most 4.
     passes = re.findall(r"upstream warm-up pass (\d): 4 publishes to a scratch topic", text)
