@@ -78,32 +78,35 @@ def mix(words: np.ndarray) -> np.ndarray:
 
 def _bytes_words(array: pa.Array) -> np.ndarray:
     """The word of every value of a string/binary array (nulls: arbitrary), 8 bytes a step
-    over the values still that long."""
-    array = array.cast(pa.large_binary())
+    over all values at once: a value already past its end keeps its word."""
+    wide = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
     n = len(array)
-    offsets = np.frombuffer(array.buffers()[1], np.int64)[array.offset : array.offset + n + 1]
+    if n == 0:  # its offsets buffer may be empty (Arrow IPC)
+        return np.zeros(0, _U64)
+    _, offsets_buffer, data = array.buffers()
+    offsets = np.frombuffer(offsets_buffer, np.int64 if wide else np.int32)
+    offsets = offsets[array.offset : array.offset + n + 1].astype(np.int64)
     lengths = np.diff(offsets)
     words = mix(lengths.astype(_U64) + LENGTH)
-    first, last = int(offsets[0]), int(offsets[-1])
-    if last == first:
+    first, size = int(offsets[0]), int(offsets[-1] - offsets[0])
+    if size == 0:
         return words
-    padded = np.zeros(last - first + 8, np.uint8)
-    padded[: last - first] = np.frombuffer(array.buffers()[2], np.uint8)[first:last]
-    # Every byte position's little-endian 64-bit window (unaligned reads of the padded copy).
-    windows = np.ndarray((last - first,), "<u8", padded, strides=(1,))
+    padded = np.zeros(size + 8, np.uint8)
+    padded[:size] = np.frombuffer(data, np.uint8)[first : first + size]
+    # Every byte position's little-endian 64-bit window (unaligned reads of the padded copy);
+    # position `size` is all padding, where a value already past its end reads.
+    windows = np.ndarray((size + 1,), "<u8", padded, strides=(1,))
     starts = offsets[:-1] - first
-    rows = np.flatnonzero(lengths > 0)
-    step = 0
-    while rows.size:
-        remaining = lengths[rows] - step
-        chunk = windows[starts[rows] + step]
-        short = remaining < 8
+    for step in range(0, int(lengths.max()), 8):
+        remaining = lengths - step
+        chunk = windows[np.minimum(starts + step, size)]
+        live = remaining > 0
+        short = live & (remaining < 8)
         if short.any():  # zero the bytes past the value's end
-            keep = (_U64(1) << (remaining[short].astype(_U64) * _U64(8))) - _U64(1)
-            chunk[short] &= keep
-        words[rows] = mix(words[rows] ^ chunk)
-        step += 8
-        rows = rows[remaining > 8]
+            bits = np.where(short, remaining, 0).astype(_U64) * _U64(8)
+            chunk &= np.where(short, (_U64(1) << bits) - _U64(1), ~_U64(0))
+        mixed = mix(words ^ chunk)
+        words = mixed if live.all() else np.where(live, mixed, words)
     return words
 
 

@@ -296,14 +296,10 @@ def _markers(spark: SparkSession, keys: list[int]) -> DataFrame:
     )
 
 
-def _by_partition(
-    batches: Iterable[pa.RecordBatch], spec: PublishSpec
-) -> Iterator[list[tuple[int, pa.Table]]]:
-    """Each batch's updates, normalized to the part schema, split by desired partition."""
-    for batch in batches:
-        table = normalize_updates(batch, spec.row_schema)
-        column = partitions_of(table, spec.row_schema, spec.partitions, spec.partitioning)
-        yield split_by_partition(table, column, spec.partitions)
+def _hashed(batch: pa.RecordBatch, spec: PublishSpec) -> tuple[pa.Table, pa.Array]:
+    """A batch's updates normalized to the part schema, and the desired partition of each."""
+    table = normalize_updates(batch, spec.row_schema)
+    return table, partitions_of(table, spec.row_schema, spec.partitions, spec.partitioning)
 
 
 def _split(
@@ -312,7 +308,8 @@ def _split(
     """The first of two stages: each batch's updates as one uncompressed Arrow IPC payload per
     desired partition, `(partition, task key, payload)` rows."""
     freeze_worker_heap()
-    for split in _by_partition(batches, spec):
+    for batch in batches:
+        split = split_by_partition(*_hashed(batch, spec), spec.partitions)
         payloads = [updates_to_ipc(part, compression=None) for _, part in split]
         yield pa.RecordBatch.from_arrays(
             [
@@ -343,11 +340,21 @@ def _publish_in_one_task(
     batches: Iterable[pa.RecordBatch], spec: PublishSpec
 ) -> Iterator[pa.RecordBatch]:
     """The whole publish in one task: the input split by desired partition, and every desired
-    partition published, one with no updates by its progress alone."""
+    partition published, one with no updates by its progress alone. Each batch is hashed as it
+    arrives; the task's updates are then sorted by partition once, so each partition's updates
+    are one contiguous table (a record's IPC payload one Arrow batch, not one per input batch)."""
     freeze_worker_heap()
+    tables, columns = [], []
+    for batch in batches:
+        table, column = _hashed(batch, spec)
+        tables.append(table)
+        columns.append(column)
     pending: dict[int, list[pa.Table]] = {p: [] for p in range(spec.partitions)}
-    for split in _by_partition(batches, spec):
-        for partition, part in split:
+    if tables:
+        whole = pa.concat_tables(tables)
+        for partition, part in split_by_partition(
+            whole, pa.concat_arrays(columns), spec.partitions
+        ):
             pending[partition].append(part)
     yield _publish_pending(spec, pending)
 
@@ -355,12 +362,17 @@ def _publish_in_one_task(
 def _publish_pending(spec: PublishSpec, pending: dict[int, list[pa.Table]]) -> pa.RecordBatch:
     """Publish each partition's updates (`_each_partition`); a result row per partition. A
     partition's updates are held until its transaction commits, so a producer found fenced at
-    commit can be replaced and the partition published again."""
+    commit can be replaced and the partition published again. A partition's tables are combined
+    first: the IPC writer writes a record's every chunk as an Arrow batch of its own."""
     quiet_retries()  # one line per outage, not librdkafka's per reconnect (this worker too)
     registry.use(spec.schema_registry_url)
     empty = part_schema(spec.row_schema).empty_table()
     done = _each_partition(
-        spec, {p: pa.concat_tables([empty, *pending[p]]) for p in sorted(pending)}
+        spec,
+        {
+            p: pa.concat_tables(pending[p]).combine_chunks() if pending[p] else empty
+            for p in sorted(pending)
+        },
     )
     return pa.RecordBatch.from_pydict(
         {
