@@ -351,10 +351,11 @@ def _publish_in_one_task(
         columns.append(column)
     pending: dict[int, list[pa.Table]] = {p: [] for p in range(spec.partitions)}
     if tables:
-        whole = pa.concat_tables(tables)
-        for partition, part in split_by_partition(
-            whole, pa.concat_arrays(columns), spec.partitions
-        ):
+        split = split_by_partition(
+            pa.concat_tables(tables), pa.concat_arrays(columns), spec.partitions
+        )
+        tables.clear()  # the split is a copy: the task holds its input once from here
+        for partition, part in split:
             pending[partition].append(part)
     yield _publish_pending(spec, pending)
 
@@ -363,17 +364,16 @@ def _publish_pending(spec: PublishSpec, pending: dict[int, list[pa.Table]]) -> p
     """Publish each partition's updates (`_each_partition`); a result row per partition. A
     partition's updates are held until its transaction commits, so a producer found fenced at
     commit can be replaced and the partition published again. A partition's tables are combined
-    first: the IPC writer writes a record's every chunk as an Arrow batch of its own."""
+    first (the IPC writer writes a record's every chunk as an Arrow batch of its own), taking
+    them out of `pending`, so the task holds its updates about once."""
     quiet_retries()  # one line per outage, not librdkafka's per reconnect (this worker too)
     registry.use(spec.schema_registry_url)
     empty = part_schema(spec.row_schema).empty_table()
-    done = _each_partition(
-        spec,
-        {
-            p: pa.concat_tables(pending[p]).combine_chunks() if pending[p] else empty
-            for p in sorted(pending)
-        },
-    )
+    rows = {}
+    for partition in sorted(pending):
+        tables = pending.pop(partition)  # released as its combined copy is made
+        rows[partition] = pa.concat_tables(tables).combine_chunks() if tables else empty
+    done = _each_partition(spec, rows)
     return pa.RecordBatch.from_pydict(
         {
             "partition": pa.array([p for p, _, _ in done], pa.int32()),
