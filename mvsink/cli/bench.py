@@ -8,6 +8,15 @@ Without WHAT: mvsink vs the Structured Streaming peer vs the raw limit on one wo
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
+import functools
+import os
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +34,44 @@ if TYPE_CHECKING:
 #: fastest system, takes up to ~2.5M updates/s here, 12.5 ticks a second of a 1M-key view.
 FULL_SECONDS = 30.0
 FULL_TICKS = 480
+#: Held by the benchmark running on this machine, whichever clone or state directory it runs
+#: from (`flock`: freed when its process ends, however it ends).
+BENCH_LOCK = Path(tempfile.gettempdir()) / "mvsink-bench.lock"
+
+
+@contextlib.contextmanager
+def alone(lock: Path = BENCH_LOCK) -> Iterator[None]:
+    """Hold `lock` for a benchmark, or raise `MvsinkError` naming the benchmark that holds it:
+    two benchmarks on one machine share its cores, and each would measure both."""
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        with contextlib.suppress(OSError):
+            os.fchmod(fd, 0o666)  # another user's benchmark may take it next
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "unknown"
+            raise MvsinkError(
+                f"another benchmark is running on this machine ({holder}): figures taken "
+                "beside it would measure both; wait for it to end, or stop it"
+            ) from None
+        os.ftruncate(fd, 0)
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+        os.pwrite(fd, f"pid {os.getpid()} since {started}: {shlex.join(sys.argv)}".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _alone(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """`func` run under `alone`."""
+
+    @functools.wraps(func)
+    def run(args: argparse.Namespace) -> int:
+        with alone():
+            return func(args)
+
+    return run
 
 
 def add_bench(commands: Commands) -> None:
@@ -91,14 +138,14 @@ def add_bench(commands: Commands) -> None:
         action="store_true",
         help="keep each column's topics and objects (default: deleted once its figures are taken)",
     )
-    bench.set_defaults(func=cmd_bench_compare)
+    bench.set_defaults(func=_alone(cmd_bench_compare))
     bench_commands = bench.add_subparsers(dest="bench_command", required=False, metavar="WHAT")
     bench_shard = bench_commands.add_parser("shard", help="shard library vs raw S3 calls")
     bench_shard.add_argument("--rows", type=int, default=1_000_000)
     bench_shard.add_argument("--parts", type=int, default=8)
     bench_shard.add_argument("--appends", type=int, default=200)
     bench_shard.add_argument("--no-stack", action="store_true", help="use configured endpoints")
-    bench_shard.set_defaults(func=cmd_bench_shard)
+    bench_shard.set_defaults(func=_alone(cmd_bench_shard))
     bench_pipeline = bench_commands.add_parser("pipeline", help="updates/s and freshness")
     bench_pipeline.add_argument("--seconds", type=float, default=30.0)
     bench_pipeline.add_argument("--keys", type=int, default=10_000)
@@ -110,7 +157,7 @@ def add_bench(commands: Commands) -> None:
         help="seconds between ticks (0: as fast as the producer can)",
     )
     bench_pipeline.add_argument("--no-stack", action="store_true", help="use configured endpoints")
-    bench_pipeline.set_defaults(func=cmd_bench_pipeline)
+    bench_pipeline.set_defaults(func=_alone(cmd_bench_pipeline))
     faults = bench_commands.add_parser(
         "faults", help="the fault matrix: Kafka, MinIO and each service killed or stalled"
     )
@@ -124,7 +171,7 @@ def add_bench(commands: Commands) -> None:
     faults.add_argument("--change", type=int, default=8, help="keys changed per tick")
     faults.add_argument("--interval", type=float, default=1.0, help="seconds between ticks")
     faults.add_argument("--out", default="bench-out", help="directory for faults.json")
-    faults.set_defaults(func=cmd_bench_faults)
+    faults.set_defaults(func=_alone(cmd_bench_faults))
     restart = bench_commands.add_parser("restart", help="resume time over a shard equal to desired")
     restart.add_argument("--updates", type=int, default=10_000_000, help="updates in the shard")
     readonly = bench_commands.add_parser("readonly", help="correction state of a read-only replica")
@@ -151,7 +198,7 @@ def add_bench(commands: Commands) -> None:
         sub.add_argument("--partitions", type=int, default=4, help="P (desired partitions)")
         sub.add_argument("--out", default="bench-out", help="directory for the JSON figures")
         sub.add_argument("--no-stack", action="store_true", help="use configured endpoints")
-        sub.set_defaults(func=func)
+        sub.set_defaults(func=_alone(func))
 
 
 def cmd_bench_compare(args: argparse.Namespace) -> int:
