@@ -138,14 +138,14 @@ def add_bench(commands: Commands) -> None:
         action="store_true",
         help="keep each column's topics and objects (default: deleted once its figures are taken)",
     )
-    bench.set_defaults(func=_alone(cmd_bench_compare))
+    bench.set_defaults(func=cmd_bench_compare)
     bench_commands = bench.add_subparsers(dest="bench_command", required=False, metavar="WHAT")
     bench_shard = bench_commands.add_parser("shard", help="shard library vs raw S3 calls")
     bench_shard.add_argument("--rows", type=int, default=1_000_000)
     bench_shard.add_argument("--parts", type=int, default=8)
     bench_shard.add_argument("--appends", type=int, default=200)
     bench_shard.add_argument("--no-stack", action="store_true", help="use configured endpoints")
-    bench_shard.set_defaults(func=_alone(cmd_bench_shard))
+    bench_shard.set_defaults(func=cmd_bench_shard)
     bench_pipeline = bench_commands.add_parser("pipeline", help="updates/s and freshness")
     bench_pipeline.add_argument("--seconds", type=float, default=30.0)
     bench_pipeline.add_argument("--keys", type=int, default=10_000)
@@ -157,7 +157,7 @@ def add_bench(commands: Commands) -> None:
         help="seconds between ticks (0: as fast as the producer can)",
     )
     bench_pipeline.add_argument("--no-stack", action="store_true", help="use configured endpoints")
-    bench_pipeline.set_defaults(func=_alone(cmd_bench_pipeline))
+    bench_pipeline.set_defaults(func=cmd_bench_pipeline)
     faults = bench_commands.add_parser(
         "faults", help="the fault matrix: Kafka, MinIO and each service killed or stalled"
     )
@@ -171,7 +171,7 @@ def add_bench(commands: Commands) -> None:
     faults.add_argument("--change", type=int, default=8, help="keys changed per tick")
     faults.add_argument("--interval", type=float, default=1.0, help="seconds between ticks")
     faults.add_argument("--out", default="bench-out", help="directory for faults.json")
-    faults.set_defaults(func=_alone(cmd_bench_faults))
+    faults.set_defaults(func=cmd_bench_faults)
     restart = bench_commands.add_parser("restart", help="resume time over a shard equal to desired")
     restart.add_argument("--updates", type=int, default=10_000_000, help="updates in the shard")
     readonly = bench_commands.add_parser("readonly", help="correction state of a read-only replica")
@@ -198,7 +198,10 @@ def add_bench(commands: Commands) -> None:
         sub.add_argument("--partitions", type=int, default=4, help="P (desired partitions)")
         sub.add_argument("--out", default="bench-out", help="directory for the JSON figures")
         sub.add_argument("--no-stack", action="store_true", help="use configured endpoints")
-        sub.set_defaults(func=_alone(func))
+        sub.set_defaults(func=func)
+    # Every benchmark, WHAT or none, runs alone on the machine.
+    for parser in (bench, *bench_commands.choices.values()):
+        parser.set_defaults(func=_alone(parser.get_default("func")))
 
 
 def cmd_bench_compare(args: argparse.Namespace) -> int:
