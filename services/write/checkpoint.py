@@ -2,7 +2,8 @@
 (`sinks/<sink>/write/p<N>/<version:020d>.arrow`).
 
 A task continues from the version the driver expects, found in the first of (the first two may
-have folded past that version's checkpoint: a first fold keeps its state without one, `keep`):
+have folded past that version's checkpoint: a gained partition's first fold and first staging
+step keep their state without one, `keep`):
 1. this Python worker's memory (its `StateCache`, part of the task's
    `services.write.task.WriteWorker`);
 2. the executor's warm copy (`executor_dir()/warm/<sink>/p<N>.pickle`): an executor runs
@@ -313,8 +314,9 @@ def _save_warm(sink_id: str, partition: int, state: PartitionState | None) -> No
 
 def keep(sink_id: str, partition: int, state: PartitionState, cache: StateCache) -> None:
     """Keep `state` in `cache` at its version, its warm copy written or due as
-    `cache.warm_copies` says: after `save`, or for a step that checkpoints nothing (a
-    partition's first fold, `services.write.task.StepSpec.checkpoint`). A state kept without a
+    `cache.warm_copies` says: after `save`, or for a step that checkpoints nothing (a gained
+    partition's first fold or first staging step, `services.write.task.StepSpec.checkpoint`;
+    the parts that one staged stay in `state.staged`). A state kept without a
     checkpoint has folded past the version it carries; a step that continues from that version
     folds on from where it is, and one that loads the checkpoint (or, at version -1, nothing)
     folds the difference again."""

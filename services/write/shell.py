@@ -8,8 +8,10 @@ desired records themselves, by offset, from where their checkpoint says they sto
 
 The desired topic's life cycle is the driver's too:
 * a partition it gains is first folded without staging (`_fold`), which finds out whether the
-  desired records its checkpoint needs are still there, and writes no checkpoint (the staging
-  step after it does; read-only drivers checkpoint it); a partition whose records are gone
+  desired records its checkpoint needs are still there, and writes no checkpoint, nor does its
+  first staging step (`deferred`): the step after that batch's append checkpoints what the
+  read-back left, not the whole load the part held (read-only drivers checkpoint the first
+  fold; they stage nothing); a partition whose records are gone
   (`StepResult.gone`) stops the sink's staging, logs what to do, shows on `/readyz` and
   `mvsink_write_desired_gone`, until its checkpoint version changes (`mvsink repair`);
 * its lease version (renewed on a thread of its own, so a long step cannot let it lapse) moves
@@ -136,8 +138,9 @@ class WriteShell:
         #: Owned partitions whose steps may report before their checkpoint is created
         #: (`StepSpec.pipelined`): those whose chain this driver has continued itself, with a
         #: checkpoint it created, since it gained them or last found them stale. A gained
-        #: partition's first staging step creates its checkpoint before it reports, so another
-        #: owner still holding it meets this one before either's part is reported twice.
+        #: partition's first checkpoint is created inline, before its step reports, so another
+        #: owner still holding the partition meets this one there (the parts both may have
+        #: reported before are kept once: append keeps one per lower and partition).
         self.pipelined: set[int] = set()
         #: The shard upper each owned partition's newest durable checkpoint has folded (the
         #: results of steps that checkpointed; a first fold does not, `StepSpec.checkpoint`).
@@ -156,6 +159,14 @@ class WriteShell:
         self.crew: Crew | None = None
         #: Owned partitions not folded since they were gained: folded before any staging.
         self.unchecked: set[int] = set()
+        #: Owned partitions whose first fold kept its state in the executor (no checkpoint) and
+        #: whose next staging step keeps it too: that step stages the whole load, which a
+        #: checkpoint would write a second time; the step after the batch's append checkpoints
+        #: (inline) what the read-back left. Each step's state is `desired - shard` folded to
+        #: the same frontiers whichever owner holds it, so the part is the same; what the
+        #: deferral delays is only when a second owner's chain is met (`pipelined`) and when
+        #: the lease, the hold and the trimming move (durable checkpoints only).
+        self.deferred: set[int] = set()
         #: Owned partitions whose desired records their checkpoint needs are gone.
         self.gone: dict[int, Gone] = {}
         #: The desired offsets of each owned partition's two newest durable checkpoints.
@@ -172,6 +183,7 @@ class WriteShell:
             )
             self.durable[tp.partition] = self.versions[tp.partition]
             self.pipelined.discard(tp.partition)
+            self.deferred.discard(tp.partition)
             self.unchecked.add(tp.partition)
         self.state.set_owned(frozenset(self.versions))
         self._lead_compaction()
@@ -186,6 +198,7 @@ class WriteShell:
             self.pipelined.discard(tp.partition)
             self.folded.pop(tp.partition, None)
             self.unchecked.discard(tp.partition)
+            self.deferred.discard(tp.partition)
             self.kept_offsets.pop(tp.partition, None)
             self._set_gone(tp.partition, None)
         self.state.set_owned(frozenset(self.versions))
@@ -290,6 +303,7 @@ class WriteShell:
                 self.pipelined.discard(partition)
                 self.kept_offsets.pop(partition, None)
                 self._set_gone(partition, None)
+                self.deferred.discard(partition)
                 self.unchecked.add(partition)
 
     def _maybe_trim(self) -> None:
@@ -393,8 +407,8 @@ class WriteShell:
                 self._maybe_restage()
                 self._maybe_trim()
                 if self.unchecked & self.state.owned:
-                    # A gained partition's first fold: the staging step right after it writes
-                    # the checkpoint (read-only mode stages none, so it checkpoints its folds).
+                    # A gained partition's first fold: checkpointed after the first append
+                    # (`deferred`; read-only mode stages none, so it checkpoints its folds).
                     gained = tuple(sorted(self.unchecked & self.state.owned))
                     self._fold(gained, checkpointing=self.state.read_only)
                     last_fold = time.monotonic()
@@ -463,7 +477,8 @@ class WriteShell:
         self, partitions: tuple[int, ...], job: StageJob | None, checkpointing: bool = True
     ) -> list[StepSpec]:
         """A step of each of `partitions`, staging `job`'s description or only folding (and
-        writing no checkpoint, if not `checkpointing`)."""
+        writing no checkpoint, if not `checkpointing`; a `deferred` partition's staging step
+        writes none either)."""
         desc = None if job is None else job.desc
         return [
             StepSpec(
@@ -471,7 +486,7 @@ class WriteShell:
                 p,
                 self.versions.get(p, -1),
                 desc,
-                checkpointing,
+                checkpointing and not (desc is not None and p in self.deferred),
                 durable=self.durable.get(p),
                 pipelined=desc is not None and p in self.pipelined,
             )
@@ -517,18 +532,25 @@ class WriteShell:
         if moved:
             log.info("partitions moved between executors: %s (alive: %s)", moved, sorted(executors))
         for result in results:
-            self._absorb_result(result)
+            self._absorb_result(result, by_partition[result.partition].desc is not None)
         return results
 
-    def _absorb_result(self, result: StepResult) -> None:
-        """What a step tells the driver: its partition's home, version, fold and desired
-        frontier. The fold the reader lease and the critical hold follow, and the kept desired
-        offsets, move only for a step that checkpointed (`StepResult.checkpointed`): they must
-        always name a durable checkpoint. Until a gained partition's first one, the lease stays
-        where it was (`_hold_target`: at or before every fold in memory)."""
+    def _absorb_result(self, result: StepResult, staging: bool = False) -> None:
+        """What a step (a `staging` one, or a fold) tells the driver: its partition's home,
+        version, fold and desired frontier. The fold the reader lease and the critical hold
+        follow, and the kept desired offsets, move only for a step that checkpointed
+        (`StepResult.checkpointed`): they must always name a durable checkpoint. Until a gained
+        partition's first one, the lease stays where it was (`_hold_target`: at or before every
+        fold in memory)."""
         self.home[result.partition] = result.executor
+        if staging and not result.outdated:  # a deferred partition's next step checkpoints
+            self.deferred.discard(result.partition)
         if result.partition in self.versions:
             self._set_gone(result.partition, result.gone)
+            if result.partition in self.unchecked and not (
+                result.gone or result.stale or result.checkpointed
+            ):  # its state is kept in the executor: the first staging step keeps it too
+                self.deferred.add(result.partition)
             self.unchecked.discard(result.partition)
         if result.gone is not None:
             return
@@ -549,6 +571,7 @@ class WriteShell:
             )
             self.versions[result.partition] = self.durable[result.partition] = latest
             self.pipelined.discard(result.partition)
+            self.deferred.discard(result.partition)
         elif result.partition in self.versions:
             self.versions[result.partition] = result.version
             # The lease, holds and trimming follow durable checkpoints only: a pipelined step's
@@ -563,6 +586,7 @@ class WriteShell:
                     result.partition, result.version, result.persist_folded, result.folded_offset
                 )
                 self.pipelined.add(result.partition)
+                self.deferred.discard(result.partition)
         if result.rebuilt:
             log.warning(
                 "partition %d rebuilt its corrections from all of desired: the shard's since "
@@ -682,7 +706,7 @@ class WriteShell:
         log.info(
             "folded partitions %s%s: corrections %s in %.2fs (slowest task's steps: %s)",
             [r.partition for r in results],
-            "" if checkpointing else " (first fold: checkpointed by the staging step)",
+            "" if checkpointing else " (first fold: checkpointed after the first append)",
             {r.partition: r.corrections for r in results},
             time.monotonic() - started,
             slowest_steps(results),

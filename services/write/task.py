@@ -30,9 +30,10 @@ of `run_task` apply them:
    `FoldOnly` without one): stage the corrections with time `< upper` as one part (none if
    there are none); written updates stay in the corrections until the read-back cancels them;
 5. checkpoint the state as the next version (conditional create: a second owner loses;
-   `services.write.checkpoint`), unless the step is a gained partition's first fold
-   (`StepSpec.checkpoint`): that state stays in the executor, and the staging step after it
-   writes the corrections once. A resident's pipelined staging step (`StepSpec.pipelined`)
+   `services.write.checkpoint`), unless the step is a gained partition's first fold or first
+   staging step (`StepSpec.checkpoint`): that state stays in the executor, and the step after
+   the first batch's append writes what the read-back left of the corrections, not the whole
+   load the first part held. A resident's pipelined staging step (`StepSpec.pipelined`)
    starts the create and reports; the partition's next step here waits for it first (step 0).
 
 A step that would have to read desired records the broker has deleted (a cold start or a
@@ -118,11 +119,11 @@ class StepSpec:
     #: The batch to stage, or None to only fold and consolidate (read-only mode, a gained
     #: partition's first fold).
     desc: BatchDescription | None = None
-    #: Whether the step writes the next checkpoint version. Only a fold-only step may skip it
-    #: (a gained partition's first fold before it stages, `services.write.shell`): its state
-    #: stays in the executor at `version` (`checkpoint.keep`), the staging step that follows
-    #: checkpoints it, and the driver moves neither the partition's critical hold nor its kept
-    #: desired offsets for it (they follow durable checkpoints only).
+    #: Whether the step writes the next checkpoint version. A gained partition's first fold
+    #: and its first staging step skip it (`services.write.shell.WriteShell.deferred`): its
+    #: state stays in the executor at `version` (`checkpoint.keep`), the step after the first
+    #: batch's append checkpoints it, and the driver moves neither the partition's critical
+    #: hold nor its kept desired offsets for it (they follow durable checkpoints only).
     checkpoint: bool = True
     #: The newest version the driver knows was created (None: `version`). Below `version`
     #: when the step before reported while its create was under way (`pipelined`): a step
@@ -136,8 +137,8 @@ class StepSpec:
     pipelined: bool = False
 
     def __post_init__(self) -> None:
-        if not self.checkpoint and self.desc is not None:
-            raise InvalidUsage(f"partition {self.partition}: a staging step must checkpoint")
+        if self.pipelined and not self.checkpoint:
+            raise InvalidUsage(f"partition {self.partition}: a pipelined step must checkpoint")
 
 
 @dataclass(frozen=True)

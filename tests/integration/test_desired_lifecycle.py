@@ -277,9 +277,10 @@ def test_a_write_service_stopped_right_after_its_first_checkpoints_leaves_them_h
     sink: Sink, procs: list[Service]
 ) -> None:
     """The lease keeper moves the critical holds up to a second after a checkpoint; a write
-    service stopped inside that second (here: as soon as it logs its first staged batch) moves
-    them on its way out, so `since` cannot pass the checkpoints it leaves: each partition's
-    hold is its newest checkpoint's `persist_folded`."""
+    service stopped inside that second (here: as soon as it logs the staged batch whose steps
+    created the first checkpoints, the one after the first append) moves them on its way out,
+    so `since` cannot pass the checkpoints it leaves: each partition's hold is its newest
+    checkpoint's `persist_folded`."""
     from services.write import checkpoint
 
     write = start(procs, sink, "write")
@@ -288,6 +289,9 @@ def test_a_write_service_stopped_right_after_its_first_checkpoints_leaves_them_h
     upstream = Upstream(sink)
     upstream.tick()
     wait_until(lambda: "staged desc" in write.text(), 120, "the first staged batch")
+    assert checkpoint.latest(sink.config.sink_id, 0, sink.config.s3) == -1  # deferred
+    upstream.tick()
+    wait_until(lambda: write.text().count("staged desc") >= 2, 120, "the second staged batch")
     assert write.stop() == 0
     c, state = sink.config, sink.shard.state()
     for p in range(c.partitions):

@@ -3,8 +3,11 @@ process: a resident's staging step reports its part while its checkpoint is bein
 partition's next step waits for that create before anything else, and reports it confirmed;
 a create lost to another owner makes that next step stale before it stages; a create that
 never happened (its Python worker died or paused) is continued from the version before it,
-and the straggler, if it ever lands, loses. Each part appended is exact whatever lineage staged
-it, so the shard ends with every update once."""
+and the straggler, if it ever lands, loses. A gained partition's first fold and first staging
+step create no checkpoint at all (`StepSpec.checkpoint`): the step after that batch's append
+creates the first, inline, of what the read-back left; two owners that both deferred meet
+there. Each part appended is exact whatever lineage staged it, so the shard ends with every
+update once."""
 
 from __future__ import annotations
 
@@ -213,3 +216,110 @@ def test_a_lost_create_older_than_the_step_asked_for_does_not_make_it_stale(
     append(sink, back, 5, 6)
     assert contents(sink, upstream.frontier) == upstream.expected()
     resident.leave()
+
+
+def gained(sink: Sink, worker: WriteWorker) -> tuple[Upstream, StepResult, int]:
+    """Three ticks of four keys, and partition 0's steps as a driver that gains it sends them:
+    the first fold, then the first staging step of `[0, 3)`, neither checkpointing; its part's
+    updates."""
+    upstream = Upstream(sink, keys=4)
+    for _ in range(3):
+        upstream.tick()
+    [fold_only] = step_specs(sink, {})
+    folded = task.run_task(replace(fold_only, checkpoint=False), worker)
+    assert folded.version == -1 and not folded.checkpointed
+    staged = task.run_task(replace(step(sink, -1, 0, 3), pipelined=False, checkpoint=False), worker)
+    assert (staged.version, staged.checkpointed, staged.pending, staged.stale) == (
+        -1,
+        False,
+        False,
+        False,
+    )
+    assert staged.part is not None and staged.part.updates == upstream.sent  # the whole load
+    assert staged.bytes_written == staged.part.bytes  # the part, and no checkpoint
+    return upstream, staged, staged.part.updates
+
+
+def tick(upstream: Upstream) -> int:
+    """One more tick; how many updates it published."""
+    before = upstream.sent
+    upstream.tick()
+    return upstream.sent - before
+
+
+def test_a_gained_partition_checkpoints_first_after_its_first_append(sink: Sink) -> None:
+    """The first checkpoint holds what the read-back of the first part left (the next tick's
+    updates), not the whole load; the state came from memory, the part was not read back."""
+    c = sink.config
+    resident = WriteWorker().resident()
+    upstream, staged, load = gained(sink, resident)
+    assert checkpoint.latest(c.sink_id, 0, c.s3) == -1
+    append(sink, staged, 0, 3)
+    fresh = tick(upstream)
+    first = task.run_task(replace(step(sink, -1, 3, 4), pipelined=False), resident)
+    assert first.checkpointed and first.version == 0 and not first.stale
+    assert first.bytes_read_back == 0  # its own part negated from memory
+    assert first.part is not None and first.part.updates == fresh == first.corrections
+    stored, read = checkpoint.load(
+        c.sink_id, 0, 0, c.s3, parse_row_schema(ROW_SCHEMA), c.as_of, checkpoint.StateCache()
+    )
+    assert read > 0 and len(stored.correction) == fresh < load
+    assert stored.folded_offset == first.folded_offset
+    append(sink, first, 3, 4)
+    assert contents(sink, upstream.frontier) == upstream.expected()
+    resident.leave()
+
+
+def test_a_deferred_state_lost_with_its_executor_is_folded_again(
+    sink: Sink, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The executor that kept the state is gone: the step after the append runs elsewhere from
+    nothing (no checkpoint), folds all of desired and reads the first part back as anyone's,
+    and stages only the new tick."""
+    c = sink.config
+    upstream, staged, _ = gained(sink, WriteWorker().resident())
+    append(sink, staged, 0, 3)
+    fresh = tick(upstream)
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-2"))
+    moved = task.run_task(replace(step(sink, -1, 3, 4), pipelined=False), WriteWorker())
+    assert moved.checkpointed and moved.version == 0
+    assert moved.bytes_read_back > 0  # the shard's part, read back
+    assert moved.part is not None and moved.part.updates == fresh
+    append(sink, moved, 3, 4)
+    assert contents(sink, upstream.frontier) == upstream.expected()
+    assert checkpoint.latest(c.sink_id, 0, c.s3) == 0
+
+
+def test_two_owners_that_both_deferred_meet_at_the_first_checkpoint(
+    sink: Sink, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two drivers gained the partition (a rebalance not yet seen by the old one): both stage
+    the first batch without a checkpoint, and append keeps the first part for that lower. The
+    step after it creates version 0 inline in each: one wins, the other is stale (its part is
+    never reported) and continues from the winner's version; the shard has every update once."""
+    c = sink.config
+    one = WriteWorker().resident()
+    upstream, ones, load = gained(sink, one)
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-2"))
+    two = WriteWorker().resident()
+    [fold_only] = step_specs(sink, {})
+    task.run_task(replace(fold_only, checkpoint=False), two)
+    twos = task.run_task(replace(step(sink, -1, 0, 3), pipelined=False, checkpoint=False), two)
+    assert twos.part is not None and twos.part.updates == load  # the same part as the other's
+    append(sink, ones, 0, 3)  # append keeps the first batch for the lower
+    upstream.tick()
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-1"))
+    won = task.run_task(replace(step(sink, -1, 3, 4), pipelined=False), one)
+    assert won.checkpointed and won.version == 0
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-2"))
+    lost = task.run_task(replace(step(sink, -1, 3, 4), pipelined=False), two)
+    assert lost.stale and not lost.checkpointed
+    assert (c.sink_id, 0) not in two.states.states  # nothing continues from the lost state
+    append(sink, won, 3, 4)
+    upstream.tick()
+    again = task.run_task(replace(step(sink, 0, 4, 5), pipelined=False), two)  # the newest
+    assert again.checkpointed and again.version == 1 and not again.stale
+    append(sink, again, 4, 5)
+    assert contents(sink, upstream.frontier) == upstream.expected()
+    for worker in (one, two):
+        worker.leave()

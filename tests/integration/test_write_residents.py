@@ -253,5 +253,5 @@ def test_a_first_fold_checkpoints_nothing_and_the_staging_step_after_it_does(
     assert checkpoint.latest(c.sink_id, 0, c.s3) == 0
     meta = checkpoint.read_meta(c.sink_id, 0, 0, c.s3)
     assert meta is not None and meta["folded_offset"] == staged.folded_offset
-    with pytest.raises(InvalidUsage, match="a staging step must checkpoint"):
-        replace(stage, checkpoint=False)
+    with pytest.raises(InvalidUsage, match="a pipelined step must checkpoint"):
+        replace(stage, checkpoint=False, pipelined=True)
