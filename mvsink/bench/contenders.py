@@ -42,8 +42,11 @@ class Run:
     ticks: int = 0
     #: From starting the system's processes to the system able to take input (`System.ready`).
     start_s: float = 0.0
-    #: From the initial load published (after `start_s`) to durable: the hydration.
+    #: From starting to publish the initial load (after `start_s`) to the load durable: the
+    #: hydration, publishing included (the systems read while it is published).
     initial_load_s: float = 0.0
+    #: Of which publishing the load took (until the broker had all of it).
+    load_publish_s: float = 0.0
     steady_s: float = 0.0
     steady_updates: int = 0
     freshness: list[float] = field(default_factory=list)

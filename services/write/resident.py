@@ -40,6 +40,8 @@ Rules
 4. The crew holds every task slot, so it steps aside when another Spark job waits (the
    compactor's large merges): the driver's loop looks every `CHECK_EVERY`, and after each round,
    and the crew is launched again when no other job is active.
+5. A driver launches the crew as it starts (`launch`), without waiting for it, so its first
+   step does not pay for the crew's Spark job; later launches happen in `run`, as needed.
 
 The connection is plain TCP on the driver's host (`mvsink.io.spark.driver_host`, where executors
 already reach the driver), length-prefixed frames: first the crew's random token, which the
@@ -315,6 +317,19 @@ class Crew:
         except Exception:  # the driver's Spark is going away: the job ends and closes
             return []
         return [conn for conn, (resident, _) in waiting.items() if resident.executor not in live]
+
+    def launch(self, executors: Sequence[str], slots: int) -> None:
+        """Launch the crew if it is down and may be (rules 3 and 4), without waiting for it to
+        connect: a driver starting calls it before its first step, so that step (a new sink's
+        hydration) does not wait for the Spark job that starts the residents. A launch that
+        fails is left to the first `run`, which tries again."""
+        if not executors or self.job is not None or time.monotonic() < self.not_before:
+            return
+        try:
+            if not self._others_waiting():
+                self._launch(executors, slots)
+        except Exception as error:
+            log.warning("launching the residents failed (the first round tries again): %r", error)
 
     def _ready(self, work: Sequence[Work], executors: Sequence[str], slots: int) -> bool:
         """Whether the crew is up with a resident on every executor of `work`, launching it and

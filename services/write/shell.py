@@ -364,6 +364,9 @@ class WriteShell:
             self._warm_up()
             if self.config.spark_residents:
                 self.crew = Crew(self.spark)
+                executors = live_executors(self.spark)
+                if executors:  # before the first step, which then finds them connected
+                    self.crew.launch(sorted(executors), self._slots(executors))
             topics = self.config.topics
             owner = Consumer(
                 consumer_config(
@@ -513,8 +516,7 @@ class WriteShell:
         executors = live_executors(self.spark)
         placement = place((s.partition for s in specs), self.home, executors)
         by_partition = {s.partition: s for s in specs}
-        # One wave of tasks a job: `defaultParallelism` (twice the cores) would make two.
-        slots = max(1, task_slots(self.spark) // len(executors))
+        slots = self._slots(executors)
         work = [
             ([by_partition[p] for p in group], executor)
             for group, executor in groups(placement, slots)
@@ -534,6 +536,11 @@ class WriteShell:
         for result in results:
             self._absorb_result(result, by_partition[result.partition].desc is not None)
         return results
+
+    def _slots(self, executors: dict[str, str]) -> int:
+        """Task slots per executor: one wave of tasks a job (`defaultParallelism`, twice the
+        cores, would make two)."""
+        return max(1, task_slots(self.spark) // len(executors))
 
     def _absorb_result(self, result: StepResult, staging: bool = False) -> None:
         """What a step (a `staging` one, or a fold) tells the driver: its partition's home,

@@ -78,6 +78,7 @@ def test_bench_compares_mvsink_peer_delta_and_raw(
     assert figures["plain_read_load_s"] > 0
     for name in ("mvsink", "peer", "delta", "raw"):
         assert figures[f"{name}_start_s"] > 0 and figures[f"{name}_initial_load_s"] > 0, name
+        assert 0 < figures[f"{name}_load_publish_s"] <= figures[f"{name}_initial_load_s"], name
         assert figures[f"{name}_hydration_vs_plain_read"] > 0, name
     assert "hydration / one plain read" in text and "process start" in text
     # The Delta MERGE peer maintains the view too: its table, read at the end, equals it.

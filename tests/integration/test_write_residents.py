@@ -3,7 +3,8 @@ the steps run in long-lived Python workers that keep their partitions' state, a 
 hands its partitions back for a one-shot job, residents step aside for another Spark job, and
 only connections that show the crew's token join it. Also: a failed step drops the state it
 left half-changed in memory (`services.write.task.run_task`), and a first fold that writes no
-checkpoint leaves its state for the staging step after it."""
+checkpoint leaves its state for the steps after it, and a crew launched ahead of the first
+round (a driver starting) serves it."""
 
 from __future__ import annotations
 
@@ -83,6 +84,23 @@ def test_residents_run_the_steps_and_keep_the_state_in_memory(
     crew.dismiss()
     copies = {p.name: pickle.loads(p.read_bytes()).version for p in warm.iterdir()}
     assert copies == {"p0.pickle": 1, "p1.pickle": 1}
+
+
+def test_a_crew_launched_ahead_serves_the_first_round(sink: Sink, crew: Crew) -> None:
+    """`Crew.launch`, as a driver starting calls it: the residents connect meanwhile, and the
+    first round finds them there instead of launching them; launching a crew that is up does
+    nothing."""
+    crew.launch(["driver"], 2)
+    launched = crew.launched_at
+    assert crew.job is not None
+    wait_until(crew._complete, 60, "the residents connected")
+    upstream = Upstream(sink, keys=4)
+    upstream.tick()
+    results, left = crew.run(one_each(step_specs(sink, {})), ["driver"], 2)
+    assert left == [] and sorted(r.partition for r in results) == [0, 1]
+    assert crew.launched_at == launched and crew.rounds == 1
+    crew.launch(["driver"], 2)
+    assert crew.launched_at == launched
 
 
 def test_a_lost_resident_hands_its_partitions_back(sink: Sink, crew: Crew, spark: Any) -> None:
@@ -204,14 +222,15 @@ def test_a_failed_step_drops_the_state_it_changed_in_memory(
     assert again.desired_frontier == Frontier.at(3) and again.corrections == 4
 
 
-def test_a_first_fold_checkpoints_nothing_and_the_staging_step_after_it_does(
+def test_a_first_fold_checkpoints_nothing_and_a_later_step_continues_from_its_state(
     kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A gained partition's first fold without a checkpoint (`StepSpec.checkpoint`, what the
     driver sends): no object, the state kept at version -1 in memory and in the executor's warm
     copy, a result that does not claim a durable checkpoint. With the records below that fold
     deleted, a worker of another executor (neither memory nor warm copy) finds them gone, and
-    the staging step from the warm copy folds on and writes version 0 with every update once."""
+    a checkpointing step from the warm copy folds on and writes version 0 with every update
+    once (`test_write_pipelined` follows the driver's deferred first staging step)."""
     monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-1"))
     sink = Sink.create(kafka_bootstrap, s3_settings, tmp_path, partitions=1)
     c, rows = sink.config, parse_row_schema(ROW_SCHEMA)
