@@ -289,7 +289,6 @@ def test_a_write_service_stopped_right_after_its_first_checkpoints_leaves_them_h
     upstream = Upstream(sink)
     upstream.tick()
     wait_until(lambda: "staged desc" in write.text(), 120, "the first staged batch")
-    assert checkpoint.latest(sink.config.sink_id, 0, sink.config.s3) == -1  # deferred
     upstream.tick()
     wait_until(lambda: write.text().count("staged desc") >= 2, 120, "the second staged batch")
     assert write.stop() == 0
