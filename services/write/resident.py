@@ -323,13 +323,20 @@ class Crew:
         connect: a driver starting calls it before its first step, so that step (a new sink's
         hydration) does not wait for the Spark job that starts the residents. A launch that
         fails is left to the first `run`, which tries again."""
-        if not executors or self.job is not None or time.monotonic() < self.not_before:
+        if self.job is not None:
             return
         try:
-            if not self._others_waiting():
-                self._launch(executors, slots)
+            self._maybe_launch(executors, slots)
         except Exception as error:
             log.warning("launching the residents failed (the first round tries again): %r", error)
+
+    def _maybe_launch(self, executors: Sequence[str], slots: int) -> bool:
+        """Launch the crew unless it waits out a failure (`not_before`) or another Spark job
+        waits for the slots (rules 2 and 4); whether it launched."""
+        if time.monotonic() < self.not_before or self._others_waiting():
+            return False
+        self._launch(executors, slots)
+        return True
 
     def _ready(self, work: Sequence[Work], executors: Sequence[str], slots: int) -> bool:
         """Whether the crew is up with a resident on every executor of `work`, launching it and
@@ -341,10 +348,8 @@ class Crew:
         if self.job is not None and self._complete() and not self._covers(work):
             log.info("the executors changed under the residents: launching them again")
             self.dismiss()
-        if self.job is None:
-            if time.monotonic() < self.not_before or self._others_waiting():
-                return False
-            self._launch(executors, slots)
+        if self.job is None and not self._maybe_launch(executors, slots):
+            return False
         deadline = self.launched_at + READY_WAIT
         while not self._complete() and not self.closed.is_set() and time.monotonic() < deadline:
             time.sleep(0.005)
