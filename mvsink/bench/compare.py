@@ -36,6 +36,12 @@ The producer's own rate is printed too: how fast `DesiredProducer` turned the wo
 records when it was encoded, per CPU second, next to partitioning 1 on a sample of the same
 updates (`producer_updates_per_cpu_s`, `producer_v1_updates_per_cpu_s`).
 
+Before the first repeat, the broker is warmed up (`--warm-up`, default 60 s): the raw loop
+runs untimed on a scratch sink, fed the ticks closed loop, until that long has passed or the
+ticks run out. A broker just started spends its first minute or so of traffic at about twice
+the CPU of a warm one (its JVM compiling; 0.56-0.73 cores against 0.27-0.35 under the raw
+loop), which would otherwise fall on the first column of the first repeat.
+
 Each system is started and waited for until it can take input (`System.ready`: mvsink's write
 service has its Spark session, a peer its streaming query, raw its consumers): the process
 start. Then tick 0 (the initial load) is published and timed on its own: the hydration, set
@@ -285,6 +291,7 @@ def run(
     seconds: float | None = None,
     keep_data: bool = False,
     stack: Callable[[], dict[str, int]] | None = None,
+    warm_up: float = 0.0,
 ) -> dict[str, Any]:
     """Run the benchmark; the figures (also written to `out/bench.json` and `out/bench.png`).
     `scale(n)` runs the embedded Spark cluster with `n` workers (its master URL);
@@ -295,7 +302,8 @@ def run(
     interleaved, each on a new sink; `seconds` bounds each steady window (`drive`). Each
     sink is discarded once its figures are taken, unless `keep_data`. `stack()` names the
     pids of the embedded stack's running components, whose CPU each column's figures count
-    beside its own processes'. The figures are `mvsink.bench.repeats.summarise` of every
+    beside its own processes'. `warm_up` seconds of the raw loop, untimed, warm the broker
+    before the first repeat (module docs). The figures are `mvsink.bench.repeats.summarise` of every
     repeat's."""
     if repeats < 1:
         raise BenchError(f"--repeats must be at least 1, not {repeats}")
@@ -329,7 +337,10 @@ def run(
         base, workload, wire, ticks, final, in_flight, logs, run_id, say, seconds, keep_data, stack
     )
     per_repeat: list[dict[str, Any]] = []
+    warmed = 0.0
     try:  # the upstream's tick files and scratch sinks go however the run ends
+        if warm_up > 0:
+            warmed = column.warm_up_broker(warm_up)
         for repeat in range(repeats):
             if repeats > 1:
                 say(f"repeat {repeat + 1} of {repeats}: {', '.join(v.name for v in columns)}")
@@ -358,6 +369,7 @@ def run(
     finally:
         column.stop()
     figures = summarise(per_repeat)
+    figures["broker_warm_up_s"] = round(warmed, 1)
     _report(figures, say)
     _chart(figures, save_figures(out, "bench", figures, say, logs).with_suffix(".png"))
     say(f"wrote {out / 'bench.png'}")
@@ -486,6 +498,24 @@ class _Columns:
         if not self.keep_data:
             topics, objects = discard(sink)
             self.say(f"  discarded {sink.sink_id}: {topics} topics, {objects:,} objects")
+
+    def warm_up_broker(self, seconds: float) -> float:
+        """Run the raw loop untimed on a scratch sink for `seconds`, or until the ticks run
+        out, then discard the sink (module docs); how long it ran."""
+        sink = provisioned(self.base, f"{self.run_id}-warm-up-broker")
+        self.say(f"warming the broker up: the raw loop, untimed, for up to {seconds:g}s ...")
+        started = time.monotonic()
+        system = RawSystem(sink, self.logs / "warm-up-broker")
+        system.start()
+        try:
+            system.ready()
+            drive(system, self.feeder, self.ticks, self.in_flight, lambda _: None, seconds=seconds)
+        finally:
+            system.stop()
+            self._discard(sink)
+        ran = time.monotonic() - started
+        self.say(f"  broker warmed up in {ran:.0f}s")
+        return ran
 
     def read_load(self, repeat: int) -> None:
         """Time one plain read of the initial load (`systems.read_load`) from a scratch sink's

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 #: fastest system, takes up to ~2.5M updates/s here, 12.5 ticks a second of a 1M-key view.
 FULL_SECONDS = 30.0
 FULL_TICKS = 480
+#: The full bench's broker warm-up: the raw loop's first minute on a broker just started is
+#: when its Kafka CPU falls to a warm broker's (`mvsink.bench.compare` module docs).
+FULL_WARM_UP = 60.0
 #: Held by the benchmark running on this machine, whichever clone or state directory it runs
 #: from (`flock`: freed when its process ends, however it ends).
 BENCH_LOCK = Path(tempfile.gettempdir()) / "mvsink-bench.lock"
@@ -107,6 +110,13 @@ def add_bench(commands: Commands) -> None:
         default=None,
         help=f"each system's steady window: no tick is published after it (default "
         f"{FULL_SECONDS:g}; quick: every tick; 0: every tick)",
+    )
+    bench.add_argument(
+        "--warm-up",
+        type=float,
+        default=None,
+        help=f"seconds of the raw loop, untimed, before the first repeat, so that no system "
+        f"is measured on a broker just started (default {FULL_WARM_UP:g}; quick 0)",
     )
     bench.add_argument("--change", type=float, default=0.1, help="share of keys changed per tick")
     bench.add_argument("--partitions", type=int, default=4, help="P (desired partitions)")
@@ -255,6 +265,7 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
             seconds=seconds or None,
             keep_data=args.keep_data,
             stack=None if args.no_stack else lambda: _running_pids(stack),
+            warm_up=(0.0 if args.quick else FULL_WARM_UP) if args.warm_up is None else args.warm_up,
         )
     finally:
         if spark_workers:

@@ -111,9 +111,13 @@ def test_bench_compares_mvsink_peer_delta_and_raw(
     assert figures["peer_batch_latency_p50_s"] > 0
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "ratio mvsink/peer" in text and "updates/s (steady ticks)" in text
+    # Before the first repeat the broker is warmed up by the raw loop (here until the four
+    # ticks ran out), on a sink of its own.
+    assert "warming the broker up: the raw loop, untimed, for up to 60s" in text
+    assert figures["broker_warm_up_s"] > 0
     # Each column's sink is discarded once its figures are taken, and so are the plain read's
-    # and the warm-up's: nothing of the run is left on the stack but its logs.
-    assert len(re.findall(r"discarded cmp-\S+: 5 topics", text)) == 7 + len(passes)
+    # and the warm-ups': nothing of the run is left on the stack but its logs.
+    assert len(re.findall(r"discarded cmp-\S+: 5 topics", text)) == 8 + len(passes)
     assert left_behind(kafka_bootstrap, s3_settings, text) == []
 
 
@@ -126,10 +130,14 @@ def test_bench_repeats_interleave_and_windows_end_by_time(
     out = tmp_path / "out"
     workload = ["--systems", "mvsink,raw", "--keys", "2000", "--ticks", "400"]
     repeats = ["--repeats", "2", "--seconds", "3", "--out", str(out), "--keep-data"]
-    text = bench(kafka_bootstrap, s3_settings, tmp_path, *workload, *repeats)
+    text = bench(kafka_bootstrap, s3_settings, tmp_path, *workload, *repeats, "--warm-up", "2")
     assert "discarded" not in text
     kept = left_behind(kafka_bootstrap, s3_settings, text)  # asked for: topics and shards
     assert any(k.endswith("-mvsink.desired") for k in kept), kept
+    # the broker's warm-up ran its 2 s window of the workload (far from its last tick) first
+    assert any(k.endswith("-warm-up-broker.desired") for k in kept), kept
+    assert text.index("broker warmed up in") < text.index("repeat 1 of 2")
+    assert json.loads((out / "bench.json").read_text())["broker_warm_up_s"] >= 2
     assert any(k.startswith("shards/") for k in kept), kept
     figures = json.loads((out / "bench.json").read_text())
     assert len(figures["repeats"]) == 2
