@@ -39,8 +39,8 @@ updates (`producer_updates_per_cpu_s`, `producer_v1_updates_per_cpu_s`).
 Before the first repeat, the broker is warmed up (`--warm-up`, default 60 s): the raw loop
 runs untimed on a scratch sink, fed the ticks closed loop, until that long has passed or the
 ticks run out. A broker just started spends its first minute or so of traffic at about twice
-the CPU of a warm one (its JVM compiling; 0.56-0.73 cores against 0.27-0.35 under the raw
-loop), which would otherwise fall on the first column of the first repeat.
+the CPU of a warm one (its JVM compiling), which would otherwise fall on the first column of
+the first repeat (docs/decisions.md has the figures).
 
 Each system is started and waited for until it can take input (`System.ready`: mvsink's write
 service has its Spark session, a peer its streaming query, raw its consumers): the process
@@ -303,8 +303,8 @@ def run(
     sink is discarded once its figures are taken, unless `keep_data`. `stack()` names the
     pids of the embedded stack's running components, whose CPU each column's figures count
     beside its own processes'. `warm_up` seconds of the raw loop, untimed, warm the broker
-    before the first repeat (module docs). The figures are `mvsink.bench.repeats.summarise` of every
-    repeat's."""
+    before the first repeat (module docs). The figures are `mvsink.bench.repeats.summarise`
+    of every repeat's."""
     if repeats < 1:
         raise BenchError(f"--repeats must be at least 1, not {repeats}")
     run_id = f"cmp-{uuid.uuid4().hex[:6]}"

@@ -228,14 +228,15 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
         )
     if not args.no_stack:
         embedded_stack().up()
-    keys, ticks, repeats, seconds = (
-        (args.keys or 100_000, args.ticks or 6, args.repeats or 1, args.seconds)
+    keys, ticks, repeats, seconds, warm_up = (
+        (args.keys or 100_000, args.ticks or 6, args.repeats or 1, args.seconds, args.warm_up)
         if args.quick
         else (
             args.keys or 1_000_000,
             args.ticks or FULL_TICKS,
             args.repeats or 3,
             FULL_SECONDS if args.seconds is None else args.seconds,
+            FULL_WARM_UP if args.warm_up is None else args.warm_up,
         )
     )
     systems = tuple(s.strip() for s in args.systems.split(",")) if args.systems else SYSTEMS
@@ -265,7 +266,7 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
             seconds=seconds or None,
             keep_data=args.keep_data,
             stack=None if args.no_stack else lambda: _running_pids(stack),
-            warm_up=(0.0 if args.quick else FULL_WARM_UP) if args.warm_up is None else args.warm_up,
+            warm_up=warm_up or 0.0,
         )
     finally:
         if spark_workers:
