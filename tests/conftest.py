@@ -97,12 +97,13 @@ def _from_containers(stack: list[Any]) -> Services:
 
     from mvsink.stack.kafka import kafka_ready
     from mvsink.stack.minio import minio_ready
-    from mvsink.stack.procs import free_ports
+    from mvsink.stack.procs import filling, free_ports
     from mvsink.tools.compose.engine import ensure_images, image_exists
 
-    missing = [s for s in ("kafka", "minio") if not image_exists(COMPOSE[s]["image"])]
-    if missing:
-        ensure_images(missing, state_dir() / "compose", cache_dir(), _say)
+    with filling(state_dir() / "compose" / "test-images"):  # the suite's workers build once
+        missing = [s for s in ("kafka", "minio") if not image_exists(COMPOSE[s]["image"])]
+        if missing:
+            ensure_images(missing, state_dir() / "compose", cache_dir(), _say)
     _remove_orphans()
     labels = {ORPHAN_LABEL: str(os.getpid())}
     kafka_port, minio_port = free_ports(2)

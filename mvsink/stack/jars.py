@@ -3,7 +3,7 @@
 `resolve` runs `mvn dependency:copy-dependencies` on one of the POMs in `maven/` with
 `maven/settings.xml` (every repository mirrored to Central) into a cache directory, once: a
 marker file records a complete resolution, so a rerun costs nothing and an interrupted one
-starts over.
+starts over; processes sharing the cache resolve one at a time (`procs.filling`).
 
 `fetch` downloads one file of Central by its path, checked against a pinned SHA-256: for an
 artifact Maven cannot resolve because Central lacks its parent POM (the Schema Registry's
@@ -34,6 +34,15 @@ def resolve(pom: str, libs: Path, say: procs.Say, what: str, options: Sequence[s
     marker = libs.parent / f"{libs.name}.complete"
     if marker.exists():
         return libs
+    with procs.filling(libs):
+        if not marker.exists():
+            _resolve(pom, libs, say, what, options)
+            marker.write_text(" ".join(options))
+    return libs
+
+
+def _resolve(pom: str, libs: Path, say: procs.Say, what: str, options: Sequence[str]) -> None:
+    """Copy the runtime jars of `maven/<pom>` into `libs` with Maven (`resolve` holds the lock)."""
     procs.require_tool("java", "install a JDK 17 (e.g. `apt-get install openjdk-17-jre-headless`)")
     mvn = procs.require_tool("mvn", "install Maven (e.g. `apt-get install maven`)")
     say(f"resolving {what} from Maven Central into {libs} ...")
@@ -57,8 +66,6 @@ def resolve(pom: str, libs: Path, say: procs.Say, what: str, options: Sequence[s
     )
     if not any(libs.glob("*.jar")):
         raise StackError(f"resolving {what} produced no jars in {libs}")
-    marker.write_text(" ".join(options))
-    return libs
 
 
 def fetch(path: str, sha256: str, target: Path, say: procs.Say, what: str) -> Path:

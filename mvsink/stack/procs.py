@@ -1,19 +1,23 @@
-"""Process plumbing for the embedded stack: free ports, detached processes, readiness, stopping.
+"""Process plumbing for the embedded stack: free ports, detached processes, readiness, stopping,
+and the download/build cache's fills.
 
 Every listener binds 127.0.0.1. A component that does not become ready raises `StackError`
-carrying the tail of its log, so a failed start is never silent.
+carrying the tail of its log, so a failed start is never silent. A cache entry is filled under
+`filling`, so processes sharing the cache (the test suite's workers, two commands of one clone)
+fill it once, and none uses one half-filled.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 from mvsink import Say as Say  # re-exported for the stack modules
@@ -100,26 +104,49 @@ def java() -> str:
     return require_tool("java", "install a JDK 17 (e.g. `apt-get install openjdk-17-jre-headless`)")
 
 
+@contextlib.contextmanager
+def filling(entry: Path) -> Iterator[None]:
+    """Held while the cache entry `entry` is filled: an exclusive `flock` on a lock file beside
+    it, freed when the holder ends however it ends. A filler checks again, once it holds it,
+    whether another process filled the entry while it waited."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(entry.parent / f".{entry.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def go_install(module: str, version: str, binary: str, bindir: Path, say: Say, what: str) -> Path:
     """The executable `binary` of Go package `module@version`, built with `go install` into
-    `bindir` (the download/build cache) if not there yet."""
+    `bindir` (the download/build cache) if not there yet. It is built in a directory of its
+    own and renamed into `bindir`, so `bindir/binary` exists only whole."""
     path = bindir / binary
     if path.exists():
         return path
-    go = require_tool(
-        "go", "install Go >= 1.24 (https://go.dev/doc/install or your package manager)"
-    )
-    say(f"building {what} {version} with `go install` into {bindir} (first run only) ...")
-    bindir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, GOBIN=str(bindir), CGO_ENABLED="0", GOFLAGS="-buildvcs=false")
-    run_checked(
-        [go, "install", f"{module}@{version}"],
-        log=bindir / "go-install.log",
-        env=env,
-        what=f"building {what} with go install",
-    )
-    if not path.exists():
-        raise StackError(f"go install finished but {path} is missing")
+    with filling(path):
+        if path.exists():
+            return path
+        go = require_tool(
+            "go", "install Go >= 1.24 (https://go.dev/doc/install or your package manager)"
+        )
+        say(f"building {what} {version} with `go install` into {bindir} (first run only) ...")
+        building = bindir / f".{binary}.{os.getpid()}.build"
+        building.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, GOBIN=str(building), CGO_ENABLED="0", GOFLAGS="-buildvcs=false")
+        try:
+            run_checked(
+                [go, "install", f"{module}@{version}"],
+                log=bindir / "go-install.log",
+                env=env,
+                what=f"building {what} with go install",
+            )
+            if not (building / binary).exists():
+                raise StackError(f"go install finished but {building / binary} is missing")
+            (building / binary).replace(path)
+        finally:
+            shutil.rmtree(building, ignore_errors=True)
     return path
 
 

@@ -77,25 +77,28 @@ def ensure_server(cache: Path, say: procs.Say) -> Path:
     runner = app / runner_name()
     if marker.exists():
         return runner
-    tarball = jars.fetch(
-        DISTRIBUTION,
-        SHA256,
-        root / Path(DISTRIBUTION).name,
-        say,
-        f"Apicurio Registry {APICURIO_VERSION}",
-    )
-    unpacked = root / "unpacked"
-    shutil.rmtree(unpacked, ignore_errors=True)
-    with tarfile.open(tarball) as tar:
-        tar.extractall(unpacked, filter="data")
-    found = next(unpacked.rglob(runner.name), None)
-    if found is None:
-        raise StackError(f"{tarball} has no {runner.name}")
-    shutil.rmtree(app, ignore_errors=True)
-    found.parent.replace(app)
-    shutil.rmtree(unpacked, ignore_errors=True)
-    tarball.unlink()
-    marker.write_text(f"{APICURIO_VERSION}\n")
+    with procs.filling(app):
+        if marker.exists():
+            return runner
+        tarball = jars.fetch(
+            DISTRIBUTION,
+            SHA256,
+            root / Path(DISTRIBUTION).name,
+            say,
+            f"Apicurio Registry {APICURIO_VERSION}",
+        )
+        unpacked = root / "unpacked"
+        shutil.rmtree(unpacked, ignore_errors=True)
+        with tarfile.open(tarball) as tar:
+            tar.extractall(unpacked, filter="data")
+        found = next(unpacked.rglob(runner.name), None)
+        if found is None:
+            raise StackError(f"{tarball} has no {runner.name}")
+        shutil.rmtree(app, ignore_errors=True)
+        found.parent.replace(app)
+        shutil.rmtree(unpacked, ignore_errors=True)
+        tarball.unlink()
+        marker.write_text(f"{APICURIO_VERSION}\n")
     return runner
 
 

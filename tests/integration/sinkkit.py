@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
+import pytest
 import yaml
 from confluent_kafka import Producer
 
@@ -39,6 +40,11 @@ from mvsink.io.kafka import (
 from mvsink.shard import Shard, open_shard
 from mvsink.tools.provision import provision
 from mvsink.upstream.producer import DesiredProducer
+
+#: On tests that run a benchmark command: each takes the machine's benchmark lock
+#: (`mvsink.cli.bench.alone`), so the suite's workers (`./run test`: pytest-xdist,
+#: `--dist loadgroup`) run them on one worker, one after another.
+BENCH = pytest.mark.xdist_group("bench")
 
 if TYPE_CHECKING:
     from services.write.task import StepSpec

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient
-from sinkkit import cli_env
+from sinkkit import BENCH, cli_env
 
 from mvsink.io.config import CompactionPolicy, S3Settings
 from mvsink.io.kafka import client_config
 from mvsink.io.s3 import s3_client
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, BENCH]
 
 
 def bench(kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, *args: str) -> str:

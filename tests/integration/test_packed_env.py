@@ -25,7 +25,8 @@ from mvsink.io.config import cache_dir
 from mvsink.io.spark import packed_env
 from mvsink.stack.manager import Stack
 
-pytestmark = pytest.mark.integration
+# One cluster serves the module (`cluster`): its tests run on one worker.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("packed-env")]
 
 LIBRARIES = ("pyarrow", "confluent_kafka", "minio", "fastavro")
 

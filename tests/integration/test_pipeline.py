@@ -18,6 +18,7 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 from sinkkit import (
+    BENCH,
     Service,
     Sink,
     Upstream,
@@ -432,6 +433,7 @@ def test_invalid_desired_records_are_quarantined_and_never_reach_the_shard(
     assert ("late", 1) not in rows and ("other", 1) not in rows
 
 
+@BENCH
 def test_bench_pipeline_prints_measured_figures_and_baseline(
     kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path
 ) -> None:

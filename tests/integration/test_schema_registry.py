@@ -23,7 +23,7 @@ import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from sinkkit import Sink, cli_env, mvsink_cli
+from sinkkit import BENCH, Sink, cli_env, mvsink_cli
 
 from mvsink.core import codec
 from mvsink.io import registry
@@ -168,6 +168,7 @@ def test_provisioning_registers_every_subject_and_refuses_a_breaking_schema_chan
     assert len(client.get_versions(descs)) == 1  # nothing of the breaking release registered
 
 
+@BENCH
 def test_the_bench_measures_the_registry_framing_beside_mvsinks_own(
     kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, schema_registry_url: str
 ) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from sinkkit import cli_env, mvsink_cli
+from sinkkit import BENCH, cli_env, mvsink_cli
 
 from mvsink.core.frontier import Frontier
 from mvsink.io.config import S3Settings
@@ -87,6 +87,7 @@ def test_shard_compact_merges_and_reads_before_since_are_refused(
     assert early.returncode == 2 and "compacted away" in early.stderr
 
 
+@BENCH
 def test_bench_shard_prints_measured_and_baseline(
     kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path
 ) -> None:

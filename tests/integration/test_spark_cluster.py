@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from sinkkit import (
+    BENCH,
     Service,
     Sink,
     Upstream,
@@ -33,7 +34,8 @@ from mvsink.stack.manager import Stack
 from mvsink.stack.spark import cluster_status
 from mvsink.stack.state import load_records
 
-pytestmark = pytest.mark.integration
+# One cluster serves the module (`cluster`), and one of its tests runs a benchmark command.
+pytestmark = [pytest.mark.integration, BENCH]
 
 
 class Cluster:
