@@ -27,14 +27,24 @@ print(path.read_text())
 """
 
 
-def test_racing_installs_build_once_and_return_the_whole_binary(tmp_path: Path) -> None:
-    bin_dir, runs = tmp_path / "bin", tmp_path / "runs"
-    bin_dir.mkdir()
+def _fake_go(tmp_path: Path, script: str) -> dict[str, str]:
+    """The environment of a process whose `go` is `script` (its runs counted in `runs`)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
     go = bin_dir / "go"
-    go.write_text(FAKE_GO)
+    go.write_text(script)
     go.chmod(0o755)
-    cache = tmp_path / "cache"
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", RUNS=str(runs))
+    return dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", RUNS=str(tmp_path / "runs"))
+
+
+def _install(cache: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", INSTALL, str(cache)], env=env, capture_output=True, text=True
+    )
+
+
+def test_racing_installs_build_once_and_return_the_whole_binary(tmp_path: Path) -> None:
+    env, cache = _fake_go(tmp_path, FAKE_GO), tmp_path / "cache"
     racers = [
         subprocess.Popen(
             [sys.executable, "-c", INSTALL, str(cache)], env=env, stdout=subprocess.PIPE, text=True
@@ -44,27 +54,18 @@ def test_racing_installs_build_once_and_return_the_whole_binary(tmp_path: Path) 
     outputs = [racer.communicate(timeout=60)[0].strip() for racer in racers]
     assert [racer.returncode for racer in racers] == [0] * 4
     assert outputs == ["half and whole"] * 4
-    assert runs.read_text().split() == ["run"]  # built once
+    assert (tmp_path / "runs").read_text().split() == ["run"]  # built once
     assert sorted(p.name for p in cache.iterdir()) == [".tool.lock", "go-install.log", "tool"]
 
 
 def test_a_failed_build_leaves_no_binary_and_the_next_one_builds(tmp_path: Path) -> None:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    go = bin_dir / "go"
-    go.write_text("#!/bin/sh\nprintf 'half' > \"$GOBIN/tool\"\nexit 1\n")
-    go.chmod(0o755)
     cache = tmp_path / "cache"
-    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", RUNS=str(tmp_path / "runs"))
-    failed = subprocess.run(
-        [sys.executable, "-c", INSTALL, str(cache)], env=env, capture_output=True, text=True
+    failed = _install(
+        cache, _fake_go(tmp_path, "#!/bin/sh\nprintf 'half' > \"$GOBIN/tool\"\nexit 1\n")
     )
     assert failed.returncode != 0
     assert "building tool with go install" in failed.stderr
     assert not (cache / "tool").exists()  # the half-written file never reached the cache
-    go.write_text(FAKE_GO)
-    built = subprocess.run(
-        [sys.executable, "-c", INSTALL, str(cache)], env=env, capture_output=True, text=True
-    )
+    built = _install(cache, _fake_go(tmp_path, FAKE_GO))
     assert built.returncode == 0, built.stderr
     assert built.stdout.strip() == "half and whole"
