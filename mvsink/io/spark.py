@@ -33,6 +33,7 @@ master Spark accepts (`spark://…`, `yarn`, `k8s://…`). On a cluster:
 
 from __future__ import annotations
 
+import functools
 import gc
 import hashlib
 import importlib.metadata
@@ -302,11 +303,14 @@ def _top_levels(distribution: importlib.metadata.Distribution) -> set[str]:
     return {f.parts[0] for f in files if f.parts and f.parts[0] != ".."}
 
 
+@functools.cache
 def executor_id() -> str:
     """The id of the Spark executor this (Python worker) process serves: `driver` in local
     mode. Every cluster manager launches an executor as `CoarseGrainedExecutorBackend
     --executor-id <id>`, and a Python worker is that JVM's child (or grandchild, through
-    PySpark's daemon), so the id is read from the nearest ancestor's command line."""
+    PySpark's daemon), so the id is read from the nearest ancestor's command line, once: a
+    worker serves one executor for its whole life (a worker forked from PySpark's daemon
+    inherits the daemon's answer, which is its own)."""
     pid = os.getppid()
     for _ in range(4):
         try:

@@ -36,6 +36,7 @@ import os
 import pickle
 import queue
 import threading
+import time
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -494,10 +495,17 @@ class _Collector:
     from: a driver that has not seen the newest expects the one before it. So nothing rests on
     when a delete runs. A process that pauses, or dies, with deletes queued leaves those
     objects behind until the partition's next owner starts (`collect_superseded`); a failed
-    delete is logged and left to that too."""
+    delete is logged and left to that too.
+
+    Keys queued within `GATHER` seconds of each other go in one multi-object delete per bucket:
+    every save supersedes one version, and object storage spends about as much on a request as
+    on its keys (one request a save was about one in seven of the sink's requests to MinIO)."""
+
+    #: Seconds a delete waits for more keys to send with it.
+    GATHER = 1.0
 
     def __init__(self) -> None:
-        self.queue: queue.Queue[tuple[S3Settings, list[str]]] = queue.Queue()
+        self.queue: queue.Queue[tuple[S3Settings, list[str]] | None] = queue.Queue()
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
 
@@ -512,17 +520,37 @@ class _Collector:
         self.queue.put((s3, keys))
 
     def settle(self) -> None:
-        """Wait until every queued delete has been tried."""
+        """Wait until every queued delete has been tried (sent at once, not gathered)."""
+        with self.lock:
+            if self.thread is not None and self.thread.is_alive():
+                self.queue.put(None)  # ends the gathering
         self.queue.join()
+
+    def _gather(self) -> list[tuple[S3Settings, list[str]] | None]:
+        """The next queued item and those queued within `GATHER` seconds of it, or until a
+        `settle` asks for them."""
+        items = [self.queue.get()]
+        deadline = time.monotonic() + self.GATHER
+        while items[-1] is not None and (left := deadline - time.monotonic()) > 0:
+            try:
+                items.append(self.queue.get(timeout=left))
+            except queue.Empty:
+                break
+        return items
 
     def _run(self) -> None:
         while True:
-            s3, keys = self.queue.get()
-            try:
-                MinioBlob(_client(s3), s3.bucket).remove(keys)
-            except Exception as error:  # best effort: the next owner's collect_superseded
-                log.warning("deleting superseded checkpoints %s failed: %r", keys, error)
-            finally:
+            items = self._gather()
+            by_bucket: dict[S3Settings, list[str]] = {}
+            for item in items:
+                if item is not None:
+                    by_bucket.setdefault(item[0], []).extend(item[1])
+            for s3, keys in by_bucket.items():
+                try:
+                    MinioBlob(_client(s3), s3.bucket).remove(keys)
+                except Exception as error:  # best effort: the next owner's collect_superseded
+                    log.warning("deleting superseded checkpoints %s failed: %r", keys, error)
+            for _ in items:
                 self.queue.task_done()
 
 
