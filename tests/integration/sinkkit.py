@@ -28,7 +28,7 @@ from mvsink.core.codec import decode_message
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import BatchDescription, BatchId, DesiredProgress, StagedBatch
 from mvsink.core.rows import parse_row_schema
-from mvsink.io.config import Config, S3Settings, Topics
+from mvsink.io.config import Config, S3Settings, Topics, cache_dir
 from mvsink.io.kafka import (
     Reader,
     client_config,
@@ -282,11 +282,14 @@ def log_starts(sink: Sink) -> dict[int, int]:
 
 
 def cli_env(bootstrap: str, s3: S3Settings, state_dir: Path) -> dict[str, str]:
-    """The environment of an `mvsink` command pointed at the session's services."""
+    """The environment of an `mvsink` command pointed at the session's services: a state
+    directory of its own, and the session's cache of downloads and builds (the peers' jars are
+    resolved once, not by every command)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")}
     env.update(
         {
             "MVSINK_STATE_DIR": str(state_dir),
+            "MVSINK_CACHE_DIR": str(cache_dir()),
             "MVSINK_KAFKA_BOOTSTRAP": bootstrap,
             "MVSINK_S3_ENDPOINT": s3.endpoint,
             "MVSINK_S3_BUCKET": s3.bucket,

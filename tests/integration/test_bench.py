@@ -352,11 +352,10 @@ def test_bench_faults_survives_every_fault(
     left after the sweep; a service paused (SIGSTOP) past the longest shard bound loses nothing
     and leaves nothing dangling."""
     from mvsink.bench import FAULTS
-    from mvsink.io.config import cache_dir
 
     assert set(SUITE_FAULTS) <= set(FAULTS)
     out = tmp_path / "out"
-    env = {**cli_env(kafka_bootstrap, s3_settings, tmp_path), "MVSINK_CACHE_DIR": str(cache_dir())}
+    env = cli_env(kafka_bootstrap, s3_settings, tmp_path)  # its stack from the session's cache
     faults = ["--faults", ",".join(SUITE_FAULTS), "--outage", "6", "--out", str(out)]
     done = subprocess.run(
         [sys.executable, "-m", "mvsink.cli", "bench", "faults", *faults],
