@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import yaml
 from confluent_kafka import Producer
@@ -456,14 +455,3 @@ def step_specs(
         writer_id="test-writer",
     )
     return [StepSpec(of, p, versions.get(p, -1), desc) for p in range(c.partitions)]
-
-
-def part_codecs(data: bytes) -> set[str]:
-    """The Parquet codecs of a part's column chunks, as Arrow names them (Parquet's LZ4_RAW is
-    "LZ4")."""
-    meta = pq.ParquetFile(pa.BufferReader(data)).metadata
-    return {
-        meta.row_group(g).column(c).compression
-        for g in range(meta.num_row_groups)
-        for c in range(meta.num_columns)
-    }

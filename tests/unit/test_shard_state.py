@@ -35,7 +35,6 @@ from mvsink.shard.state import (
     links,
     staged_at,
 )
-from tests.integration.sinkkit import part_codecs
 
 ROWS = pa.schema([("k", pa.string()), ("v", pa.int64())])
 F = Frontier.at
@@ -156,6 +155,7 @@ def test_normalize_updates_casts_and_adds_err() -> None:
 
 
 @pytest.mark.parametrize(
+    # Arrow names Parquet's LZ4_RAW codec "LZ4".
     ("compression", "codec"),
     [(KEPT_COMPRESSION, "ZSTD"), (STAGED_COMPRESSION, "LZ4")],
 )
@@ -164,6 +164,16 @@ def test_part_encoding_round_trips(compression: str, codec: str) -> None:
     data = encode_part(table, {"mvsink.lower": "[0]"}, compression)
     assert part_codecs(data) == {codec}
     assert decode_part(data, ROWS).equals(table)
+
+
+def part_codecs(data: bytes) -> set[str]:
+    """The Parquet codecs of a part's column chunks."""
+    meta = pq.ParquetFile(io.BytesIO(data)).metadata
+    return {
+        meta.row_group(g).column(c).compression
+        for g in range(meta.num_row_groups)
+        for c in range(meta.num_columns)
+    }
 
 
 def _dictionary_encoded(data: bytes) -> dict[str, bool]:
