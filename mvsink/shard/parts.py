@@ -43,29 +43,15 @@ def check_bounds(table: pa.Table, lower: Frontier, upper: Frontier) -> None:
         raise UpdateBeyondUpper(f"update at time {high} is not before the batch upper {upper}")
 
 
-#: Parquet codec of the parts that stay: merge outputs and every other writer's (zstd: the
-#: smallest parts for the CPU).
-KEPT_COMPRESSION = "zstd"
-#: Parquet codec of a write task's correction parts, which a merge replaces within seconds
-#: under steady writes: LZ4 (Parquet's `LZ4_RAW`) encodes faster than zstd on every batch's
-#: critical path, and a merge decodes it faster, for larger parts until that merge (RocksDB
-#: keeps a fast codec for its upper levels and a compact one for the bottommost the same way;
-#: docs/decisions.md has the figures).
-STAGED_COMPRESSION = "lz4"
-
-
-def encode_part(
-    table: pa.Table, metadata: dict[str, str], compression: str = KEPT_COMPRESSION
-) -> bytes:
-    """Parquet bytes of a part (`compression`: a Parquet codec pyarrow names), with `metadata`
-    (bounds, partition, writer) in its footer; its columns dictionary-encoded as
-    `dictionary_columns` judges."""
+def encode_part(table: pa.Table, metadata: dict[str, str]) -> bytes:
+    """Parquet bytes of a part (zstd), with `metadata` (bounds, partition, writer) in its
+    footer; its columns dictionary-encoded as `dictionary_columns` judges."""
     buf = io.BytesIO()
     meta = {k.encode(): v.encode() for k, v in metadata.items()}
     pq.write_table(
         table.replace_schema_metadata(meta),
         buf,
-        compression=compression,
+        compression="zstd",
         use_dictionary=dictionary_columns(table),
     )
     return buf.getvalue()

@@ -222,12 +222,10 @@ class Shard:
         partition: int | None = None,
         partitions_total: int | None = None,
         partitioning: int = CURRENT,
-        compression: str = partio.KEPT_COMPRESSION,
     ) -> PartRef:
         """Write one Parquet part of `updates` for the batch `[lower, upper)`; not yet appended.
         A part of desired `partition` records P = `partitions_total` and the function
-        `partitioning` its rows were hashed with (`mvsink.core.partitioning`); its Parquet
-        codec is `compression` (`mvsink.shard.parts.STAGED_COMPRESSION` for a write task's).
+        `partitioning` its rows were hashed with (`mvsink.core.partitioning`).
 
         Raises:
             InvalidUsage: empty bounds, an update outside them (`UpdateNotBeyondLower`,
@@ -249,7 +247,6 @@ class Shard:
                 "mvsink.partitioning": str(partitioning),
                 "mvsink.writer_id": writer_id,
             },
-            compression,
         )
         part = PartRef(
             self._part_key(writer_id),

@@ -66,7 +66,6 @@ from mvsink.io import registry
 from mvsink.io.service import quiet_retries
 from mvsink.io.spark import each_on_a_thread, executor_id, trim_worker_path
 from mvsink.shard import PartGone, PartRef, Shard, ShardState, open_shard
-from mvsink.shard.parts import STAGED_COMPRESSION
 from services.write import checkpoint
 from services.write.checkpoint import PartitionState, StateCache
 from services.write.fold import Readers, SincePassed, fold_desired, fold_persist
@@ -425,7 +424,6 @@ def _stage(spec: StepSpec, state: PartitionState, shard: Shard, batch: StepBatch
                 spec.partition,
                 sink.partitions,
                 sink.partitioning,
-                STAGED_COMPRESSION,
             )
             state.staged[part.key] = (desc.upper, updates)
             return part

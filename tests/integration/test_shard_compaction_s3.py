@@ -13,7 +13,6 @@ from collections import Counter
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 from minio.error import S3Error
 
@@ -33,7 +32,7 @@ from mvsink.shard import (
     open_shard,
 )
 from mvsink.shard.compact import compact_once, shard_table_bytes
-from mvsink.shard.parts import STAGED_COMPRESSION, consolidate_at
+from mvsink.shard.parts import consolidate_at
 from mvsink.shard.spark import read_shard
 
 pytestmark = pytest.mark.integration
@@ -76,19 +75,8 @@ def stage_partitioned(
     for p in range(P):
         chosen = rows.filter(pa.compute.equal(hashes, p))
         if chosen.num_rows:
-            parts.append(
-                shard.stage(
-                    chosen, F(lower), F(upper), writer, p, P, compression=STAGED_COMPRESSION
-                )
-            )
+            parts.append(shard.stage(chosen, F(lower), F(upper), writer, p, P))
     return parts
-
-
-def codec(shard: Shard, part: PartRef) -> str:
-    """The Parquet codec of `part`'s first column chunk, as Arrow names it."""
-    got = shard.blob.get(part.key)
-    assert got is not None
-    return str(pq.ParquetFile(pa.BufferReader(got[0])).metadata.row_group(0).column(0).compression)
 
 
 def contents(shard: Shard, as_of: int) -> dict[tuple[str, int], int]:
@@ -137,8 +125,6 @@ def test_compaction_keeps_a_churning_view_the_size_of_the_view(s3_settings: S3Se
     # foreign rows re-partitioned by the merges; batches since has not passed wait for it
     passed = [b for b in state.batches if b.upper.less_equal(state.since)]
     assert passed and {p.partitions_total for b in passed for p in b.parts} == {P}
-    # merges read the write tasks' LZ4 parts and write the parts that stay in zstd
-    assert {codec(shard, p) for b in passed for p in b.parts} == {"ZSTD"}
     assert state.total_updates() <= 20 * 3 * 3, state.total_updates()  # the view + 2 times' churn
     with pytest.raises(AsOfBeforeSince, match="compacted away"):
         shard.snapshot(upper - 3)
