@@ -180,9 +180,10 @@ def test_delta_peer_applies_ticks_read_in_any_partition_order(
     from mvsink.bench.workload import Feeder, Workload, encode_ticks
     from mvsink.io.config import load_config
 
-    config = provisioned(
-        load_config(env=cli_env(kafka_bootstrap, s3_settings, tmp_path)), "delta-order"
-    )
+    # Two partitions: enough for a key's retraction and insertion to land on different ones,
+    # and each partition's tick is a Delta micro-batch of its own, so fewer are faster.
+    env = {**cli_env(kafka_bootstrap, s3_settings, tmp_path), "MVSINK_PARTITIONS": "2"}
+    config = provisioned(load_config(env=env), "delta-order")
     partitions = config.partitions
     workload = Workload(keys=2000, change=0.25, ticks=2, partitions=partitions)
     ticks, view = encode_ticks(config, workload, lambda _: None)
@@ -249,7 +250,7 @@ def test_bench_readonly_samples_the_replicas_corrections(
         tmp_path,
         "readonly",
         "--minutes",
-        "0.75",
+        "0.5",  # a sample every 10 s: at 10, 20 and 30 s
         "--keys",
         "2000",
         "--out",
