@@ -168,7 +168,8 @@ class StepResult:
     #: Bytes read back from object storage: the checkpoint (unless this executor held the
     #: state) and the shard's parts (except the parts this executor staged and kept).
     bytes_read_back: int
-    #: Bytes written to object storage: the staged part and the checkpoint.
+    #: Bytes written to object storage: the staged part, an inline checkpoint, and a pipelined
+    #: create confirmed since the partition's last result (`confirmed`): each once.
     bytes_written: int
     #: The shard moved past the description's lower: nothing was staged (`Outdated`).
     outdated: bool = False
@@ -517,7 +518,7 @@ def _report(
         corrections=len(state.correction),
         dead_letters=dead_letters,
         bytes_read_back=bytes_read,
-        bytes_written=bytes_written,
+        bytes_written=bytes_written + (0 if confirmed is None else confirmed.size),
         outdated=outdated,
         stale=stale,
         rebuilt=rebuilt,

@@ -96,6 +96,7 @@ def test_a_step_reports_before_its_checkpoint_and_the_next_step_confirms_it(
     upstream, first = first_step(sink, resident)
     assert not first.checkpointed
     assert first.part is not None and first.part.updates == upstream.sent
+    assert first.bytes_written == first.part.bytes  # its create is counted once confirmed
     assert checkpoint.latest(c.sink_id, 0, c.s3) == -1  # reported before its create
     upstream.tick()
     threading.Timer(0.5, gate.open.set).start()  # the next step waits for the create first
@@ -108,6 +109,8 @@ def test_a_step_reports_before_its_checkpoint_and_the_next_step_confirms_it(
         first.persist_folded,
     )
     assert second.pending and second.version == 1 and not second.stale
+    assert second.part is not None
+    assert second.bytes_written == second.part.bytes + confirmed.size
     meta = checkpoint.read_meta(c.sink_id, 0, 0, c.s3)
     assert meta is not None and meta["folded_offset"] == first.folded_offset
     assert Frontier.from_elements(meta["persist_folded"]) == first.persist_folded
