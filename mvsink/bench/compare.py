@@ -12,6 +12,15 @@ and not yet durable. Durable means: mvsink's shard upper passed the tick; the pe
 the micro-batch holding the tick's progress record (for delta: merged it); the raw loops wrote
 the tick's Parquet.
 
+At the default depth of 2 a system's updates/s is about two ticks per tick latency: it
+measures freshness at light load more than what the system can take. So each system fed the
+encoded ticks (not the end-to-end columns, whose upstream holds one window's ticks) then runs
+a *sustained* window (`Sustained`: `--sustained-in-flight`, default 8, for
+`--sustained-seconds`) on the ticks left, once every tick of the steady one is durable: with
+more ticks in flight, an mvsink description or a peer's micro-batch covers several, and the
+updates/s of that window is what the system sustains when the offered load lets it batch
+(its freshness there includes the queue). docs/decisions.md argues the two figures.
+
 Systems, one after the other (never two at once on this box):
 1. mvsink: mint + write (Spark) + append, P partitions, A append workers; its write service on
    `local[*]`, on `--spark-master`, or once per size of `--spark-workers` (e.g. `0,1,2`: local,
@@ -167,6 +176,15 @@ def variants(
 BLOCK = 0.05
 
 
+@dataclass(frozen=True)
+class Sustained:
+    """The sustained window `drive` runs after the steady one: at most `in_flight` ticks
+    published and not yet durable, for `seconds` (module docs)."""
+
+    in_flight: int
+    seconds: float
+
+
 def drive(
     system: System,
     feeder: Feeder | DataFrameFeeder,
@@ -176,13 +194,16 @@ def drive(
     stall: float = 300.0,
     seconds: float | None = None,
     cpu: Callable[[], dict[str, float]] | None = None,
+    sustained: Sustained | None = None,
 ) -> Run:
     """Publish the ticks closed-loop and time them (see the module docs). The ticks may start
     at any time (a later segment of a workload): counts are relative to the first one. With
     `seconds`, no tick is published once the steady window has run that long: the window ends
-    with the last tick published before then (`Run.ticks` says how many were). `cpu()`, read
-    when the steady window starts and ends, gives `Run.cpu_cores`: CPU seconds per second of
-    the window, by the labels it returns."""
+    with the last tick published before then (`Run.steady_ticks` says how many were). `cpu()`,
+    read when each window starts and ends, gives `Run.cpu_cores`: CPU seconds per second of
+    the window, by the labels it returns. With `sustained`, the ticks left after the steady
+    window are fed in a second window, at its deeper closed loop and for its seconds, once
+    every tick of the first is durable (`Run.sustained_*`)."""
     run = Run(system.name)
     base = ticks[0].time
     sent: dict[int, float] = {}
@@ -206,6 +227,28 @@ def drive(
                     f"(logs in {system.logs})"
                 )
 
+    def window(depth: int, limit: float | None) -> tuple[float, float, dict[str, float]]:
+        """Feed the ticks not yet fed, at most `depth` not durable, until `limit` seconds
+        have passed or they run out; once every tick fed is durable: when the window started
+        and its last tick was durable, and the CPU cores it used."""
+        cpu_start = cpu() if cpu else {}
+        start = time.monotonic()
+        for tick in ticks[len(sent) :]:
+            wait_for(tick.time - base - depth + 1)
+            if limit is not None and time.monotonic() - start >= limit:
+                break
+            system.ends[tick.time] = feeder.feed(system.config, tick)
+            sent[tick.time - base] = time.monotonic()
+        wait_for(len(sent))
+        cores: dict[str, float] = {}
+        if cpu:
+            cpu_end, length = cpu(), time.monotonic() - start
+            cores = {
+                label: round((used - cpu_start.get(label, 0.0)) / length, 3)
+                for label, used in cpu_end.items()
+            }
+        return start, reached[len(sent) - 1], cores
+
     started = time.monotonic()
     system.ends[base] = feeder.feed(system.config, ticks[0])
     sent[0] = time.monotonic()
@@ -216,28 +259,21 @@ def drive(
         f"  {system.name}: initial load of {ticks[0].updates:,} updates published in "
         f"{run.load_publish_s:.1f}s, durable in {run.initial_load_s:.1f}s"
     )
-    cpu_start = cpu() if cpu else {}
-    steady_start = time.monotonic()
-    for tick in ticks[1:]:
-        wait_for(tick.time - base - in_flight + 1)
-        if seconds is not None and time.monotonic() - steady_start >= seconds:
-            break
-        system.ends[tick.time] = feeder.feed(system.config, tick)
-        sent[tick.time - base] = time.monotonic()
+    steady_start, steady_end, run.cpu_cores = window(in_flight, seconds)
     fed = len(sent)
-    wait_for(fed)
-    if cpu:
-        cpu_end, window = cpu(), time.monotonic() - steady_start
-        run.cpu_cores = {
-            label: round((used - cpu_start.get(label, 0.0)) / window, 3)
-            for label, used in cpu_end.items()
-        }
-    run.ticks = fed
-    run.steady_s = reached[fed - 1] - steady_start
+    run.steady_ticks = fed - 1
+    run.steady_s = steady_end - steady_start
     wall = time.time() - time.monotonic()  # monotonic -> the services' log clock
-    run.steady_wall = (steady_start + wall, reached[fed - 1] + wall)
+    run.steady_wall = (steady_start + wall, steady_end + wall)
     run.steady_updates = sum(t.updates for t in ticks[1:fed])
     run.freshness = [reached[t] - sent[t] for t in range(1, fed)]
+    if sustained is not None and fed < len(ticks):
+        start, end, run.sustained_cpu_cores = window(sustained.in_flight, sustained.seconds)
+        run.sustained_ticks = len(sent) - fed
+        run.sustained_s = end - start
+        run.sustained_updates = sum(t.updates for t in ticks[fed : len(sent)])
+        run.sustained_freshness = [reached[t] - sent[t] for t in range(fed, len(sent))]
+    run.ticks = len(sent)
     return run
 
 
@@ -292,6 +328,7 @@ def run(
     keep_data: bool = False,
     stack: Callable[[], dict[str, int]] | None = None,
     warm_up: float = 0.0,
+    sustained: Sustained | None = None,
 ) -> dict[str, Any]:
     """Run the benchmark; the figures (also written to `out/bench.json` and `out/bench.png`).
     `scale(n)` runs the embedded Spark cluster with `n` workers (its master URL);
@@ -303,8 +340,9 @@ def run(
     sink is discarded once its figures are taken, unless `keep_data`. `stack()` names the
     pids of the embedded stack's running components, whose CPU each column's figures count
     beside its own processes'. `warm_up` seconds of the raw loop, untimed, warm the broker
-    before the first repeat (module docs). The figures are `mvsink.bench.repeats.summarise`
-    of every repeat's."""
+    before the first repeat (module docs). With `sustained`, each column fed the encoded
+    ticks runs a sustained window after its steady one (`drive`). The figures are
+    `mvsink.bench.repeats.summarise` of every repeat's."""
     if repeats < 1:
         raise BenchError(f"--repeats must be at least 1, not {repeats}")
     run_id = f"cmp-{uuid.uuid4().hex[:6]}"
@@ -336,6 +374,7 @@ def run(
     column = _Columns(
         base, workload, wire, ticks, final, in_flight, logs, run_id, say, seconds, keep_data, stack
     )
+    column.sustained = sustained
     per_repeat: list[dict[str, Any]] = []
     warmed = 0.0
     try:  # the upstream's tick files and scratch sinks go however the run ends
@@ -363,6 +402,9 @@ def run(
             )
             figures["workload"]["wire"] = wire
             figures["workload"]["window_s"] = seconds
+            if sustained is not None:
+                figures["workload"]["sustained_in_flight"] = sustained.in_flight
+                figures["workload"]["sustained_window_s"] = sustained.seconds
             figures.update(producer_rate.figures())
             figures.update(column.registry_figures)
             per_repeat.append(figures)
@@ -408,6 +450,8 @@ class _Columns:
         self.registry_ticks: list[EncodedTick] | None = None
         #: What the registry column adds to the figures: its producer's rate.
         self.registry_figures: dict[str, Any] = {}
+        #: The sustained window of the columns fed the encoded ticks (`drive`).
+        self.sustained: Sustained | None = None
         #: Per repeat, the seconds of one plain read of the initial load (`read_load`), and
         #: the scratch sink whose desired topic holds the load for it.
         self.plain_reads: dict[int, float] = {}
@@ -470,6 +514,8 @@ class _Columns:
                 say,
                 seconds=self.seconds,
                 cpu=lambda: cpu_seconds(trees),
+                # the end-to-end columns' upstream holds the ticks of one window
+                sustained=None if variant.from_dataframes else self.sustained,
             )
             result.start_s = start_s
             result.peak_rss_mib = sampler.stop()
@@ -480,19 +526,43 @@ class _Columns:
         result.spark_master = sink.spark_master if variant.system == "mvsink" else None
         say(
             f"  {name}: {result.updates_per_s:,.0f} updates/s over {result.steady_s:.1f}s "
-            f"({result.ticks - 1} ticks); freshness p50 {percentile(result.freshness, 50):.2f}s "
-            f"p99 {percentile(result.freshness, 99):.2f}s; {result.detail}"
+            f"({result.steady_ticks} ticks); freshness p50 "
+            f"{percentile(result.freshness, 50):.2f}s p99 {percentile(result.freshness, 99):.2f}s; "
+            f"{result.detail}"
         )
-        if self.seconds and result.steady_s < self.seconds and result.ticks == len(fed):
-            enough = math.ceil(
-                1.2 * self.seconds * result.updates_per_s / max(1, 2 * self.workload.changed)
-            )
+        if result.sustained_s:
             say(
-                f"  {name} ran out of ticks {self.seconds - result.steady_s:.0f}s before its "
-                f"{self.seconds:g}s window ended: --ticks {enough} gives it the whole window"
+                f"  {name} sustained: {result.sustained_updates_per_s:,.0f} updates/s over "
+                f"{result.sustained_s:.1f}s ({result.sustained_ticks} ticks, at most "
+                f"{self.sustained.in_flight if self.sustained else 0} in flight); freshness p50 "
+                f"{percentile(result.sustained_freshness, 50):.2f}s p99 "
+                f"{percentile(result.sustained_freshness, 99):.2f}s"
             )
+        self._enough_ticks(result, len(fed), variant.from_dataframes)
         self._discard(sink)
         return result
+
+    def _enough_ticks(self, result: Run, encoded: int, from_dataframes: bool) -> None:
+        """Say how many ticks to encode when `result` ran out of them before its windows
+        ended."""
+        if not self.seconds or result.ticks < encoded:
+            return
+        # (limit, ran, rate) of each window; one that never ran is taken as fast as the steady
+        windows = [(self.seconds, result.steady_s, result.updates_per_s)]
+        sustained = None if from_dataframes else self.sustained
+        if sustained is not None:
+            rate = result.sustained_updates_per_s or result.updates_per_s
+            windows.append((sustained.seconds, result.sustained_s, rate))
+        short = [(limit, ran) for limit, ran, _ in windows if ran < limit]
+        if not short:
+            return
+        wanted = sum(limit * rate for limit, _, rate in windows)
+        enough = math.ceil(1.2 * wanted / max(1, 2 * self.workload.changed))
+        limit, ran = short[0]
+        self.say(
+            f"  {result.name} ran out of ticks {limit - ran:.0f}s before its {limit:g}s window "
+            f"ended: --ticks {enough} gives it its whole windows"
+        )
 
     def _discard(self, sink: Config) -> None:
         if not self.keep_data:
@@ -639,7 +709,18 @@ def _figures(
                 result.initial_load_s / plain_read_s, 2
             )
         figures[f"{name}_steady_s"] = round(result.steady_s, 2)
-        figures[f"{name}_steady_ticks"] = result.ticks - 1
+        figures[f"{name}_steady_ticks"] = result.steady_ticks
+        if result.sustained_s:
+            figures[f"{name}_sustained_updates_per_s"] = round(result.sustained_updates_per_s, 1)
+            figures[f"{name}_sustained_s"] = round(result.sustained_s, 2)
+            figures[f"{name}_sustained_ticks"] = result.sustained_ticks
+            for q in (50, 99):
+                figures[f"{name}_sustained_freshness_p{q}_s"] = round(
+                    percentile(result.sustained_freshness, q), 3
+                )
+            figures[f"{name}_sustained_cpu_cores_total"] = round(
+                sum(result.sustained_cpu_cores.values()), 3
+            )
         figures[f"{name}_peak_rss_mib"] = result.peak_rss_mib
         if result.cpu_cores:
             cores = sum(result.cpu_cores.values())
@@ -658,6 +739,17 @@ def _figures(
         if result.batch_seconds:
             figures[f"{name}_batch_latency_p50_s"] = round(percentile(result.batch_seconds, 50), 3)
             figures[f"{name}_batch_latency_p99_s"] = round(percentile(result.batch_seconds, 99), 3)
+    sustained = {
+        name: round(result.sustained_updates_per_s, 1)
+        for name, result in runs.items()
+        if result.sustained_s
+    }
+    if "mvsink" in sustained:
+        for other in ("peer", "delta", "raw"):
+            if other in sustained:
+                figures[f"ratio_sustained_vs_{other}"] = round(
+                    sustained["mvsink"] / sustained[other], 3
+                )
     mv_cpu, raw_cpu = figures.get("mvsink_updates_per_cpu_s"), figures.get("raw_updates_per_cpu_s")
     figures["ratio_vs_raw_per_cpu_s"] = round(mv_cpu / raw_cpu, 3) if mv_cpu and raw_cpu else None
     if plain_read_s:
@@ -701,6 +793,11 @@ def _report(figures: dict[str, Any], say: Say) -> None:
         ("hydration / one plain read", "{}hydration_vs_plain_read", ""),
         ("bytes read back / byte written", "{}bytes_read_back_per_byte_written", ""),
         ("CPU cores (steady window)", "{}cpu_cores_total", ""),
+        ("sustained updates/s", "{}sustained_updates_per_s", ""),
+        ("sustained window", "{}sustained_s", " s"),
+        ("sustained freshness p50", "{}sustained_freshness_p50_s", " s"),
+        ("sustained freshness p99", "{}sustained_freshness_p99_s", " s"),
+        ("CPU cores (sustained window)", "{}sustained_cpu_cores_total", ""),
         ("updates per CPU second", "{}updates_per_cpu_s", ""),
         ("table in the bucket (MiB)", "{}table_mib", ""),
     ]
@@ -754,6 +851,15 @@ def _report(figures: dict[str, Any], say: Say) -> None:
         f"{cell(figures, 'ratio_vs_raw')}   shard equals desired: "
         f"{figures.get('mvsink_shard_equals_desired')}"
     )
+    if figures.get("ratio_sustained_vs_raw") is not None:
+        depth = figures["workload"].get("sustained_in_flight")
+        ratios = [
+            f"ratio mvsink/{HEADINGS[other] if other == 'delta' else other} "
+            f"{cell(figures, f'ratio_sustained_vs_{other}')}"
+            for other in ("peer", "delta", "raw")
+            if figures.get(f"ratio_sustained_vs_{other}") is not None
+        ]
+        say(f"sustained (at most {depth} ticks in flight): " + "   ".join(ratios))
     if figures.get("ratio_vs_delta") is not None:
         say(
             f"ratio mvsink/Delta MERGE {cell(figures, 'ratio_vs_delta')}   Delta table equals the "
@@ -802,18 +908,22 @@ def _chart(figures: dict[str, Any], path: Path) -> None:
         n for n in figures.get("systems", SYSTEMS) if figures.get(f"{n}_updates_per_s") is not None
     ]
     fig, (rate, fresh, rss) = plt.subplots(1, 3, figsize=(4 + 2.7 * len(names), 3.6))
-    palette = {"peer": "#69c", "raw": "#aaa"}
-    keys = [f"{n}_updates_per_s" for n in names]
-    rate.bar(
-        names,
-        [figures[k] for k in keys],
-        yerr=whiskers(keys),
-        capsize=4,
-        color=[palette.get(n, "#3b6") for n in names],
-    )
-    rate.set_title("updates/s (steady ticks)")
     width = 0.38
     xs = np.arange(len(names))
+    keys = [f"{n}_updates_per_s" for n in names]
+    deeper = [f"{n}_sustained_updates_per_s" for n in names]
+    workload = figures["workload"]
+    if any(figures.get(k) for k in deeper):
+        steady = f"steady (in flight {workload['in_flight']})"
+        sustained = f"sustained (in flight {workload.get('sustained_in_flight')})"
+        for offset, group, label in ((-width / 2, keys, steady), (width / 2, deeper, sustained)):
+            values = [figures.get(k) or 0 for k in group]
+            rate.bar(xs + offset, values, width, yerr=whiskers(group), capsize=3, label=label)
+        rate.legend()
+    else:
+        rate.bar(xs, [figures[k] for k in keys], yerr=whiskers(keys), capsize=4, color="#3b6")
+    rate.set_xticks(xs, names)
+    rate.set_title("updates/s")
     for offset, q in ((-width / 2, "p50"), (width / 2, "p99")):
         keys = [f"freshness_{q}_s" if n == "mvsink" else f"{n}_freshness_{q}_s" for n in names]
         values = [figures.get(k) or 0 for k in keys]
@@ -823,7 +933,6 @@ def _chart(figures: dict[str, Any], path: Path) -> None:
     fresh.legend()
     rss.bar(names, [sum(figures[f"{n}_peak_rss_mib"].values()) for n in names], color="#c96")
     rss.set_title("peak RSS, all processes (MiB)")
-    workload = figures["workload"]
     count = len(figures.get("repeats", ())) or 1
     fig.suptitle(
         f"mvsink bench: {workload['keys']:,} keys, {workload['updates_per_tick']:,} updates/tick, "

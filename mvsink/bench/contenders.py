@@ -37,9 +37,11 @@ class Run:
     """What one system did with the workload."""
 
     name: str
-    #: Ticks published, the initial load's included (fewer than the workload's when the
-    #: steady window was bounded by time).
+    #: Ticks published, the initial load's and the sustained window's included (fewer than
+    #: the workload's when the windows were bounded by time).
     ticks: int = 0
+    #: Ticks of the steady window (after the initial load, before the sustained window).
+    steady_ticks: int = 0
     #: From starting the system's processes to the system able to take input (`System.ready`).
     start_s: float = 0.0
     #: From starting to publish the initial load (after `start_s`) to the load durable: the
@@ -67,10 +69,21 @@ class Run:
     steady_wall: tuple[float, float] | None = None
     #: mvsink: where a description's cycle went in the steady window (`mvsink.bench.cycle`).
     cycle: dict[str, float] = field(default_factory=dict)
+    #: The sustained window after the steady one, fed at a deeper closed loop
+    #: (`mvsink.bench.compare.drive`): its length, ticks, updates, freshness and CPU cores.
+    sustained_s: float = 0.0
+    sustained_ticks: int = 0
+    sustained_updates: int = 0
+    sustained_freshness: list[float] = field(default_factory=list)
+    sustained_cpu_cores: dict[str, float] = field(default_factory=dict)
 
     @property
     def updates_per_s(self) -> float:
         return self.steady_updates / self.steady_s if self.steady_s else 0.0
+
+    @property
+    def sustained_updates_per_s(self) -> float:
+        return self.sustained_updates / self.sustained_s if self.sustained_s else 0.0
 
 
 class System(ABC):

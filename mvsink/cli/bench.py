@@ -30,10 +30,16 @@ if TYPE_CHECKING:
     from mvsink.cli.common import Commands
     from mvsink.stack.manager import Stack
 
-#: The full bench's steady window per system, and the ticks encoded for it: the raw loop, the
-#: fastest system, takes up to ~2.5M updates/s here, 12.5 ticks a second of a 1M-key view.
+#: The full bench's steady window per system, its sustained window (at a deeper closed loop),
+#: and the ticks encoded for both: the raw loop, the fastest system, takes up to ~2M updates/s
+#: at the default depth here and ~2.4M at the sustained one, 10-12 ticks a second of a 1M-key
+#: view.
 FULL_SECONDS = 30.0
-FULL_TICKS = 480
+FULL_SUSTAINED_SECONDS = 20.0
+FULL_TICKS = 640
+#: At most this many ticks in flight in the sustained window: one mvsink description can
+#: cover several ticks, as a peer's micro-batch can (`mvsink.bench.compare` module docs).
+SUSTAINED_IN_FLIGHT = 8
 #: The full bench's broker warm-up: the raw loop's first minute on a broker just started is
 #: when its Kafka CPU falls to a warm broker's (`mvsink.bench.compare` module docs).
 FULL_WARM_UP = 60.0
@@ -122,6 +128,19 @@ def add_bench(commands: Commands) -> None:
     bench.add_argument("--partitions", type=int, default=4, help="P (desired partitions)")
     bench.add_argument("--append-workers", type=int, default=2, help="A (append workers)")
     bench.add_argument("--in-flight", type=int, default=2, help="ticks published, not durable")
+    bench.add_argument(
+        "--sustained-seconds",
+        type=float,
+        default=None,
+        help=f"each system's sustained window, after its steady one, fed at "
+        f"--sustained-in-flight (default {FULL_SUSTAINED_SECONDS:g}; quick and 0: none)",
+    )
+    bench.add_argument(
+        "--sustained-in-flight",
+        type=int,
+        default=SUSTAINED_IN_FLIGHT,
+        help="ticks published, not durable, in the sustained window",
+    )
     bench.add_argument(
         "--systems",
         default="",
@@ -215,7 +234,7 @@ def add_bench(commands: Commands) -> None:
 
 
 def cmd_bench_compare(args: argparse.Namespace) -> int:
-    from mvsink.bench.compare import OPTIONAL_SYSTEMS, REGISTRY_FRAMED, SYSTEMS, run
+    from mvsink.bench.compare import OPTIONAL_SYSTEMS, REGISTRY_FRAMED, SYSTEMS, Sustained, run
     from mvsink.bench.workload import Workload
 
     spark_workers = (
@@ -228,8 +247,15 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
         )
     if not args.no_stack:
         embedded_stack().up()
-    keys, ticks, repeats, seconds, warm_up = (
-        (args.keys or 100_000, args.ticks or 6, args.repeats or 1, args.seconds, args.warm_up)
+    keys, ticks, repeats, seconds, warm_up, sustained_s = (
+        (
+            args.keys or 100_000,
+            args.ticks or 6,
+            args.repeats or 1,
+            args.seconds,
+            args.warm_up,
+            args.sustained_seconds,
+        )
         if args.quick
         else (
             args.keys or 1_000_000,
@@ -237,8 +263,12 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
             args.repeats or 3,
             FULL_SECONDS if args.seconds is None else args.seconds,
             FULL_WARM_UP if args.warm_up is None else args.warm_up,
+            FULL_SUSTAINED_SECONDS if args.sustained_seconds is None else args.sustained_seconds,
         )
     )
+    if args.sustained_in_flight < 1:
+        say(f"--sustained-in-flight must be at least 1, not {args.sustained_in_flight}")
+        return 2
     systems = tuple(s.strip() for s in args.systems.split(",")) if args.systems else SYSTEMS
     known = (*SYSTEMS, *OPTIONAL_SYSTEMS)
     unknown = set(systems) - set(known)
@@ -267,6 +297,7 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
             keep_data=args.keep_data,
             stack=None if args.no_stack else lambda: _running_pids(stack),
             warm_up=warm_up or 0.0,
+            sustained=Sustained(args.sustained_in_flight, sustained_s) if sustained_s else None,
         )
     finally:
         if spark_workers:

@@ -125,12 +125,16 @@ def test_bench_repeats_interleave_and_windows_end_by_time(
     kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path
 ) -> None:
     """Two repeats of mvsink and the raw loop, each steady window bounded to 3 s of a workload
-    longer than that: the figures are medians with a spread, each repeat's figures are kept,
-    and each repeat's shard equals the view after the last tick it was fed."""
+    longer than that and followed by a sustained window of 2 s at up to 6 ticks in flight: the
+    figures are medians with a spread, each repeat's figures are kept, and each repeat's shard
+    equals the view after the last tick it was fed, the sustained window's included."""
     out = tmp_path / "out"
-    workload = ["--systems", "mvsink,raw", "--keys", "2000", "--ticks", "400"]
+    workload = ["--systems", "mvsink,raw", "--keys", "2000", "--ticks", "2000"]
     repeats = ["--repeats", "2", "--seconds", "3", "--out", str(out), "--keep-data"]
-    text = bench(kafka_bootstrap, s3_settings, tmp_path, *workload, *repeats, "--warm-up", "2")
+    deeper = ["--sustained-seconds", "2", "--sustained-in-flight", "6"]
+    text = bench(
+        kafka_bootstrap, s3_settings, tmp_path, *workload, *repeats, *deeper, "--warm-up", "2"
+    )
     assert "discarded" not in text
     kept = left_behind(kafka_bootstrap, s3_settings, text)  # asked for: topics and shards
     assert any(k.endswith("-mvsink.desired") for k in kept), kept
@@ -150,7 +154,16 @@ def test_bench_repeats_interleave_and_windows_end_by_time(
     for repeat in figures["repeats"]:
         # the window ended by time, not with the workload: the shard was checked against the
         # view after the last tick fed
-        assert repeat["mvsink_steady_s"] >= 3.0 and repeat["mvsink_steady_ticks"] < 400
+        assert repeat["mvsink_steady_s"] >= 3.0 and repeat["mvsink_steady_ticks"] < 2000
+        # then the sustained window, also ended by time; the shard was checked after its ticks
+        assert repeat["mvsink_sustained_s"] >= 2.0 and repeat["mvsink_sustained_ticks"] > 0
+        assert repeat["mvsink_sustained_updates_per_s"] > 0
+        assert repeat["mvsink_sustained_freshness_p50_s"] > 0
+        assert (
+            repeat["mvsink_sustained_freshness_p50_s"] <= repeat["mvsink_sustained_freshness_p99_s"]
+        )
+        assert repeat["mvsink_sustained_cpu_cores_total"] > 0
+        assert repeat["workload"]["sustained_in_flight"] == 6
         assert repeat["mvsink_shard_equals_desired"] is True
         # the CPU each system's own processes used over its window (--no-stack: no stack's)
         assert set(repeat["mvsink_cpu_cores"]) == {"mint", "write", "append"}
@@ -163,6 +176,12 @@ def test_bench_repeats_interleave_and_windows_end_by_time(
     assert "CPU cores mvsink " in text and "updates per CPU second mvsink/raw" in text
     assert "cycle mvsink " in text and " s a description: to_job " in text
     assert "every cell is the median [min-max] over them" in text
+    assert re.search(
+        r"mvsink sustained: [\d,]+ updates/s over [\d.]+s \(\d+ ticks, at most 6 in", text
+    )
+    assert "sustained updates/s " in text
+    assert figures["ratio_sustained_vs_raw"] > 0 and figures["raw_sustained_ticks"] > 0
+    assert "sustained (at most 6 ticks in flight): ratio mvsink/raw " in text
     assert figures["mvsink_shard_equals_desired"] is True
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
