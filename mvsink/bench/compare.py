@@ -45,11 +45,13 @@ The producer's own rate is printed too: how fast `DesiredProducer` turned the wo
 records when it was encoded, per CPU second, next to partitioning 1 on a sample of the same
 updates (`producer_updates_per_cpu_s`, `producer_v1_updates_per_cpu_s`).
 
-Before the first repeat, the broker is warmed up (`--warm-up`, default 60 s): the raw loop
-runs untimed on a scratch sink, fed the ticks closed loop, until that long has passed or the
-ticks run out. A broker just started spends its first minute or so of traffic at about twice
-the CPU of a warm one (its JVM compiling), which would otherwise fall on the first column of
-the first repeat (docs/decisions.md has the figures).
+Before the first repeat, the broker is warmed up (`--warm-up`, default 60 s): mvsink runs
+untimed on a scratch sink, fed the ticks closed loop, until that long has passed after its
+initial load or the ticks run out. A broker just started spends its first minute or so of
+traffic at about twice the CPU of a warm one (its JVM compiling), which would otherwise fall
+on the first column of the first repeat. mvsink's traffic is a superset of the other
+columns': the same produce and fetch of desired, and also transactions (mint's descriptions,
+read-committed readers) and the compacted `frontiers` (docs/decisions.md has the figures).
 
 Each system is started and waited for until it can take input (`System.ready`: mvsink's write
 service has its Spark session, a peer its streaming query, raw its consumers): the process
@@ -339,7 +341,7 @@ def run(
     interleaved, each on a new sink; `seconds` bounds each steady window (`drive`). Each
     sink is discarded once its figures are taken, unless `keep_data`. `stack()` names the
     pids of the embedded stack's running components, whose CPU each column's figures count
-    beside its own processes'. `warm_up` seconds of the raw loop, untimed, warm the broker
+    beside its own processes'. `warm_up` seconds of mvsink, untimed, warm the broker
     before the first repeat (module docs). With `sustained`, each column fed the encoded
     ticks runs a sustained window after its steady one (`drive`). The figures are
     `mvsink.bench.repeats.summarise` of every repeat's."""
@@ -570,12 +572,13 @@ class _Columns:
             self.say(f"  discarded {sink.sink_id}: {topics} topics, {objects:,} objects")
 
     def warm_up_broker(self, seconds: float) -> float:
-        """Run the raw loop untimed on a scratch sink for `seconds`, or until the ticks run
-        out, then discard the sink (module docs); how long it ran."""
+        """Run mvsink untimed on a scratch sink for `seconds` after its initial load, or until
+        the ticks run out, then discard the sink (module docs); how long it ran, its start
+        included."""
         sink = provisioned(self.base, f"{self.run_id}-warm-up-broker")
-        self.say(f"warming the broker up: the raw loop, untimed, for up to {seconds:g}s ...")
+        self.say(f"warming the broker up: mvsink, untimed, for up to {seconds:g}s of ticks ...")
         started = time.monotonic()
-        system = RawSystem(sink, self.logs / "warm-up-broker")
+        system = MvsinkSystem(sink, self.logs / "warm-up-broker")
         system.start()
         try:
             system.ready()
@@ -718,9 +721,11 @@ def _figures(
                 figures[f"{name}_sustained_freshness_p{q}_s"] = round(
                     percentile(result.sustained_freshness, q), 3
                 )
-            figures[f"{name}_sustained_cpu_cores_total"] = round(
-                sum(result.sustained_cpu_cores.values()), 3
-            )
+            if result.sustained_cpu_cores:
+                figures[f"{name}_sustained_cpu_cores"] = result.sustained_cpu_cores
+                figures[f"{name}_sustained_cpu_cores_total"] = round(
+                    sum(result.sustained_cpu_cores.values()), 3
+                )
         figures[f"{name}_peak_rss_mib"] = result.peak_rss_mib
         if result.cpu_cores:
             cores = sum(result.cpu_cores.values())
@@ -836,6 +841,11 @@ def _report(figures: dict[str, Any], say: Say) -> None:
         if cores:
             shown = " ".join(f"{k}={v:.2f}" for k, v in cores.items())
             say(f"CPU cores {name:<24} {shown} (medians, steady window)")
+    for name in names:
+        cores = figures.get(f"{name}_sustained_cpu_cores")
+        if cores:
+            shown = " ".join(f"{k}={v:.2f}" for k, v in cores.items())
+            say(f"CPU cores {name + ' sustained':<24} {shown} (medians, sustained window)")
     for name in names:
         cycle = figures.get(f"{name}_cycle_s")
         if cycle and "cycle" in cycle:

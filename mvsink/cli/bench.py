@@ -31,17 +31,17 @@ if TYPE_CHECKING:
     from mvsink.stack.manager import Stack
 
 #: The full bench's steady window per system, its sustained window (at a deeper closed loop),
-#: and the ticks encoded for both: the raw loop, the fastest system, takes up to ~2M updates/s
-#: at the default depth here and ~2.4M at the sustained one, 10-12 ticks a second of a 1M-key
-#: view.
+#: and the ticks encoded for both: the raw loop, the fastest system, takes up to ~2.2M updates/s
+#: at the default depth here and ~3.2M at the sustained one, 11 and 16 ticks a second of a
+#: 1M-key view.
 FULL_SECONDS = 30.0
 FULL_SUSTAINED_SECONDS = 20.0
-FULL_TICKS = 640
+FULL_TICKS = 800
 #: At most this many ticks in flight in the sustained window: one mvsink description can
 #: cover several ticks, as a peer's micro-batch can (`mvsink.bench.compare` module docs).
 SUSTAINED_IN_FLIGHT = 8
-#: The full bench's broker warm-up: the raw loop's first minute on a broker just started is
-#: when its Kafka CPU falls to a warm broker's (`mvsink.bench.compare` module docs).
+#: The full bench's broker warm-up: mvsink's first minute on a broker just started is when its
+#: Kafka CPU falls to a warm broker's (`mvsink.bench.compare` module docs).
 FULL_WARM_UP = 60.0
 #: Held by the benchmark running on this machine, whichever clone or state directory it runs
 #: from (`flock`: freed when its process ends, however it ends).
@@ -121,7 +121,7 @@ def add_bench(commands: Commands) -> None:
         "--warm-up",
         type=float,
         default=None,
-        help=f"seconds of the raw loop, untimed, before the first repeat, so that no system "
+        help=f"seconds of mvsink's ticks, untimed, before the first repeat, so that no system "
         f"is measured on a broker just started (default {FULL_WARM_UP:g}; quick 0)",
     )
     bench.add_argument("--change", type=float, default=0.1, help="share of keys changed per tick")

@@ -111,9 +111,9 @@ def test_bench_compares_mvsink_peer_delta_and_raw(
     assert figures["peer_batch_latency_p50_s"] > 0
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "ratio mvsink/peer" in text and "updates/s (steady ticks)" in text
-    # Before the first repeat the broker is warmed up by the raw loop (here until the four
-    # ticks ran out), on a sink of its own.
-    assert "warming the broker up: the raw loop, untimed, for up to 60s" in text
+    # Before the first repeat the broker is warmed up by mvsink (here until the four ticks ran
+    # out), on a sink of its own.
+    assert "warming the broker up: mvsink, untimed, for up to 60s of ticks" in text
     assert figures["broker_warm_up_s"] > 0
     # Each column's sink is discarded once its figures are taken, and so are the plain read's
     # and the warm-ups': nothing of the run is left on the stack but its logs.
@@ -163,6 +163,7 @@ def test_bench_repeats_interleave_and_windows_end_by_time(
             repeat["mvsink_sustained_freshness_p50_s"] <= repeat["mvsink_sustained_freshness_p99_s"]
         )
         assert repeat["mvsink_sustained_cpu_cores_total"] > 0
+        assert set(repeat["mvsink_sustained_cpu_cores"]) == {"mint", "write", "append"}
         assert repeat["workload"]["sustained_in_flight"] == 6
         assert repeat["mvsink_shard_equals_desired"] is True
         # the CPU each system's own processes used over its window (--no-stack: no stack's)
