@@ -346,8 +346,8 @@ def test_bench_soak_keeps_the_shard_small(
     # early window leave each live batch about as large (with 500 keys, each Parquet part's own
     # footer is a large share of its bytes), so the live bytes are bounded whatever the ticks.
     # How many batches a window's samples catch between merges depends on the box's speed (the
-    # merges run at idle priority): 5 early and 13 at the end on a loaded one, so the total is
-    # bounded per batch, not against the early window's. The bucket's parts also hold garbage
+    # merges run at idle priority), so the total is bounded per batch, not against the early
+    # window's. The bucket's parts also hold garbage
     # whose deletion is bounded by time, not ticks (a merge's inputs `part_grace` after it, a
     # stopped driver's unreported parts at the next sweep, `min_grace` on), so how much of it a
     # window's samples catch depends on the box's speed too: the bucket is only bounded loosely.
