@@ -83,3 +83,19 @@ def test_a_task_freezes_its_worker_heap_again_only_after_new_imports(spark: Any)
     assert gc.get_freeze_count() == before
     results = run_pinned(spark, [(f"_mvsink_probe_{uuid.uuid4().hex}", None)] * 3, probe)
     assert results == [(True, False, True)] * 3
+
+
+def test_executor_python_workers_allocate_arrow_memory_with_jemalloc(spark: Any) -> None:
+    """The write tasks decode and encode Arrow on several threads of a worker at once; their
+    workers use the pool `import mvsink` chose for the driver (mvsink/__init__.py)."""
+
+    def pool(_: str) -> list[tuple[str, str | None]]:
+        import os
+
+        import pyarrow as pa
+
+        return [
+            (pa.default_memory_pool().backend_name, os.environ.get("ARROW_DEFAULT_MEMORY_POOL"))
+        ]
+
+    assert run_pinned(spark, [("", None)] * 2, pool) == [("jemalloc", "jemalloc")] * 2
