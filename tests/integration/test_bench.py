@@ -347,10 +347,10 @@ def test_bench_soak_keeps_the_shard_small(
     # footer is a large share of its bytes), so the live bytes are bounded whatever the ticks.
     # How many batches a window's samples catch between merges depends on the box's speed (the
     # merges run at idle priority), so the total is bounded per batch, not against the early
-    # window's. The bucket's parts also hold garbage
-    # whose deletion is bounded by time, not ticks (a merge's inputs `part_grace` after it, a
-    # stopped driver's unreported parts at the next sweep, `min_grace` on), so how much of it a
-    # window's samples catch depends on the box's speed too: the bucket is only bounded loosely.
+    # window's. The bucket's parts also hold garbage whose deletion is bounded by time, not
+    # ticks (a merge's inputs `part_grace` after it, a stopped driver's unreported parts at the
+    # next sweep, `min_grace` on), so how much of it a window's samples catch depends on the
+    # box's speed too: the bucket is only bounded loosely.
     assert figures["end"]["live_batches_max"] <= CompactionPolicy().max_batches
     per_batch = {
         window: figures[window]["live_bytes"] / figures[window]["live_batches"]

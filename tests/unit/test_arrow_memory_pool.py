@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 PROBE = """
-import os, subprocess, sys
+import subprocess, sys
 import pyarrow as pa
 before = pa.default_memory_pool().backend_name
 import mvsink
