@@ -7,9 +7,10 @@ import-linter contracts in pyproject.toml):
     bench          benchmarks: mvsink against its peers, faults, soaks
     tools          what an operator runs: demos, provisioning, inspection, compose
     upstream       producing and decoding the desired collection
+    stack          the embedded Kafka / MinIO / Spark / Toxiproxy, and its endpoints injected
+                   into the configuration
     shard          the shard: staged parts, the state log, compaction, garbage collection
     io             configuration, Kafka, S3, Spark, the service runtime
-    stack          the embedded Kafka / MinIO / Spark / Toxiproxy
     core           frontiers, records and codecs, updates, rows, partitioning, settings
 
 The services (`services.mint`, `services.write`, `services.append`, `services.ct`) are built on

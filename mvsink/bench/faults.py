@@ -52,13 +52,13 @@ from mvsink.bench.compare import save_figures
 from mvsink.bench.workload import BenchError
 from mvsink.core.frontier import Frontier
 from mvsink.core.rows import parse_row_schema
-from mvsink.io.config import Config, Topics, cache_dir, load_config, state_dir
+from mvsink.io.config import Config, Topics, cache_dir, state_dir
 from mvsink.io.s3 import ensure_bucket, s3_client
 from mvsink.shard import Shard, open_shard
 from mvsink.stack import toxiproxy
 from mvsink.stack.manager import Stack
 from mvsink.stack.procs import free_ports
-from mvsink.stack.state import load_records
+from mvsink.stack.state import load_records, stack_config
 from mvsink.stack.toxiproxy import Toxiproxy
 from mvsink.tools.demo import SERVICES, start_service, stop_services
 from mvsink.tools.provision import provision
@@ -240,7 +240,7 @@ def run_faults(
         endpoints = stack.up()
         proxy.start(toxiproxy.ensure_binary(cache_dir(), say), say)
         s3_endpoint = proxy.proxy("minio", listen_port, endpoints.s3_endpoint)
-        base = load_config(
+        base = stack_config(
             config_path,
             env={
                 **os.environ,

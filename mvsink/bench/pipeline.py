@@ -8,21 +8,19 @@ fast as the producer publishes them, for `seconds`.
 
 from __future__ import annotations
 
-import os
 import random
 import threading
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 
 import pyarrow as pa
 
 from mvsink import Say
 from mvsink.core.frontier import Frontier
 from mvsink.core.rows import parse_row_schema
-from mvsink.io.config import Config, Topics
+from mvsink.io.config import Config, Topics, state_dir
 from mvsink.shard import open_shard
 from mvsink.tools.demo import start_services
 from mvsink.tools.provision import provision
@@ -101,9 +99,7 @@ def run(
     say(f"baseline: the producer alone for {seconds:.0f}s ({keys} keys, {change:.0%} per tick)")
     base_sent, _ = _publish(baseline, seconds, keys, change, lambda t, at: None)
     shard = open_shard(sink.shard_id, None, sink.s3)
-    procs = start_services(
-        sink, Path(os.environ.get("MVSINK_STATE_DIR", ".mvsink")) / "bench" / run_id
-    )
+    procs = start_services(sink, state_dir() / "bench" / run_id)
     advanced: dict[int, float] = {}
     reached: dict[int, float] = {}
     stop = threading.Event()

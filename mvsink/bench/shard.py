@@ -21,7 +21,14 @@ from mvsink import Say
 from mvsink.core.frontier import Frontier
 from mvsink.core.updates import normalize_updates
 from mvsink.io.config import Config
-from mvsink.io.s3 import conditional_put, ensure_bucket, get_bytes, put_bytes, s3_client
+from mvsink.io.s3 import (
+    conditional_http,
+    conditional_put,
+    ensure_bucket,
+    get_bytes,
+    put_bytes,
+    s3_client,
+)
 from mvsink.shard import open_shard
 from mvsink.shard.parts import encode_part
 
@@ -72,7 +79,7 @@ def _best(runs: int, action: Callable[[], object]) -> float:
 
 def run(config: Config, rows: int, parts: int, appends: int, say: Say) -> list[Figure]:
     """Run the benchmark against the S3 of `config`; the figures (also printed via `say`)."""
-    client = s3_client(config.s3)
+    client, http = s3_client(config.s3), conditional_http()
     ensure_bucket(client, config.s3.bucket)
     shard = open_shard(f"bench-{uuid.uuid4().hex[:8]}", ROWS, config.s3)
     per_part = rows // parts
@@ -119,7 +126,9 @@ def run(config: Config, rows: int, parts: int, appends: int, say: Say) -> list[F
         latencies.append(time.perf_counter() - started)
         state_bytes = shard.state().to_bytes()
         started = time.perf_counter()
-        conditional_put(client, config.s3.bucket, f"bench/{uuid.uuid4().hex}", state_bytes)
+        conditional_put(
+            client, config.s3.bucket, f"bench/{uuid.uuid4().hex}", state_bytes, http=http
+        )
         raw_latencies.append(time.perf_counter() - started)
     for q, label in ((50, "p50"), (99, "p99")):
         measured = _percentile(latencies, q) * 1000

@@ -46,8 +46,9 @@ from mvsink.core.messages import Progress, Record, Updates, UpdatesArrow
 from mvsink.core.rows import parse_row_schema, updates_decoder
 from mvsink.core.updates import updates_from_ipc
 from mvsink.io import registry
-from mvsink.io.config import Config, S3Settings, cache_dir, load_config
+from mvsink.io.config import Config, S3Settings, cache_dir
 from mvsink.io.spark import trim_worker_path
+from mvsink.stack.state import stack_config
 
 #: The artifacts of `maven/spark-kafka.pom.xml` passed as `spark.jars`.
 PEER_ARTIFACTS = (
@@ -162,7 +163,7 @@ def run_peer(config: Config, topic: str, prefix: str, work: Path) -> None:
     from mvsink.io.spark import spark_session
 
     jars = peer_jars(lambda line: print(line, file=sys.stderr))
-    spark = spark_session("mvsink-bench-peer", conf={"spark.jars": ",".join(jars)})
+    spark = spark_session("mvsink-bench-peer", conf={"spark.jars": ",".join(jars)}, config=config)
     settings, row_schema = config.s3, parse_row_schema(config.row_schema)
     result = pa.schema([("partition", pa.int32()), ("offset", pa.int64()), ("rows", pa.int64())])
 
@@ -269,6 +270,7 @@ def run_delta(config: Config, topic: str, prefix: str, work: Path) -> None:
         "mvsink-bench-delta",
         shuffle_partitions=2,
         conf={"spark.jars": ",".join(jars), **delta_conf(settings)},
+        config=config,
     )
     table = f"s3a://{settings.bucket}/{prefix}/table"
     spark.createDataFrame([], "key string, value long, _time long").write.format("delta").mode(
@@ -464,7 +466,7 @@ def read_load(config: Config, topic: str, partitions: int) -> tuple[float, int]:
 def main(argv: list[str]) -> int:
     """`python -m mvsink.bench.systems peer|delta|raw TOPIC PARTITIONS PREFIX [WORKDIR]`."""
     which, topic, partitions, prefix = argv[0], argv[1], int(argv[2]), argv[3]
-    config = load_config()
+    config = stack_config()
     if which == "peer":
         run_peer(config, topic, prefix, Path(argv[4]))
     elif which == "delta":

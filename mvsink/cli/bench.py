@@ -20,11 +20,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mvsink.bench import FAULTS
+from mvsink.bench import FAULTS, require_extra
 from mvsink.cli.common import embedded_stack
 from mvsink.core.errors import MvsinkError
-from mvsink.io.config import load_config
 from mvsink.io.service import say
+from mvsink.stack.state import stack_config
 
 if TYPE_CHECKING:
     from mvsink.cli.common import Commands
@@ -73,10 +73,11 @@ def alone(lock: Path = BENCH_LOCK) -> Iterator[None]:
 
 
 def _alone(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """`func` run under `alone`."""
+    """`func` run under `alone`, once the bench extra is known to be installed."""
 
     @functools.wraps(func)
     def run(args: argparse.Namespace) -> int:
+        require_extra()
         with alone():
             return func(args)
 
@@ -279,7 +280,7 @@ def cmd_bench_compare(args: argparse.Namespace) -> int:
     stack = embedded_stack()
     try:
         figures = run(
-            load_config(args.config),
+            stack_config(args.config),
             workload,
             Path(args.out),
             say,
@@ -316,7 +317,7 @@ def cmd_bench_shard(args: argparse.Namespace) -> int:
 
     if not args.no_stack:
         embedded_stack().up()
-    run(load_config(args.config), args.rows, args.parts, args.appends, say)
+    run(stack_config(args.config), args.rows, args.parts, args.appends, say)
     return 0
 
 
@@ -326,7 +327,7 @@ def cmd_bench_pipeline(args: argparse.Namespace) -> int:
     if not args.no_stack:
         embedded_stack().up()
     figures = run(
-        load_config(args.config), args.seconds, args.keys, args.change, say, args.interval
+        stack_config(args.config), args.seconds, args.keys, args.change, say, args.interval
     )
     return 0 if figures["converged"] else 1
 
@@ -353,7 +354,7 @@ def cmd_bench_restart(args: argparse.Namespace) -> int:
     if not args.no_stack:
         embedded_stack().up()
     figures = run_restart(
-        load_config(args.config), args.updates, args.partitions, Path(args.out), say
+        stack_config(args.config), args.updates, args.partitions, Path(args.out), say
     )
     return 0 if figures["cold_bytes_rewritten"] == 0 and figures["warm_bytes_rewritten"] == 0 else 1
 
@@ -364,7 +365,7 @@ def cmd_bench_readonly(args: argparse.Namespace) -> int:
     if not args.no_stack:
         embedded_stack().up()
     run_readonly(
-        load_config(args.config),
+        stack_config(args.config),
         args.keys,
         args.change,
         args.minutes,
@@ -384,6 +385,6 @@ def cmd_bench_soak(args: argparse.Namespace) -> int:
         embedded_stack().up()
     workload = Workload(args.keys, args.change, args.ticks, args.partitions)
     figures = run_soak(
-        load_config(args.config), workload, args.early, args.window, Path(args.out), say
+        stack_config(args.config), workload, args.early, args.window, Path(args.out), say
     )
     return 0 if figures["correct"] and figures["measured"] else 1

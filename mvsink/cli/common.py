@@ -9,10 +9,10 @@ import argparse
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeAlias
 
-from mvsink.io.config import cache_dir, load_config, state_dir
+from mvsink.io.config import cache_dir, state_dir
 from mvsink.io.service import say
 from mvsink.stack.manager import Stack
-from mvsink.stack.state import stack_home
+from mvsink.stack.state import stack_config, stack_home
 
 if TYPE_CHECKING:
     Commands: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
@@ -43,5 +43,5 @@ def demo_on_stack(args: argparse.Namespace, run: Callable[..., None]) -> int:
     """Bring the stack up unless `--no-stack`, then run a demo with `--ticks` and `--orders`."""
     if not args.no_stack:
         embedded_stack().up(timeout=args.timeout)
-    run(load_config(args.config), say, ticks=args.ticks, orders=args.orders)
+    run(stack_config(args.config), say, ticks=args.ticks, orders=args.orders)
     return 0

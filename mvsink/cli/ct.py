@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 
 from mvsink.cli.common import demo_arguments, demo_on_stack
 from mvsink.core.errors import MvsinkError
-from mvsink.io.config import load_config
+from mvsink.io.config import config_env
 from mvsink.io.service import module_process
+from mvsink.stack.state import stack_config
 
 if TYPE_CHECKING:
     from mvsink.cli.common import Commands
@@ -39,9 +40,9 @@ def cmd_ct_run(args: argparse.Namespace) -> int:
     from mvsink.io.ct_definition import load_definition
 
     load_definition(args.task)  # a bad definition fails here, before Spark starts
-    env = {**os.environ, "MVSINK_CT_TASK": str(Path(args.task).resolve())}
-    if args.config:
-        env["MVSINK_CONFIG"] = args.config
+    # The configuration loaded here (the running embedded stack's endpoints included).
+    env = {**os.environ, **config_env(stack_config(args.config))}
+    env["MVSINK_CT_TASK"] = str(Path(args.task).resolve())
     # The continual task service is its own process, as deployed (`python -m services.ct`).
     command, env = module_process("services.ct", env)
     os.execve(command[0], command, env)
@@ -53,7 +54,7 @@ def cmd_ct_show(args: argparse.Namespace) -> int:
     from mvsink.shard import open_shard
 
     definition = load_definition(args.task)
-    s3 = load_config(args.config).s3
+    s3 = stack_config(args.config).s3
     reads = {name: open_shard(shard_id, None, s3) for name, shard_id in definition.shards().items()}
     try:
         output = open_shard(definition.output_shard, None, s3)

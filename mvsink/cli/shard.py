@@ -10,8 +10,8 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from mvsink.core.errors import MvsinkError
-from mvsink.io.config import load_config
 from mvsink.io.service import say
+from mvsink.stack.state import stack_config
 
 if TYPE_CHECKING:
     from mvsink.cli.common import Commands
@@ -47,7 +47,7 @@ def add_shard(commands: Commands) -> None:
 def _open_shard(args: argparse.Namespace) -> Shard:
     from mvsink.shard import open_shard
 
-    config = load_config(args.config)
+    config = stack_config(args.config)
     return open_shard(args.shard or config.shard_id, None, config.s3, config.shard_timing())
 
 
@@ -101,13 +101,13 @@ def cmd_shard_compact(args: argparse.Namespace) -> int:
     from mvsink.shard import Merged
     from mvsink.shard.compact import Runner, compact_once, run_locally, spark_runner
 
-    config = load_config(args.config)
+    config = stack_config(args.config)
     shard = _open_shard(args)
     runner: Runner = run_locally
     if args.spark:
         from mvsink.io.spark import spark_session
 
-        runner = spark_runner(spark_session("mvsink-compact", config.spark_master))
+        runner = spark_runner(spark_session("mvsink-compact", config=config))
     merges = 0
     while merges < args.max_merges:
         outcome = compact_once(

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING
 
 from mvsink.core.errors import MvsinkError
 from mvsink.core.frontier import Frontier
-from mvsink.io.config import Topics, load_config
+from mvsink.io.config import Topics, config_env
 from mvsink.io.service import run_module, say
+from mvsink.stack.state import stack_config
 
 if TYPE_CHECKING:
     from mvsink.cli.common import Commands
@@ -43,7 +44,7 @@ def _desired_producer(args: argparse.Namespace) -> DesiredProducer:
     from mvsink.shard import open_shard
     from mvsink.upstream.producer import DesiredProducer
 
-    config = load_config(args.config)
+    config = stack_config(args.config)
     schema = (
         parse_row_schema(config.row_schema)
         if config.row_schema
@@ -90,7 +91,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     from mvsink.core.messages import SinkControl
     from mvsink.io.kafka import client_config, produce
 
-    config = load_config(args.config)
+    config = stack_config(args.config)
     topic = Topics.for_sink(args.sink).control
     producer = Producer(client_config(config.kafka_bootstrap))
     produce(producer, topic, args.sink, SinkControl(read_only=False))
@@ -121,8 +122,9 @@ def add_sink(commands: Commands) -> None:
 def _write_tool(args: argparse.Namespace, *argv: str) -> int:
     """Run the write service's operator tool (`python -m services.write.repair`) on this sink:
     the checkpoints are the write service's own, so the tool that reads and re-seeds them ships
-    with it, and the library only starts it."""
-    env = {**os.environ, **({"MVSINK_CONFIG": args.config} if args.config else {})}
+    with it, and the library only starts it. It gets the configuration loaded here (the running
+    embedded stack's endpoints included) as its environment."""
+    env = {**os.environ, **config_env(stack_config(args.config))}
     shard = ["--shard", args.shard] if args.shard else []
     return run_module("services.write.repair", [*argv, args.sink, *shard], env)
 
@@ -134,7 +136,7 @@ def cmd_sink_show(args: argparse.Namespace) -> int:
 def cmd_sink_release(args: argparse.Namespace) -> int:
     from mvsink.shard import open_shard
 
-    config = load_config(args.config)
+    config = stack_config(args.config)
     shard = open_shard(args.shard or config.shard_id, None, config.s3, config.shard_timing())
     prefix = f"checkpoint:{args.sink}:"
     held = [h for h in shard.state().holds if h.holder_id.startswith(prefix)]
@@ -187,6 +189,6 @@ def add_inspect(commands: Commands) -> None:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from mvsink.tools.inspect import inspect_topic
 
-    config = load_config(args.config)
+    config = stack_config(args.config)
     inspect_topic(config.kafka_bootstrap, args.topic, follow=args.follow, limit=args.limit)
     return 0

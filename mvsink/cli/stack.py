@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING
 
 from mvsink.cli.common import demo_arguments, demo_on_stack, embedded_stack
 from mvsink.core.errors import MvsinkError
-from mvsink.io.config import Config, Topics, cache_dir, load_config, state_dir
+from mvsink.io.config import Config, Topics, cache_dir, state_dir
 from mvsink.io.service import say
-from mvsink.stack.state import registry_url, stack_home
+from mvsink.stack.state import registry_url, stack_config, stack_home
 
 if TYPE_CHECKING:
     from mvsink.cli.common import Commands
@@ -67,7 +67,7 @@ def cmd_stack_up(args: argparse.Namespace) -> int:
         schema_registry=args.registry,
     )
     if not args.no_provision:
-        _provision(load_config(args.config))
+        _provision(stack_config(args.config))
     cmd_stack_status(args)
     print(
         f"\nkafka bootstrap: {endpoints.kafka_bootstrap}\ns3 endpoint:     http://{endpoints.s3_endpoint}"
@@ -119,7 +119,8 @@ def add_compose(commands: Commands) -> None:
         dest="compose_command", required=True, metavar="ACTION"
     )
     verify = compose_commands.add_parser(
-        "verify", help="engine, images, up scaled, kill and restart, converge, down (README)"
+        "verify",
+        help="engine, images, up scaled, kill and restart, converge, down (docs/operations.md §2)",
     )
     verify.add_argument("--keep", action="store_true", help="leave the project running")
     verify.add_argument(
@@ -171,7 +172,7 @@ def _provision(config: Config) -> None:
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
-    _provision(load_config(args.config))
+    _provision(stack_config(args.config))
     return 0
 
 
@@ -204,7 +205,7 @@ def cmd_view(args: argparse.Namespace) -> int:
     quiet_retries()
     stopping = Stopping()
     stopping.install()
-    config = load_config(args.config)
+    config = stack_config(args.config)
     ticks = run_view(config, say, args.ticks, args.orders, args.interval, lambda: stopping.stopped)
     say(f"view stopped after {ticks} ticks")
     return 0
@@ -221,7 +222,7 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     from mvsink.tools.smoke import run_smoke
 
     embedded_stack().up(timeout=args.timeout)
-    config = load_config(args.config)
+    config = stack_config(args.config)
     # A sink of its own, so the smoke records never reach a real sink's `descs`/`batches`.
     smoke_id = f"{config.sink_id}-smoke"
     smoke = replace(

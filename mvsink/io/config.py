@@ -3,17 +3,22 @@
 Sources, later ones winning:
 
 1. built-in defaults;
-2. the endpoints and credentials of the embedded stack, if `mvsink stack up` is running one
-   under the state directory (so `mvsink ...` just works after `mvsink stack up`);
+2. endpoints the caller passes in (`load_config(endpoints=...)`): the `mvsink` command, the tools
+   and the services' entry points pass the embedded stack's when `mvsink stack up` runs one under
+   the state directory (`mvsink.stack.state.stack_config`), so `mvsink ...` just works after
+   `mvsink stack up`; this loader discovers nothing itself;
 3. a TOML file (`--config PATH` or `MVSINK_CONFIG`) with tables `[sink]`, `[kafka]`, `[s3]`,
    `[spark]`, `[shard]`, `[service]`, `[ct]`;
 4. environment variables `MVSINK_*`.
 
-Each setting is declared once, in `SETTINGS`: its name, `[section] key`, environment variable,
-default, parser, check and meaning. Loading, `Config`'s defaults and checks, `config_env`, the
-services' `--help` (`settings_help`) and the settings tables of README.md and
-docs/operations.md (`settings_table`; `python -m mvsink.io.config --write` rewrites them) are
-derived from it.
+Each setting is declared once, as one row: its `Config` field (`_row`: `[section] key`,
+environment variable, default, parser, meaning, check), or for the settings `Config` groups, its
+row of `GROUPED`. `SETTINGS` collects the rows; loading, `Config`'s checks, the shard's `Timing`
+and `CompactionPolicy` of a configuration, `config_env`, the services' `--help`
+(`settings_help`) and the settings tables of docs/operations.md (`settings_table`, the shard's
+time bounds apart as advanced settings; `python -m mvsink.io.config --write` rewrites them) are
+derived from them: adding a setting is adding its row. The variables that locate things
+(`LOCATIONS`: the config file, the state and cache directories) are declared beside them.
 
 Credentials come only from the environment or from secret files (`MVSINK_S3_ACCESS_KEY_FILE`,
 `MVSINK_S3_SECRET_KEY_FILE`): a config file that holds them is refused, and they never appear in
@@ -22,6 +27,7 @@ Credentials come only from the environment or from secret files (`MVSINK_S3_ACCE
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import sys
@@ -62,14 +68,31 @@ __all__ = [
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The shard library's own defaults are the configuration's.
 _TIMING, _POLICY = Timing(), CompactionPolicy()
+#: The fields of the shard's `Timing` and `CompactionPolicy`: the `[shard]` settings with these
+#: keys build them (`Config.shard_timing`, `Config.compaction_policy`).
+TIMING_KEYS = frozenset(field.name for field in dataclasses.fields(Timing))
+POLICY_KEYS = frozenset(field.name for field in dataclasses.fields(CompactionPolicy))
 #: A valid sink, shard or task id.
 ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
+
+
+#: The variables that say where things are rather than what the sink is: the loader's and the
+#: tools' own, beside the settings (`settings_help`, `settings_table`).
+CONFIG_ENV, STATE_DIR_ENV, CACHE_DIR_ENV = "MVSINK_CONFIG", "MVSINK_STATE_DIR", "MVSINK_CACHE_DIR"
+LOCATIONS: tuple[tuple[str, str], ...] = (
+    (CONFIG_ENV, "the TOML file (as `--config`)"),
+    (
+        STATE_DIR_ENV,
+        "the state directory: the embedded stack, logs, the venv (default `<repo>/.mvsink`)",
+    ),
+    (CACHE_DIR_ENV, "downloads and builds (default `<state dir>/cache`)"),
+)
 
 
 def state_dir(env: Mapping[str, str] | None = None) -> Path:
     """The project's ignored state directory (`MVSINK_STATE_DIR`, default `<repo>/.mvsink`)."""
     env = os.environ if env is None else env
-    return Path(env.get("MVSINK_STATE_DIR") or REPO_ROOT / ".mvsink").resolve()
+    return Path(env.get(STATE_DIR_ENV) or REPO_ROOT / ".mvsink").resolve()
 
 
 def cache_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -78,7 +101,7 @@ def cache_dir(env: Mapping[str, str] | None = None) -> Path:
     Point several checkouts at one cache to build MinIO and fetch Kafka only once.
     """
     env = os.environ if env is None else env
-    return Path(env.get("MVSINK_CACHE_DIR") or state_dir(env) / "cache").resolve()
+    return Path(env.get(CACHE_DIR_ENV) or state_dir(env) / "cache").resolve()
 
 
 @dataclass(frozen=True)
@@ -113,7 +136,7 @@ class Setting:
     """One setting, declared once: everything else about it is derived from this.
 
     Attributes:
-        name: its name in the loaded values (and in `mvsink.stack.state.running_endpoints`).
+        name: its name in the loaded values (and in `load_config`'s `endpoints`).
         section: its TOML table; `key`: its key in that table.
         env: its environment variable; a `secret` one also reads `<env>_FILE` and is refused in
             files.
@@ -140,6 +163,12 @@ class Setting:
     def path(self) -> str:
         """The attribute path of its value in a `Config`."""
         return self.attr or self.name
+
+    @property
+    def advanced(self) -> bool:
+        """A time bound of the shard (`Timing`): safety does not rest on it (fences do), and the
+        docs list it apart, as an advanced setting."""
+        return self.section == "shard" and self.key in TIMING_KEYS
 
     @property
     def summary(self) -> str:
@@ -207,59 +236,174 @@ def _row_schema(setting: Setting, value: str) -> str | None:
     return None
 
 
-# The declarations as a table: one setting per entry, the meaning on its second line.
-# fmt: off
-SETTINGS: tuple[Setting, ...] = (
-    #       name                    section    key                    environment                     default
-    Setting("sink_id",              "sink",    "id",                  "MVSINK_SINK_ID",               "demo", str,
+def _row(
+    section: str,
+    key: str,
+    env: str,
+    default: Any,
+    parse: Callable[[Any], Any],
+    meaning: str,
+    check: Callable[[Setting, Any], str | None] | None = None,
+) -> Any:
+    """A `Config` field's default and its setting's declaration (`Setting`, named by the field)."""
+    setting = Setting("", section, key, env, default, parse, meaning, check)
+    return dataclasses.field(default=default, metadata={"setting": setting})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    """Everything a mint, write or append process (or a tool) needs: one field per setting, each
+    declared once, as its row (`_row`: `[section] key`, environment, default, parser, meaning,
+    check); `SETTINGS` and everything else about the settings are derived from these rows.
+
+    `topics` and `s3` group the Kafka topic names and the S3 settings (their settings' rows in
+    `GROUPED`). Checked on construction: each setting's `check`, then the bounds that tie
+    settings together (the shard's `Timing` and `CompactionPolicy`, built from the rows whose
+    `[shard]` keys name their fields).
+    """
+
+    topics: Topics
+    s3: S3Settings
+    # One setting per row, the meaning on its second line.
+    # fmt: off
+    # field: type                                  section    key                    environment                     default, parser
+    sink_id: str                            = _row("sink",    "id",                  "MVSINK_SINK_ID",               "demo", str,
             "the sink replica's id: its topics are `<id>.desired`, `.descs`, `.batches`, `.control`, "
-            "`.dead-letter`; 1-200 of `[A-Za-z0-9_.-]`", _valid_id),
-    Setting("shard_id",             "sink",    "shard_id",            "MVSINK_SHARD_ID",              "demo", str,
+            "`.dead-letter`; 1-200 of `[A-Za-z0-9_.-]`", _valid_id)
+    shard_id: str                           = _row("sink",    "shard_id",            "MVSINK_SHARD_ID",              "demo", str,
             "the shard (`shards/<id>/` in the bucket) the sink keeps equal to desired; same id rules",
-            _valid_id),
-    Setting("partitions",           "sink",    "partitions",          "MVSINK_PARTITIONS",            4, _int,
-            "P, desired partitions (of the `<sink>.desired` topic); >= 1", _at_least(1, " (P)")),
-    Setting("append_workers",       "sink",    "append_workers",      "MVSINK_APPEND_WORKERS",        2, _int,
-            "A, append workers (partitions of the `<sink>.batches` topic); >= 1", _at_least(1, " (A)")),
-    Setting("partitioning",         "sink",    "partitioning",        "MVSINK_PARTITIONING",          2, _int,
+            _valid_id)
+    partitions: int                         = _row("sink",    "partitions",          "MVSINK_PARTITIONS",            4, _int,
+            "P, desired partitions (of the `<sink>.desired` topic); >= 1", _at_least(1, " (P)"))
+    append_workers: int                     = _row("sink",    "append_workers",      "MVSINK_APPEND_WORKERS",        2, _int,
+            "A, append workers (partitions of the `<sink>.batches` topic); >= 1", _at_least(1, " (A)"))
+    partitioning: int                       = _row("sink",    "partitioning",        "MVSINK_PARTITIONING",          2, _int,
             "the desired partitioning function (`mvsink.core.partitioning`, schemas/README.md): 2, the "
             "columnar hash; 1, BLAKE2b of the Avro row, for desired topics written before 2 existed. "
             "Producers and write services of a sink must agree; write tasks quarantine records hashed "
-            "otherwise", _partitioning),
-    Setting("as_of",                "sink",    "as_of",               "MVSINK_AS_OF",                 0, _int,
-            "the first time the sink writes (mint's initial persist frontier); >= 0", _at_least(0)),
-    Setting("read_only",            "sink",    "read_only",           "MVSINK_READ_ONLY",             False, _bool,
+            "otherwise", _partitioning)
+    as_of: int                              = _row("sink",    "as_of",               "MVSINK_AS_OF",                 0, _int,
+            "the first time the sink writes (mint's initial persist frontier); >= 0", _at_least(0))
+    read_only: bool                         = _row("sink",    "read_only",           "MVSINK_READ_ONLY",             False, _bool,
             "start read-only: fold and hold a lease, write nothing until promoted "
-            "(docs/operations.md §3)"),
-    Setting("row_schema",           "sink",    "row_schema",          "MVSINK_ROW_SCHEMA",            "", str,
+            "(docs/operations.md §3)")
+    row_schema: str                         = _row("sink",    "row_schema",          "MVSINK_ROW_SCHEMA",            "", str,
             'the row schema, `"name type[ not null], ..."`; provisioning creates the shard with it; '
-            "empty: the shard's", _row_schema),
-    Setting("retain_history",       "sink",    "retain_history",      "MVSINK_RETAIN_HISTORY",        0, _int,
+            "empty: the shard's", _row_schema)
+    retain_history: int                     = _row("sink",    "retain_history",      "MVSINK_RETAIN_HISTORY",        0, _int,
             "times (not seconds) of history the shard keeps: `since` trails the upper by this (or a "
-            "reader lease); >= 0", _at_least(0)),
-    Setting("desired_trim_interval", "sink",   "trim_interval",       "MVSINK_DESIRED_TRIM_INTERVAL", 30.0, float,
+            "reader lease); >= 0", _at_least(0))
+    desired_trim_interval: float            = _row("sink",   "trim_interval",       "MVSINK_DESIRED_TRIM_INTERVAL", 30.0, float,
             "s, how often the write service deletes the desired records below its partitions' older "
-            "kept checkpoint (0: never)"),
-    Setting("kafka_bootstrap",      "kafka",   "bootstrap_servers",   "MVSINK_KAFKA_BOOTSTRAP",       "", str,
+            "kept checkpoint (0: never)")
+    kafka_bootstrap: str                    = _row("kafka",   "bootstrap_servers",   "MVSINK_KAFKA_BOOTSTRAP",       "", str,
             "Kafka bootstrap servers, `host:port,...`; required (the embedded stack's when it runs)",
-            _required("kafka bootstrap servers")),
+            _required("kafka bootstrap servers"))
+    schema_registry_url: str                = _row("kafka",   "schema_registry_url", "MVSINK_SCHEMA_REGISTRY_URL",   "", str,
+            "a Confluent-compatible Schema Registry (`http://host:port[/path]`): every record mvsink "
+            "writes then uses its wire format, schemas registered at provisioning (empty: mvsink's "
+            "own framing; both are read)")
+    desired_retention_ms: int               = _row("kafka",   "desired_retention_ms", "MVSINK_DESIRED_RETENTION_MS", -1, _int,
+            "`retention.ms` provisioning sets on `<sink>.desired`, also on an existing topic (-1: the "
+            "broker deletes nothing; the write service trims it)")
+    desired_segment_ms: int                 = _row("kafka",   "desired_segment_ms",  "MVSINK_DESIRED_SEGMENT_MS",    3_600_000, _int,
+            "`segment.ms` provisioning sets on `<sink>.desired`: trimmed records leave the broker's "
+            "disk only with their whole segment")
+    kafka_call_timeout: float               = _row("kafka",   "call_timeout",        "MVSINK_KAFKA_CALL_TIMEOUT",    60.0, float,
+            "s, how long an upstream producer (`DesiredProducer`, `publish_dataframe`'s tasks, "
+            "`mvsink view`) waits on one Kafka call (a transaction's start or commit, a flush, a read "
+            "to the end) before the attempt fails; > 0", _positive)
+    spark_master: str                       = _row("spark",   "master",              "MVSINK_SPARK_MASTER",          "local[*]", str,
+            "the write service's Spark master URL (docs/operations.md §2)")
+    spark_driver_host: str                  = _row("spark",   "driver_host",         "MVSINK_SPARK_DRIVER_HOST",     "127.0.0.1", str,
+            "where executors reach this driver (`spark.driver.host`) and the write service's resident "
+            "tasks connect back to: an address of this host the executors reach; `auto`: the "
+            "hostname (docs/operations.md §2)")
+    spark_residents: bool                   = _row("spark",   "residents",           "MVSINK_SPARK_RESIDENTS",       True, _bool,
+            "whether write runs its steps in long-lived Spark tasks that connect back to the "
+            "driver's host on a random TCP port; `false` where executors cannot (a Spark job per "
+            "step)")
+    spark_cores_max: int                    = _row("spark",   "cores_max",           "MVSINK_SPARK_CORES_MAX",       0, _int,
+            "the most cores each mvsink Spark application takes of a standalone cluster "
+            "(`spark.cores.max`); 0: the master's `spark.deploy.defaultCores` (docs/operations.md "
+            "§2); >= 0", _at_least(0))
+    spark_pack_env: bool                    = _row("spark",   "pack_env",            "MVSINK_SPARK_PACK_ENV",        False, _bool,
+            "on a cluster, ship the libraries of this virtualenv to the executors, packed with "
+            "venv-pack (`spark.archives`), so the workers' Python needs none of them "
+            "(docs/operations.md §2)")
+    metrics_addr: str                       = _row("service", "metrics_addr",        "MVSINK_METRICS_ADDR",          "127.0.0.1", str,
+            "address of the Prometheus endpoint")
+    metrics_port: int                       = _row("service", "metrics_port",        "MVSINK_METRICS_PORT",          0, _int,
+            "port of the Prometheus endpoint; 0 picks a free one (logged)", _port)
+    log_level: str                          = _row("service", "log_level",           "MVSINK_LOG_LEVEL",             "INFO", str,
+            "`DEBUG` (traces every frontier), `INFO`, `WARNING` or `ERROR`", _log_level)
+    writer_id: str                          = _row("service", "writer_id",           "MVSINK_WRITER_ID",             "", str,
+            "this process's id in part keys, reader leases and logs, without `/`; empty: "
+            "`<service>-<host>-<pid>`; only the write service reads it")
+    live_bound: float                       = _row("service", "live_bound",          "MVSINK_LIVE_BOUND",            300.0, float,
+            "s, `/healthz` fails when the service loop has been silent this long; > 0", _positive)
+    ready_bound: float                      = _row("service", "ready_bound",         "MVSINK_READY_BOUND",           30.0, float,
+            "s, `/readyz` fails when the frontier is behind its target and unmoved this long; > 0",
+            _positive)
+    shard_max_attempt_age: float            = _row("shard",  "max_attempt_age",     "MVSINK_SHARD_MAX_ATTEMPT_AGE", _TIMING.max_attempt_age, float,
+            "s, a compare-and-set writes version n+1 at most this long after reading n")
+    shard_max_part_age: float               = _row("shard",   "max_part_age",        "MVSINK_SHARD_MAX_PART_AGE",    _TIMING.max_part_age, float,
+            "s, appends and merges refuse parts staged longer ago than this (`PartTooOld`)")
+    shard_min_grace: float                  = _row("shard",   "min_grace",           "MVSINK_SHARD_MIN_GRACE",       _TIMING.min_grace, float,
+            "s, the sweeper deletes never-referenced parts only older than this, and sweeps this "
+            "often; > max_part_age + max_attempt_age")
+    shard_part_grace: float                 = _row("shard",   "part_grace",          "MVSINK_SHARD_PART_GRACE",      _TIMING.part_grace, float,
+            "s, parts a merge replaced are deleted this long after the merge; <= version_grace")
+    shard_version_grace: float              = _row("shard",   "version_grace",       "MVSINK_SHARD_VERSION_GRACE",   _TIMING.version_grace, float,
+            "s, superseded state versions are pruned this long after; > max_attempt_age + "
+            "request_timeout")
+    shard_reader_lease: float               = _row("shard",   "reader_lease",        "MVSINK_SHARD_READER_LEASE",    _TIMING.reader_lease, float,
+            "s, a reader lease not renewed for this long expires")
+    shard_request_timeout: float            = _row("shard",  "request_timeout",     "MVSINK_SHARD_REQUEST_TIMEOUT", _TIMING.request_timeout, float,
+            "s, the read timeout of a conditional create on S3")
+    compaction: bool                        = _row("shard",   "compaction",          "MVSINK_SHARD_COMPACTION",      True, _bool,
+            "whether the write service compacts the shard and collects its garbage")
+    compaction_max_batches: int             = _row("shard", "max_batches",         "MVSINK_SHARD_MAX_BATCHES",     _POLICY.max_batches, _int,
+            "merge when the shard has more live batches than this; >= 2")
+    compaction_max_amplification: float     = _row("shard", "max_amplification", "MVSINK_SHARD_MAX_AMPLIFICATION", _POLICY.max_amplification, float,
+            "merge the batches `since` has passed once the newer of them hold this many times the "
+            "oldest one's updates; > 0")
+    ct_task: str                            = _row("ct",      "task",                "MVSINK_CT_TASK",               "", str,
+            "the continual task's definition file (`python -m services.ct`, "
+            "`mvsink.io.ct_definition`)")
+    # fmt: on
+
+    def shard_timing(self) -> Timing:
+        """The shard library's `Timing` of this configuration (the `[shard]` settings whose keys
+        are its fields)."""
+        return Timing(**_part_of(self, TIMING_KEYS))
+
+    def compaction_policy(self) -> CompactionPolicy:
+        """The merge policy of this configuration (the `[shard]` settings whose keys are its
+        fields)."""
+        return CompactionPolicy(**_part_of(self, POLICY_KEYS))
+
+    def __post_init__(self) -> None:
+        for setting in SETTINGS:
+            problem = setting.check and setting.check(setting, _value(self, setting))
+            if problem:
+                raise ConfigError(problem)
+        try:
+            self.shard_timing()
+        except ContractError as error:
+            raise ConfigError(f"shard timing: {error}") from error
+        try:
+            self.compaction_policy()
+        except ContractError as error:
+            raise ConfigError(f"compaction: {error}") from error
+
+
+# The rows of the settings `Config` holds in `topics` and `s3`.
+# fmt: off
+GROUPED: tuple[Setting, ...] = (
     Setting("frontiers_topic",      "kafka",   "frontiers_topic",     "MVSINK_FRONTIERS_TOPIC",       "frontiers", str,
             "the compacted topic of desired progress and shard uppers (one for all sinks)",
             attr="topics.frontiers"),
-    Setting("schema_registry_url",  "kafka",   "schema_registry_url", "MVSINK_SCHEMA_REGISTRY_URL",   "", str,
-            "a Confluent-compatible Schema Registry (`http://host:port[/path]`): every record mvsink "
-            "writes then uses its wire format, schemas registered at provisioning (empty: mvsink's "
-            "own framing; both are read)"),
-    Setting("desired_retention_ms", "kafka",   "desired_retention_ms", "MVSINK_DESIRED_RETENTION_MS", -1, _int,
-            "`retention.ms` provisioning sets on `<sink>.desired`, also on an existing topic (-1: the "
-            "broker deletes nothing; the write service trims it)"),
-    Setting("desired_segment_ms",   "kafka",   "desired_segment_ms",  "MVSINK_DESIRED_SEGMENT_MS",    3_600_000, _int,
-            "`segment.ms` provisioning sets on `<sink>.desired`: trimmed records leave the broker's "
-            "disk only with their whole segment"),
-    Setting("kafka_call_timeout",   "kafka",   "call_timeout",        "MVSINK_KAFKA_CALL_TIMEOUT",    60.0, float,
-            "s, how long an upstream producer (`DesiredProducer`, `publish_dataframe`'s tasks, "
-            "`mvsink view`) waits on one Kafka call (a transaction's start or commit, a flush, a read "
-            "to the end) before the attempt fails; > 0", _positive),
     Setting("s3_endpoint",          "s3",      "endpoint",            "MVSINK_S3_ENDPOINT",           "", str,
             "S3 endpoint, `host:port`; required (the embedded stack's when it runs)",
             _required("S3 endpoint"), attr="s3.endpoint"),
@@ -275,63 +419,25 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("s3_secret_key",        "s3",      "secret_key",          "MVSINK_S3_SECRET_KEY",         "", str,
             "S3 secret key: environment or `<VAR>_FILE` only, refused in files (the embedded "
             "stack's when it runs)", attr="s3.secret_key", secret=True),
-    Setting("spark_master",         "spark",   "master",              "MVSINK_SPARK_MASTER",          "local[*]", str,
-            "the write service's Spark master URL (docs/operations.md §2)"),
-    Setting("spark_residents",      "spark",   "residents",           "MVSINK_SPARK_RESIDENTS",       True, _bool,
-            "whether write runs its steps in long-lived Spark tasks that connect back to the "
-            "driver's host on a random TCP port; `false` where executors cannot (a Spark job per "
-            "step)"),
-    Setting("spark_cores_max",      "spark",   "cores_max",           "MVSINK_SPARK_CORES_MAX",       0, _int,
-            "the most cores each mvsink Spark application takes of a standalone cluster "
-            "(`spark.cores.max`); 0: the master's `spark.deploy.defaultCores` (docs/operations.md "
-            "§2); >= 0", _at_least(0)),
-    Setting("spark_pack_env",       "spark",   "pack_env",            "MVSINK_SPARK_PACK_ENV",        False, _bool,
-            "on a cluster, ship the libraries of this virtualenv to the executors, packed with "
-            "venv-pack (`spark.archives`), so the workers' Python needs none of them "
-            "(docs/operations.md §2)"),
-    Setting("metrics_addr",         "service", "metrics_addr",        "MVSINK_METRICS_ADDR",          "127.0.0.1", str,
-            "address of the Prometheus endpoint"),
-    Setting("metrics_port",         "service", "metrics_port",        "MVSINK_METRICS_PORT",          0, _int,
-            "port of the Prometheus endpoint; 0 picks a free one (logged)", _port),
-    Setting("log_level",            "service", "log_level",           "MVSINK_LOG_LEVEL",             "INFO", str,
-            "`DEBUG` (traces every frontier), `INFO`, `WARNING` or `ERROR`", _log_level),
-    Setting("writer_id",            "service", "writer_id",           "MVSINK_WRITER_ID",             "", str,
-            "this process's id in part keys, reader leases and logs, without `/`; empty: "
-            "`<service>-<host>-<pid>`; only the write service reads it"),
-    Setting("live_bound",           "service", "live_bound",          "MVSINK_LIVE_BOUND",            300.0, float,
-            "s, `/healthz` fails when the service loop has been silent this long; > 0", _positive),
-    Setting("ready_bound",          "service", "ready_bound",         "MVSINK_READY_BOUND",           30.0, float,
-            "s, `/readyz` fails when the frontier is behind its target and unmoved this long; > 0",
-            _positive),
-    Setting("shard_max_attempt_age", "shard",  "max_attempt_age",     "MVSINK_SHARD_MAX_ATTEMPT_AGE", _TIMING.max_attempt_age, float,
-            "s, a compare-and-set writes version n+1 at most this long after reading n"),
-    Setting("shard_max_part_age",   "shard",   "max_part_age",        "MVSINK_SHARD_MAX_PART_AGE",    _TIMING.max_part_age, float,
-            "s, appends and merges refuse parts staged longer ago than this (`PartTooOld`)"),
-    Setting("shard_min_grace",      "shard",   "min_grace",           "MVSINK_SHARD_MIN_GRACE",       _TIMING.min_grace, float,
-            "s, the sweeper deletes never-referenced parts only older than this, and sweeps this "
-            "often; > max_part_age + max_attempt_age"),
-    Setting("shard_part_grace",     "shard",   "part_grace",          "MVSINK_SHARD_PART_GRACE",      _TIMING.part_grace, float,
-            "s, parts a merge replaced are deleted this long after the merge; <= version_grace"),
-    Setting("shard_version_grace",  "shard",   "version_grace",       "MVSINK_SHARD_VERSION_GRACE",   _TIMING.version_grace, float,
-            "s, superseded state versions are pruned this long after; > max_attempt_age + "
-            "request_timeout"),
-    Setting("shard_reader_lease",   "shard",   "reader_lease",        "MVSINK_SHARD_READER_LEASE",    _TIMING.reader_lease, float,
-            "s, a reader lease not renewed for this long expires"),
-    Setting("shard_request_timeout", "shard",  "request_timeout",     "MVSINK_SHARD_REQUEST_TIMEOUT", _TIMING.request_timeout, float,
-            "s, the read timeout of a conditional create on S3"),
-    Setting("compaction",           "shard",   "compaction",          "MVSINK_SHARD_COMPACTION",      True, _bool,
-            "whether the write service compacts the shard and collects its garbage"),
-    Setting("compaction_max_batches", "shard", "max_batches",         "MVSINK_SHARD_MAX_BATCHES",     _POLICY.max_batches, _int,
-            "merge when the shard has more live batches than this; >= 2"),
-    Setting("compaction_max_amplification", "shard", "max_amplification", "MVSINK_SHARD_MAX_AMPLIFICATION", _POLICY.max_amplification, float,
-            "merge the batches `since` has passed once the newer of them hold this many times the "
-            "oldest one's updates; > 0"),
-    Setting("ct_task",              "ct",      "task",                "MVSINK_CT_TASK",               "", str,
-            "the continual task's definition file (`python -m services.ct`, "
-            "`mvsink.io.ct_definition`)"),
 )
 # fmt: on
 
+#: The sections in the order the docs and `--help` list them.
+SECTIONS = ("sink", "kafka", "s3", "spark", "service", "shard", "ct")
+#: Every setting: `Config`'s rows, then `GROUPED`, by section.
+SETTINGS: tuple[Setting, ...] = tuple(
+    sorted(
+        (
+            *(
+                dataclasses.replace(field.metadata["setting"], name=field.name)
+                for field in dataclasses.fields(Config)
+                if "setting" in field.metadata
+            ),
+            *GROUPED,
+        ),
+        key=lambda setting: SECTIONS.index(setting.section),
+    )
+)
 _BY_NAME = {setting.name: setting for setting in SETTINGS}
 #: Views of `SETTINGS` by setting name, for callers that look one thing up.
 FIELDS = SETTINGS
@@ -339,92 +445,13 @@ DEFAULTS: Mapping[str, Any] = {setting.name: setting.default for setting in SETT
 MEANINGS: Mapping[str, str] = {setting.name: setting.summary for setting in SETTINGS}
 
 
-def _default(name: str) -> Any:
-    """The declared default of `name`, for `Config`'s field defaults."""
-    return _BY_NAME[name].default
-
-
-@dataclass(frozen=True)
-class Config:
-    """Everything a mint, write or append process (or a tool) needs.
-
-    Each field is a setting of `SETTINGS` (its meaning and default there); `topics` and `s3`
-    group the Kafka topic names and the S3 settings. Checked on construction: each setting's
-    `check`, then the bounds that tie settings together (the shard's `Timing` and
-    `CompactionPolicy`).
-    """
-
-    sink_id: str
-    shard_id: str
-    partitions: int
-    append_workers: int
-    as_of: int
-    read_only: bool
-    topics: Topics
-    kafka_bootstrap: str
-    s3: S3Settings
-    spark_master: str
-    row_schema: str = _default("row_schema")
-    partitioning: int = _default("partitioning")
-    metrics_addr: str = _default("metrics_addr")
-    metrics_port: int = _default("metrics_port")
-    log_level: str = _default("log_level")
-    writer_id: str = _default("writer_id")
-    live_bound: float = _default("live_bound")
-    ready_bound: float = _default("ready_bound")
-    shard_max_attempt_age: float = _default("shard_max_attempt_age")
-    shard_max_part_age: float = _default("shard_max_part_age")
-    shard_min_grace: float = _default("shard_min_grace")
-    shard_part_grace: float = _default("shard_part_grace")
-    shard_version_grace: float = _default("shard_version_grace")
-    shard_reader_lease: float = _default("shard_reader_lease")
-    shard_request_timeout: float = _default("shard_request_timeout")
-    retain_history: int = _default("retain_history")
-    desired_retention_ms: int = _default("desired_retention_ms")
-    desired_segment_ms: int = _default("desired_segment_ms")
-    kafka_call_timeout: float = _default("kafka_call_timeout")
-    schema_registry_url: str = _default("schema_registry_url")
-    desired_trim_interval: float = _default("desired_trim_interval")
-    compaction: bool = _default("compaction")
-    compaction_max_batches: int = _default("compaction_max_batches")
-    compaction_max_amplification: float = _default("compaction_max_amplification")
-    spark_residents: bool = _default("spark_residents")
-    spark_cores_max: int = _default("spark_cores_max")
-    spark_pack_env: bool = _default("spark_pack_env")
-    ct_task: str = _default("ct_task")
-
-    def shard_timing(self) -> Timing:
-        """The shard library's `Timing` of this configuration."""
-        return Timing(
-            self.shard_max_attempt_age,
-            self.shard_max_part_age,
-            self.shard_min_grace,
-            part_grace=self.shard_part_grace,
-            version_grace=self.shard_version_grace,
-            reader_lease=self.shard_reader_lease,
-            request_timeout=self.shard_request_timeout,
-        )
-
-    def compaction_policy(self) -> CompactionPolicy:
-        """The merge policy of this configuration."""
-        return CompactionPolicy(
-            max_amplification=self.compaction_max_amplification,
-            max_batches=self.compaction_max_batches,
-        )
-
-    def __post_init__(self) -> None:
-        for setting in SETTINGS:
-            problem = setting.check and setting.check(setting, _value(self, setting))
-            if problem:
-                raise ConfigError(problem)
-        try:
-            self.shard_timing()
-        except ContractError as error:
-            raise ConfigError(f"shard timing: {error}") from error
-        try:
-            self.compaction_policy()
-        except ContractError as error:
-            raise ConfigError(f"compaction: {error}") from error
+def _part_of(config: Config, keys: frozenset[str]) -> dict[str, Any]:
+    """The values of `config`'s `[shard]` settings whose keys are in `keys`, by key."""
+    return {
+        setting.key: _value(config, setting)
+        for setting in SETTINGS
+        if setting.section == "shard" and setting.key in keys
+    }
 
 
 def _value(config: Config, setting: Setting) -> Any:
@@ -478,29 +505,41 @@ def settings_help() -> str:
         f"  {key:<{widths[0]}}  {env:<{widths[1]}}  {default:<{widths[2]}}  {meaning}"
         for key, env, default, meaning in (header, *rows)
     ]
-    lines += [
-        "",
-        "  MVSINK_CONFIG     the TOML file (as --config)",
-        "  MVSINK_STATE_DIR  the state directory where the embedded stack is looked for "
-        "(default <repo>/.mvsink)",
-    ]
+    lines += ["", *(f"  {env:<17} {meaning.replace('`', '')}" for env, meaning in LOCATIONS)]
     return "\n".join(lines)
 
 
 def settings_table() -> str:
-    """Every setting as a markdown table: `[section] key`, environment, default, meaning (the
-    tables of README.md and docs/operations.md §1, `SETTINGS_DOCS`)."""
-    lines = ["| setting | environment | default | meaning |", "| --- | --- | --- | --- |"]
+    """Every setting as markdown tables of `[section] key`, environment, default, meaning: the
+    settings, then the advanced ones (`Setting.advanced`, the shard's time bounds) apart (the
+    tables of docs/operations.md §1, `SETTINGS_DOCS`)."""
+    header = ["| setting | environment | default | meaning |", "| --- | --- | --- | --- |"]
+    tables: dict[bool, list[str]] = {False: list(header), True: list(header)}
     for setting in SETTINGS:
         env = f"`{setting.env}`, `{setting.env}_FILE`" if setting.secret else f"`{setting.env}`"
         default = "empty" if setting.default == "" else f"`{_shown(setting.default)}`"
         meaning = setting.meaning.replace("|", "\\|")
-        lines.append(f"| `[{setting.section}] {setting.key}` | {env} | {default} | {meaning} |")
-    return "\n".join(lines)
+        tables[setting.advanced].append(
+            f"| `[{setting.section}] {setting.key}` | {env} | {default} | {meaning} |"
+        )
+    locations = [f"* `{env}`: {meaning}" for env, meaning in LOCATIONS]
+    return "\n".join(
+        [*tables[False], "", *locations, "", ADVANCED_INTRO, "", *tables[True]]
+        if len(tables[True]) > 2
+        else tables[False]
+    )
+
+
+#: The paragraph before the advanced settings' table.
+ADVANCED_INTRO = (
+    "Advanced: the shard's time bounds (`mvsink.core.settings.Timing`), when something is worth "
+    "deleting: safety rests on the fences in the shard's state, not on these (docs/design.md "
+    '§4.4 "Fences").'
+)
 
 
 #: The documents that hold `settings_table()`, between `SETTINGS_MARKERS`.
-SETTINGS_DOCS = ("README.md", "docs/operations.md")
+SETTINGS_DOCS = ("docs/operations.md",)
 SETTINGS_MARKERS = ("<!-- settings:begin -->", "<!-- settings:end -->")
 
 
@@ -598,25 +637,31 @@ def _parse(setting: Setting, raw: Any, where: str) -> Any:
         raise ConfigError(f"{where}: {error}") from error
 
 
-def _from_stack(env: Mapping[str, str]) -> dict[str, Any]:
-    # Imported here: the stack module is only needed when no endpoints are configured.
-    from mvsink.stack.state import running_endpoints
-
-    return dict(running_endpoints(state_dir(env)))
-
-
-def load_config(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Config:
+def load_config(
+    path: str | Path | None = None,
+    env: Mapping[str, str] | None = None,
+    endpoints: Mapping[str, Any] | None = None,
+) -> Config:
     """Load and validate the configuration (see module docs for the sources and their order),
     and make its Schema Registry (or none) the one this process frames records for and looks
     schema ids up in (`mvsink.io.registry.use`).
+
+    Args:
+        path: the TOML file (else `MVSINK_CONFIG`, else none).
+        env: the environment (`os.environ` unless given).
+        endpoints: values by setting name above the defaults and below the file (the embedded
+            stack's endpoints and credentials, `mvsink.stack.state.stack_config`).
 
     Raises:
         ConfigError: naming the offending setting and where it came from.
     """
     env = os.environ if env is None else env
     values: dict[str, Any] = dict(DEFAULTS)
-    values.update(_from_stack(env))
-    file_path = path or env.get("MVSINK_CONFIG")
+    unknown = set(endpoints or {}) - set(_BY_NAME)
+    if unknown:
+        raise ConfigError(f"unknown endpoint settings {sorted(unknown)}")
+    values.update(endpoints or {})
+    file_path = path or env.get(CONFIG_ENV)
     if file_path:
         values.update(_from_file(Path(file_path)))
     values.update(_from_env(env))

@@ -369,31 +369,3 @@ def dependency_probes(config: Config) -> dict[str, Callable[[], Any]]:
         "kafka": lambda: admin.list_topics(timeout=PROBE_TIMEOUT),
         "s3": lambda: s3.bucket_exists(config.s3.bucket),
     }
-
-
-#: The process's health (set by `mvsink.io.service.run_service`); a service body reports to it.
-_current: Health | None = None
-
-
-def install(health: Health | None) -> None:
-    global _current
-    _current = health
-
-
-def report(frontier: int | None, target: int | None) -> None:
-    """Report the running service's frontier and target (no-op outside a service)."""
-    if _current is not None:
-        _current.report(frontier, target)
-
-
-def blocked(reason: str | None) -> None:
-    """The running service is blocked until an operator acts, or no longer (no-op outside a
-    service)."""
-    if _current is not None:
-        _current.blocked(reason)
-
-
-def beat() -> None:
-    """The running service's loop is alive (no-op outside a service)."""
-    if _current is not None:
-        _current.beat()

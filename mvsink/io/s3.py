@@ -31,7 +31,13 @@ from mvsink.core.errors import MvsinkError
 from mvsink.core.settings import S3Settings
 
 _TIMEOUT = urllib3.Timeout(connect=5.0, read=30.0)
-_http = urllib3.PoolManager(retries=False, timeout=_TIMEOUT, maxsize=16)
+
+
+def conditional_http() -> urllib3.PoolManager:
+    """A connection pool for `conditional_put`: no retries of its own (a retried conditional
+    write would meet its own first attempt), the default timeouts. Its owner (a `MinioBlob`, a
+    tool) keeps it for the connections' reuse."""
+    return urllib3.PoolManager(retries=False, timeout=_TIMEOUT, maxsize=16)
 
 
 @dataclass(frozen=True)
@@ -97,11 +103,13 @@ def conditional_put(
     key: str,
     data: bytes,
     *,
+    http: urllib3.PoolManager | None = None,
     if_match: str | None = None,
     timeout: float | None = None,
 ) -> ConditionalResult:
     """Write `data` to `bucket/key` only if the key is absent, or if `if_match` is given, only if
-    its current etag equals `if_match`. `timeout` is the read timeout (default 30 s).
+    its current etag equals `if_match`, through the pool `http` (`conditional_http`; None: a
+    pool of this call's own). `timeout` is the read timeout (default 30 s).
 
     Never retried at the HTTP level; see the module docs for how each outcome is settled.
 
@@ -117,7 +125,8 @@ def conditional_put(
         headers["If-Match"] = if_match
     try:
         wait = _TIMEOUT if timeout is None else urllib3.Timeout(connect=5.0, read=timeout)
-        response = _http.request("PUT", url, body=data, headers=headers, timeout=wait)
+        pool = conditional_http() if http is None else http
+        response = pool.request("PUT", url, body=data, headers=headers, timeout=wait)
     except (urllib3.exceptions.HTTPError, OSError) as error:
         raise IndefiniteWrite(f"PUT {bucket}/{key}: outcome unknown: {error!r}") from error
     if response.status == 200:

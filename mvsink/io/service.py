@@ -22,19 +22,24 @@ from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from mvsink.core.errors import MvsinkError
 from mvsink.io.config import Config, load_config, settings_help
-from mvsink.io.health import Backoff, Health, beat, dependency_probes, install, transient
+from mvsink.io.health import Backoff, Health, dependency_probes, transient
 
 
 class Stopping:
-    """A stop flag set by SIGTERM/SIGINT; loops poll `stopped` and wait with `wait`."""
+    """A service's run: its stop flag, set by SIGTERM/SIGINT (loops poll `stopped` and wait
+    with `wait`), and its health (`mvsink.io.health.Health`, None outside a service), which the
+    service body reports its progress to (`report`, `blocked`). `run_service` makes it and
+    hands it to the body."""
 
-    def __init__(self) -> None:
+    def __init__(self, health: Health | None = None) -> None:
         self._event = threading.Event()
+        self.health = health
 
     def install(self) -> None:
         """Route SIGTERM and SIGINT here (main thread only)."""
@@ -52,8 +57,20 @@ class Stopping:
     @property
     def stopped(self) -> bool:
         """Whether a stop was asked for (every loop checks: the service's heartbeat too)."""
-        beat()
+        if self.health is not None:
+            self.health.beat()
         return self._event.is_set()
+
+    def report(self, frontier: int | None, target: int | None) -> None:
+        """The service's frontier and target (`Health.report`; no-op without a health)."""
+        if self.health is not None:
+            self.health.report(frontier, target)
+
+    def blocked(self, reason: str | None) -> None:
+        """The service is blocked until an operator acts, or no longer (`Health.blocked`;
+        no-op without a health)."""
+        if self.health is not None:
+            self.health.blocked(reason)
 
     def wait(self, seconds: float) -> bool:
         """Sleep up to `seconds`, waking early on stop; whether stopping."""
@@ -210,21 +227,22 @@ def run_service(
     body: Callable[[Config, Stopping], int],
     doc: str | None = None,
     argv: list[str] | None = None,
+    endpoints: Callable[[], Mapping[str, Any]] | None = None,
 ) -> int:
-    """Parse the command line (`service_parser`), load the configuration, set up logging,
-    signals and metrics, run `body`."""
+    """Parse the command line (`service_parser`), load the configuration (with the values
+    `endpoints` gives, `load_config`'s source 2: the entry point passes the embedded stack's),
+    set up logging, signals and metrics, run `body`."""
     args = service_parser(name, doc).parse_args(argv)
     try:
-        config = load_config(args.config)
+        config = load_config(args.config, endpoints=endpoints() if endpoints else None)
     except MvsinkError as error:
         print(f"{name}: configuration error: {error}", file=sys.stderr)
         return 2
     configure_logging(name, config.log_level)
-    stopping = Stopping()
+    health = Health(name, config.live_bound, config.ready_bound, dependency_probes(config))
+    stopping = Stopping(health)
     stopping.install()
     log = logging.getLogger("mvsink")
-    health = Health(name, config.live_bound, config.ready_bound, dependency_probes(config))
-    install(health)
     backoff = Backoff()
     try:
         serve_metrics(config, health)
@@ -253,4 +271,3 @@ def run_service(
         return 1
     finally:
         health.stop()
-        install(None)

@@ -2,8 +2,9 @@
 object storage (pyarrow + the S3 client inside `mapInArrow`; no Hadoop S3 connector), and tasks
 pinned to executors.
 
-`local[*]` by default; `master` (or `MVSINK_SPARK_MASTER`) points at a cluster instead: any
-master Spark accepts (`spark://…`, `yarn`, `k8s://…`). On a cluster:
+The session is built from the `[spark]` settings of a `Config` (`spark_session(config=...)`):
+`local[*]` by default; `[spark] master` points at a cluster instead: any master Spark accepts
+(`spark://…`, `yarn`, `k8s://…`). On a cluster:
 
 * **Code.** The executors get the project's own code the way Spark's Python package
   management recommends for pure-Python code: `code_zip` packs the `mvsink` and `services`
@@ -23,9 +24,9 @@ master Spark accepts (`spark://…`, `yarn`, `k8s://…`). On a cluster:
   standalone cluster (`spark.cores.max`); unset, the master's `spark.deploy.defaultCores`
   applies (the embedded master's and compose's are set, `mvsink.stack.spark`): without either
   the first application takes every core and the next gets no executor.
-* **Addresses.** Executors connect back to the driver at `MVSINK_SPARK_DRIVER_HOST` (default
-  127.0.0.1; `auto` is this machine's hostname, as in a container). The driver binds 127.0.0.1
-  when that is loopback, else every interface.
+* **Addresses.** Executors connect back to the driver at `[spark] driver_host`
+  (`MVSINK_SPARK_DRIVER_HOST`, default 127.0.0.1; `auto` is this machine's hostname, as in a
+  container). The driver binds 127.0.0.1 when that is loopback, else every interface.
 * **Placement.** `executor_id` tells a task which executor it runs in and `live_executors` the
   driver which executors exist; `run_pinned` runs each group of work with a preferred executor
   (Spark's executor locality, delay scheduling), so state an executor keeps stays in use.
@@ -33,7 +34,6 @@ master Spark accepts (`spark://…`, `yarn`, `k8s://…`). On a cluster:
 
 from __future__ import annotations
 
-import functools
 import gc
 import hashlib
 import importlib.metadata
@@ -65,6 +65,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
+    from mvsink.io.config import Config
+
 T = TypeVar("T")
 R = TypeVar("R")
 PART_RESULT_SCHEMA = "key string, rows long, bytes long"
@@ -80,35 +82,39 @@ def spark_session(
     conf: Mapping[str, str] | None = None,
     cores_max: int | None = None,
     pack_env: bool | None = None,
+    config: Config | None = None,
 ) -> SparkSession:
     """A SparkSession for this box: few shuffle partitions, UI off unless asked, quiet logs,
     Arrow on, executors running this interpreter, every listener on 127.0.0.1.
 
     On a cluster it also ships the code (`code_zip`), caps the application at `cores_max`
     cores (0: no cap of its own) and with `pack_env` ships this virtualenv (`packed_env`) as
-    the executors' Python; None reads each from its setting's environment variable
-    (`MVSINK_SPARK_CORES_MAX`, `MVSINK_SPARK_PACK_ENV`), as `master` falls back on
-    `MVSINK_SPARK_MASTER`."""
+    the executors' Python. `master`, `cores_max`, `pack_env` and the driver's host
+    (`driver_host`) not given are `config`'s `[spark]` settings; without a `config` (a test's
+    session), each setting's own variable or default (`mvsink.io.config.env_setting`)."""
     from pyspark.sql import SparkSession
+
+    # Here, not at the top: executors import this module, and need no configuration.
+    from mvsink.io.config import env_setting
+
+    def setting(name: str) -> Any:
+        return env_setting(name) if config is None else getattr(config, name)
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    host = driver_host()
+    host = driver_host(setting("spark_driver_host"))
     if host.startswith("127."):
         os.environ.setdefault("SPARK_LOCAL_IP", host)
     cores = os.cpu_count() or 2
-    master = master or os.environ.get("MVSINK_SPARK_MASTER") or "local[*]"
+    master = master or setting("spark_master")
     cluster: dict[str, str] = {}
     executor_python = None
     if not master.startswith("local"):
-        # Here, not at the top: executors import this module, and need no configuration.
-        from mvsink.io.config import env_setting
-
         cluster["spark.submit.pyFiles"] = str(code_zip())
-        cores_max = env_setting("spark_cores_max") if cores_max is None else cores_max
+        cores_max = setting("spark_cores_max") if cores_max is None else cores_max
         if cores_max > 0:
             cluster["spark.cores.max"] = str(cores_max)
-        if env_setting("spark_pack_env") if pack_env is None else pack_env:
+        if setting("spark_pack_env") if pack_env is None else pack_env:
             cluster["spark.archives"] = f"{packed_env()}#{PACKED_ENV}"
             executor_python = f"./{PACKED_ENV}/bin/python"
     settings = {
@@ -147,9 +153,14 @@ def spark_session(
         os.environ["PYSPARK_PYTHON"] = own
 
 
-def driver_host() -> str:
-    """Where executors reach the driver (`MVSINK_SPARK_DRIVER_HOST`; `auto`: the hostname)."""
-    host = os.environ.get("MVSINK_SPARK_DRIVER_HOST", "").strip() or "127.0.0.1"
+def driver_host(setting: str | None = None) -> str:
+    """Where executors reach the driver: `setting` (`Config.spark_driver_host`; None: its
+    variable `MVSINK_SPARK_DRIVER_HOST` or default), `auto` meaning the hostname."""
+    if setting is None:
+        from mvsink.io.config import env_setting
+
+        setting = str(env_setting("spark_driver_host"))
+    host = setting.strip() or "127.0.0.1"
     return socket.gethostname() if host == "auto" else host
 
 
@@ -303,14 +314,13 @@ def _top_levels(distribution: importlib.metadata.Distribution) -> set[str]:
     return {f.parts[0] for f in files if f.parts and f.parts[0] != ".."}
 
 
-@functools.cache
 def executor_id() -> str:
     """The id of the Spark executor this (Python worker) process serves: `driver` in local
     mode. Every cluster manager launches an executor as `CoarseGrainedExecutorBackend
     --executor-id <id>`, and a Python worker is that JVM's child (or grandchild, through
-    PySpark's daemon), so the id is read from the nearest ancestor's command line, once: a
-    worker serves one executor for its whole life (a worker forked from PySpark's daemon
-    inherits the daemon's answer, which is its own)."""
+    PySpark's daemon), so the id is read from the nearest ancestor's command line (a few
+    `/proc` reads). A worker serves one executor for its whole life: a caller that asks often
+    keeps the answer."""
     pid = os.getppid()
     for _ in range(4):
         try:
@@ -443,7 +453,8 @@ def trim_worker_path() -> int:
     for a pip-installed PySpark that is `pyspark.zip`, the py4j zip and the spark-core jar
     (thousands of entries), a cost every task pays before it runs. Modules already imported
     from those zips keep working (their packages' `__path__` still points into the zip); call
-    this from a module the tasks import, after the imports it needs. No effect outside a Spark
+    it from a task, once the modules it needs are imported (a worker's first task does:
+    `mvsink.upstream.publish.publish_worker`), never at import. No effect outside a Spark
     worker.
     """
     import zipimport

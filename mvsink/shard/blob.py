@@ -23,12 +23,19 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+import urllib3
 from minio import Minio
 from minio.deleteobjects import DeleteObject
 from minio.error import S3Error
 
 from mvsink.core.errors import MvsinkError
-from mvsink.io.s3 import ConditionalResult, conditional_put, get_bytes, put_bytes
+from mvsink.io.s3 import (
+    ConditionalResult,
+    conditional_http,
+    conditional_put,
+    get_bytes,
+    put_bytes,
+)
 
 _MISSING = ("NoSuchKey", "NoSuchObject")
 
@@ -93,11 +100,13 @@ SYSTEM = SystemClock()
 
 
 class MinioBlob:
-    """`Blob` on a MinIO-SDK client and bucket."""
+    """`Blob` on a MinIO-SDK client and bucket; its conditional creates go through its own pool
+    (`http`, default a new `conditional_http()`)."""
 
-    def __init__(self, client: Minio, bucket: str) -> None:
+    def __init__(self, client: Minio, bucket: str, http: urllib3.PoolManager | None = None) -> None:
         self.client = client
         self.bucket = bucket
+        self.http = conditional_http() if http is None else http
 
     def get(self, key: str, *, last: int = 0) -> tuple[bytes, str] | None:
         try:
@@ -123,7 +132,7 @@ class MinioBlob:
             raise
 
     def create(self, key: str, data: bytes, timeout: float | None = None) -> ConditionalResult:
-        return conditional_put(self.client, self.bucket, key, data, timeout=timeout)
+        return conditional_put(self.client, self.bucket, key, data, http=self.http, timeout=timeout)
 
     def put(self, key: str, data: bytes, content_type: str) -> str:
         return unquoted(put_bytes(self.client, self.bucket, key, data, content_type))

@@ -69,8 +69,9 @@ class MergeTaskResult:
     gone: bool = False
 
 
-#: Runs merge tasks somewhere (this process, Spark executors) and returns their results in order.
-Runner = Callable[[list[MergeTask]], list[MergeTaskResult]]
+#: Runs merge tasks somewhere (this process, on the caller's shard handle given second; Spark
+#: executors, each task on a handle of its own) and returns their results in order.
+Runner = Callable[[list[MergeTask], Shard], list[MergeTaskResult]]
 
 
 @dataclass(frozen=True)
@@ -86,22 +87,17 @@ class CompactionOutcome:
     where: str
 
 
-_SHARDS: dict[tuple[str, str], Shard] = {}
-
-
-def _shard(task: MergeTask) -> Shard:
+def _open(task: MergeTask) -> Shard:
+    """A handle on `task`'s shard, for a task run where the caller's handle is not."""
     from mvsink.shard import open_shard
 
-    key = (task.s3.endpoint, task.shard_id)
-    shard = _SHARDS.get(key)
-    if shard is None:
-        shard = _SHARDS[key] = open_shard(task.shard_id, None, task.s3, task.timing)
-    return shard
+    return open_shard(task.shard_id, None, task.s3, task.timing)
 
 
 def run_merge_task(task: MergeTask) -> MergeTaskResult:
-    """Read, merge and stage one output partition of `task.request` (module picture)."""
-    return merge_on(_shard(task), task)
+    """Read, merge and stage one output partition of `task.request` (module picture), on a
+    shard handle of the task's own (a Spark executor's)."""
+    return merge_on(_open(task), task)
 
 
 def merge_on(shard: Shard, task: MergeTask) -> MergeTaskResult:
@@ -146,17 +142,20 @@ def _lower_priority() -> None:
         os.setpriority(os.PRIO_PROCESS, tid, MERGE_NICENESS)
 
 
-def run_locally(tasks: list[MergeTask]) -> list[MergeTaskResult]:
+def run_locally(tasks: list[MergeTask], shard: Shard | None = None) -> list[MergeTaskResult]:
     """Merge tasks in this process, two at a time (Arrow releases the GIL), on low-priority
-    threads."""
+    threads, on the caller's handle `shard` (None: one opened for them)."""
+    if not tasks:
+        return []
+    handle = _open(tasks[0]) if shard is None else shard
     with ThreadPoolExecutor(max_workers=2, initializer=_lower_priority) as pool:
-        return list(pool.map(run_merge_task, tasks))
+        return list(pool.map(lambda task: merge_on(handle, task), tasks))
 
 
 def spark_runner(spark: Any) -> Runner:
     """A runner with one Spark task per merge task, on the session's executors."""
 
-    def run(tasks: list[MergeTask]) -> list[MergeTaskResult]:
+    def run(tasks: list[MergeTask], shard: Shard) -> list[MergeTaskResult]:
         results: list[MergeTaskResult] = (
             spark.sparkContext.parallelize(tasks, len(tasks)).map(run_merge_task).collect()
         )
@@ -202,7 +201,7 @@ def compact_once(
     chosen, where = runner, "local"
     if large is not None and request.bytes > large_bytes:
         chosen, where = large, "spark"
-    results = chosen(merge_tasks(shard, request, writer_id))
+    results = chosen(merge_tasks(shard, request, writer_id), shard)
     parts = tuple(r.part for r in results if r.part is not None)
     if any(r.gone for r in results):
         shard.delete_staged(parts)

@@ -10,6 +10,9 @@ Layout under the stack home (default `<state dir>/stack`)::
     spark/                  master.log, spark-worker-<i>/ (worker.log, work/: executors' logs)
 
 `down` stops only the pids recorded here, so it never touches anything it did not start.
+
+`stack_config` is the configuration with the running stack's endpoints injected (source 2 of
+`mvsink.io.config`): what the `mvsink` command, the tools and the services' entry points load.
 """
 
 from __future__ import annotations
@@ -17,9 +20,12 @@ from __future__ import annotations
 import json
 import os
 import secrets
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
+from mvsink.io.config import Config, load_config, state_dir
 from mvsink.stack import procs
 
 
@@ -110,3 +116,14 @@ CCOMPAT_PATH = "/apis/ccompat/v7"
 def registry_url(address: str) -> str:
     """The Confluent-compatible API's base URL of the embedded Schema Registry at `host:port`."""
     return f"http://{address}{CCOMPAT_PATH}"
+
+
+def stack_endpoints(env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """`running_endpoints` of the state directory of `env` (`os.environ` unless given)."""
+    return dict(running_endpoints(state_dir(env)))
+
+
+def stack_config(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Config:
+    """`load_config(path, env)` with the endpoints and credentials of the embedded stack running
+    under the state directory of `env`, if one runs (`stack_endpoints`)."""
+    return load_config(path, env, endpoints=stack_endpoints(env))

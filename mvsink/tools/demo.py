@@ -30,7 +30,7 @@ from mvsink import Say
 from mvsink.core.errors import MvsinkError
 from mvsink.core.frontier import Frontier
 from mvsink.core.rows import parse_row_schema
-from mvsink.io.config import Config, Topics, config_env
+from mvsink.io.config import Config, Topics, config_env, state_dir
 from mvsink.io.kafka import TopicSpec, client_config, consumer_config, ensure_topics, poll_message
 from mvsink.io.service import module_process
 from mvsink.shard import Appended, Shard, open_shard
@@ -42,7 +42,8 @@ ROW_SCHEMA = "customer string not null, orders long, total double"
 KEYS = ["customer"]
 #: The cores each of the demo's Spark applications (its view job, the write driver) takes of a
 #: cluster unless `[spark] cores_max` says otherwise: one each, so both get executors on the
-#: smallest cluster of the README (`mvsink stack up --spark-workers 2`, a core per worker).
+#: smallest cluster of docs/operations.md §2, "On a Spark cluster" (`mvsink stack up
+#: --spark-workers 2`, a core per worker).
 DEMO_CORES = 1
 
 
@@ -313,15 +314,10 @@ def run_demo(config: Config, say: Say, ticks: int = 8, orders: int = 200) -> Non
     )
     provision(config)
     shard = open_shard(config.shard_id, None, config.s3)
-    logs = Path(os.environ.get("MVSINK_STATE_DIR", ".mvsink")) / "demo" / run
+    logs = state_dir() / "demo" / run
     procs = start_services(config, logs)
     say(f"started mint, write (Spark), append; logs in {logs}")
-    spark = spark_session(
-        f"mvsink-view-{run}",
-        config.spark_master,
-        cores_max=config.spark_cores_max,
-        pack_env=config.spark_pack_env,
-    )
+    spark = spark_session(f"mvsink-view-{run}", config=config)
     view: ViewJob | None = None
     try:
         view = ViewJob(config, spark, say)
@@ -382,12 +378,7 @@ def run_view(
 
     if config.row_schema and config.row_schema != ROW_SCHEMA:
         raise MvsinkError(f"the demo view publishes rows ({ROW_SCHEMA}), not ({config.row_schema})")
-    spark = spark_session(
-        f"mvsink-view-{config.sink_id}",
-        config.spark_master,
-        cores_max=config.spark_cores_max,
-        pack_env=config.spark_pack_env,
-    )
+    spark = spark_session(f"mvsink-view-{config.sink_id}", config=config)
     done, view, backoff, outage = 0, None, Backoff(), None
     try:
         while (ticks == 0 or done < ticks) and not stopped():

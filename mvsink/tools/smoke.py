@@ -41,7 +41,13 @@ from mvsink.io.kafka import (
     poll_message,
     produce,
 )
-from mvsink.io.s3 import PreconditionFailed, Written, conditional_put, s3_client
+from mvsink.io.s3 import (
+    PreconditionFailed,
+    Written,
+    conditional_http,
+    conditional_put,
+    s3_client,
+)
 
 
 @dataclass(frozen=True)
@@ -161,18 +167,22 @@ def run_smoke(config: Config, say: Say) -> None:
 
 
 def _conditional_writes(config: Config, run: str, say: Say) -> None:
-    client = s3_client(config.s3)
+    client, http = s3_client(config.s3), conditional_http()
     key = f"smoke/{run}/state/{0:020d}"
     say(f"MinIO at {config.s3.endpoint}: conditional writes on {config.s3.bucket}/{key}")
-    first = conditional_put(client, config.s3.bucket, key, f"state 0 by A {run}".encode())
+    first = conditional_put(
+        client, config.s3.bucket, key, f"state 0 by A {run}".encode(), http=http
+    )
     say(f"  If-None-Match: *  (new key)          -> {_describe(first)}")
-    second = conditional_put(client, config.s3.bucket, key, f"state 0 by B {run}".encode())
+    second = conditional_put(
+        client, config.s3.bucket, key, f"state 0 by B {run}".encode(), http=http
+    )
     say(f"  If-None-Match: *  (existing key)     -> {_describe(second)}")
     if not isinstance(first, Written) or not isinstance(second, PreconditionFailed):
         raise RuntimeError("object storage does not honour If-None-Match: *")
-    stale = conditional_put(client, config.s3.bucket, key, b"v2", if_match='"0"')
+    stale = conditional_put(client, config.s3.bucket, key, b"v2", http=http, if_match='"0"')
     say(f"  If-Match: <stale etag>               -> {_describe(stale)}")
-    fresh = conditional_put(client, config.s3.bucket, key, b"v2", if_match=first.etag)
+    fresh = conditional_put(client, config.s3.bucket, key, b"v2", http=http, if_match=first.etag)
     say(f"  If-Match: <current etag>             -> {_describe(fresh)}")
     if not isinstance(stale, PreconditionFailed) or not isinstance(fresh, Written):
         raise RuntimeError("object storage does not honour If-Match")

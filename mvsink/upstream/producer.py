@@ -88,6 +88,9 @@ class DesiredProducer:
         )
         self.frontier = Frontier.minimum()
         self.in_transaction = False
+        #: `publish_dataframe`'s task keys by (desired partitions, publishing tasks), asked of
+        #: Spark once per pair (`mvsink.upstream.publish._task_keys`).
+        self.task_keys: dict[tuple[int, int], list[int]] = {}
 
     def start(self) -> Frontier:
         """Fence predecessors and restore the frontier from `frontiers`; the frontier. Waits on

@@ -107,18 +107,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("mvsink.upstream.publish")
 
-# Executors import this module to run the publishing tasks: a task of an untrimmed Python
-# worker re-reads PySpark's zips first (`trim_worker_path`).
-trim_worker_path()
 PARTITION, TASK_KEY, PAYLOAD = "_partition", "_task_key", "_updates"
 SPLIT_SCHEMA = f"{PARTITION} int, {TASK_KEY} int, {PAYLOAD} binary"
 RESULT_SCHEMA = "partition int, updates long, skipped boolean"
 #: The largest input (the optimizer's size estimate) published in one task (module docs).
 ONE_TASK_BYTES = 64 << 20
-#: `_task_keys` by (desired partitions, publishing tasks).
-_TASK_KEYS: dict[tuple[int, int], list[int]] = {}
-#: Transactional producers this Python worker keeps between publishes, by (bootstrap, id).
-_PRODUCERS: dict[tuple[str, str], _Kept] = {}
 #: A fault or progress probe called in the task as `hook(event, partition)` with event
 #: "produced" (the partition's records queued, not committed) or "committed".
 Hook = Callable[[str, int], None]
@@ -133,6 +126,31 @@ class _Kept:
     committed: Frontier | None
     #: What this producer recorded as its transactional id's newest (`_claim`), or None.
     token: str | None = None
+
+
+class PublishWorker:
+    """What one Python worker keeps between the publishing tasks it runs: each desired
+    partition's transactional producer, by (bootstrap, transactional id). A worker's first
+    publishing task makes it (`publish_worker`) and trims the worker's path then, after the
+    imports the tasks need (`trim_worker_path`: an untrimmed worker re-reads PySpark's zips
+    before every task)."""
+
+    def __init__(self) -> None:
+        self.producers: dict[tuple[str, str], _Kept] = {}
+
+
+#: This Python worker's `PublishWorker`, made by its first publishing task: a Python worker
+#: runs task after task, and only the process outlives them.
+_WORKER: PublishWorker | None = None
+
+
+def publish_worker() -> PublishWorker:
+    """This Python worker's `PublishWorker` (made, and the path trimmed, on the first call)."""
+    global _WORKER
+    if _WORKER is None:
+        trim_worker_path()
+        _WORKER = PublishWorker()
+    return _WORKER
 
 
 @dataclass(frozen=True)
@@ -203,7 +221,7 @@ def publish_dataframe(
         config.kafka_call_timeout,
     )
     try:
-        published = _run_publish(df, spec, one_task_bytes)
+        published = _run_publish(df, spec, one_task_bytes, producer.task_keys)
     except Exception as error:  # a task's ContractError arrives as Spark's PythonException
         refused = re.search(r"ContractError: (.*)", str(error))
         if refused is None:
@@ -219,8 +237,14 @@ def publish_dataframe(
     return sum(row["updates"] for row in published)
 
 
-def _run_publish(df: DataFrame, spec: PublishSpec, one_task_bytes: int) -> list[Row]:
-    """Run the publish's Spark job(s); a result row per desired partition (module docs)."""
+def _run_publish(
+    df: DataFrame,
+    spec: PublishSpec,
+    one_task_bytes: int,
+    cache: dict[tuple[int, int], list[int]] | None = None,
+) -> list[Row]:
+    """Run the publish's Spark job(s); a result row per desired partition (module docs).
+    `cache` keeps `_task_keys` (the producer's `task_keys`)."""
     estimate = estimated_bytes(df)
     if estimate is not None and estimate <= one_task_bytes:
         published = (
@@ -240,7 +264,7 @@ def _run_publish(df: DataFrame, spec: PublishSpec, one_task_bytes: int) -> list[
     except Exception:  # no py4j gateway to ask (Spark Connect): a task per partition
         slots = None
     tasks = min(spec.partitions, slots or spec.partitions)
-    keys = _task_keys(spark, spec.partitions, tasks)
+    keys = _task_keys(spark, spec.partitions, tasks, cache)
     if slots is not None:  # one wave of splitting tasks too (no shuffle: see the module docs)
         df = df.coalesce(slots)
     split = df.mapInArrow(lambda batches: _split(batches, spec, keys), SPLIT_SCHEMA)
@@ -261,11 +285,17 @@ def estimated_bytes(df: DataFrame) -> int | None:
         return None
 
 
-def _task_keys(spark: SparkSession, partitions: int, tasks: int) -> list[int]:
+def _task_keys(
+    spark: SparkSession,
+    partitions: int,
+    tasks: int,
+    cache: dict[tuple[int, int], list[int]] | None = None,
+) -> list[int]:
     """For each desired partition `p`, the least int that Spark's hash partitioning into
     `tasks` shuffle partitions sends to shuffle partition `p % tasks`: asked of Spark's own
-    `hash`, the function `repartition` uses, once per `(partitions, tasks)`."""
-    keys = _TASK_KEYS.get((partitions, tasks))
+    `hash`, the function `repartition` uses, once per `(partitions, tasks)` of `cache`."""
+    cache = {} if cache is None else cache
+    keys = cache.get((partitions, tasks))
     if keys is None:
         from pyspark.sql import functions as F
 
@@ -279,7 +309,7 @@ def _task_keys(spark: SparkSession, partitions: int, tasks: int) -> list[int]:
         # Any key is correct (a task publishes every partition its rows name): a key missing
         # here (never seen) would only put two partitions' work in one task.
         keys = [found.get(p % tasks, p) for p in range(partitions)]
-        _TASK_KEYS[(partitions, tasks)] = keys
+        cache[(partitions, tasks)] = keys
     return keys
 
 
@@ -307,6 +337,7 @@ def _split(
 ) -> Iterator[pa.RecordBatch]:
     """The first of two stages: each batch's updates as one uncompressed Arrow IPC payload per
     desired partition, `(partition, task key, payload)` rows."""
+    publish_worker()  # the path trimmed
     freeze_worker_heap()
     for batch in batches:
         split = split_by_partition(*_hashed(batch, spec), spec.partitions)
@@ -324,6 +355,7 @@ def _split(
 def _publish(batches: Iterable[pa.RecordBatch], spec: PublishSpec) -> Iterator[pa.RecordBatch]:
     """The second of two stages: one transaction per desired partition the task holds (module
     docs), from the payloads `_split` made and the partitions' markers."""
+    worker = publish_worker()
     freeze_worker_heap()
     pending: dict[int, list[pa.Table]] = {}
     for batch in batches:
@@ -333,7 +365,7 @@ def _publish(batches: Iterable[pa.RecordBatch], spec: PublishSpec) -> Iterator[p
             data = payload.as_buffer()  # empty for the markers
             if data is not None and data.size:
                 updates.append(pa.ipc.open_stream(data).read_all())
-    yield _publish_pending(spec, pending)
+    yield _publish_pending(spec, pending, worker)
 
 
 def _publish_in_one_task(
@@ -343,6 +375,7 @@ def _publish_in_one_task(
     partition published, one with no updates by its progress alone. Each batch is hashed as it
     arrives; the task's updates are then sorted by partition once, so each partition's updates
     are one contiguous table (a record's IPC payload one Arrow batch, not one per input batch)."""
+    worker = publish_worker()
     freeze_worker_heap()
     tables, columns = [], []
     for batch in batches:
@@ -357,10 +390,12 @@ def _publish_in_one_task(
         tables.clear()  # the split is a copy: the task holds its input once from here
         for partition, part in split:
             pending[partition].append(part)
-    yield _publish_pending(spec, pending)
+    yield _publish_pending(spec, pending, worker)
 
 
-def _publish_pending(spec: PublishSpec, pending: dict[int, list[pa.Table]]) -> pa.RecordBatch:
+def _publish_pending(
+    spec: PublishSpec, pending: dict[int, list[pa.Table]], worker: PublishWorker
+) -> pa.RecordBatch:
     """Publish each partition's updates (`_each_partition`); a result row per partition. A
     partition's updates are held until its transaction commits, so a producer found fenced at
     commit can be replaced and the partition published again. A partition's tables are combined
@@ -373,7 +408,7 @@ def _publish_pending(spec: PublishSpec, pending: dict[int, list[pa.Table]]) -> p
     for partition in sorted(pending):
         tables = pending.pop(partition)  # released as its combined copy is made
         rows[partition] = pa.concat_tables(tables).combine_chunks() if tables else empty
-    done = _each_partition(spec, rows)
+    done = _each_partition(spec, rows, worker)
     return pa.RecordBatch.from_pydict(
         {
             "partition": pa.array([p for p, _, _ in done], pa.int32()),
@@ -383,23 +418,27 @@ def _publish_pending(spec: PublishSpec, pending: dict[int, list[pa.Table]]) -> p
     )
 
 
-def _each_partition(spec: PublishSpec, rows: dict[int, pa.Table]) -> list[tuple[int, int, bool]]:
+def _each_partition(
+    spec: PublishSpec, rows: dict[int, pa.Table], worker: PublishWorker
+) -> list[tuple[int, int, bool]]:
     """`_publish_partition` for each of the task's partitions, on a thread each: their
     transactions are independent, and most of a partition's time is spent waiting on the
     broker (a new producer's init and check, the commit). `(partition, updates, skipped)` in
     partition order."""
 
     def publish(item: tuple[int, pa.Table]) -> tuple[int, int, bool]:
-        return (item[0], *_publish_partition(spec, *item))
+        return (item[0], *_publish_partition(spec, *item, worker))
 
     return each_on_a_thread(publish, list(rows.items()), "publish")
 
 
-def _publish_partition(spec: PublishSpec, partition: int, rows: pa.Table) -> tuple[int, bool]:
+def _publish_partition(
+    spec: PublishSpec, partition: int, rows: pa.Table, worker: PublishWorker
+) -> tuple[int, bool]:
     """Publish one desired partition's updates with its progress, exactly once; the number of
     updates (markers and zero diffs dropped) and whether an earlier attempt had published them.
 
-    A producer this Python worker kept from its last publish of the partition is used as it is:
+    A producer `worker` kept from its last publish of the partition is used as it is:
     if another attempt took the transactional id since, it is fenced, cannot commit, and a new
     producer takes over. A new producer fences whatever came before it and then checks the
     partition's last committed record. Either way a partition whose progress already reached
@@ -411,14 +450,14 @@ def _publish_partition(spec: PublishSpec, partition: int, rows: pa.Table) -> tup
     rows = publishable(rows, spec.lower, spec.sink_id)
     key = (spec.bootstrap, f"{spec.producer_id}.p{partition}")
     while True:
-        kept, reused = _PRODUCERS.get(key), True
+        kept, reused = worker.producers.get(key), True
         if kept is not None and _superseded(key[1], kept.token):
             log.debug(
                 "publish: another Python worker of this executor took desired partition "
                 "%d's transactional id since this one's last publish",
                 partition,
             )
-            del _PRODUCERS[key]
+            del worker.producers[key]
             kept = None
         if kept is None:
             producer = Producer(
@@ -428,7 +467,7 @@ def _publish_partition(spec: PublishSpec, partition: int, rows: pa.Table) -> tup
             token = _claim(key[1])
             committed = last_progress(spec.bootstrap, spec.desired_topic, partition)
             kept, reused = _Kept(producer, committed, token), False
-            _PRODUCERS[key] = kept
+            worker.producers[key] = kept
         if kept.committed is not None and spec.upper.less_equal(kept.committed):
             return int(rows.num_rows), True
         producer = kept.producer
@@ -446,7 +485,7 @@ def _publish_partition(spec: PublishSpec, partition: int, rows: pa.Table) -> tup
         except BaseException as error:
             # Abort now rather than leave the transaction open until it times out: an open
             # transaction holds back what read_committed readers of the partition may see.
-            _PRODUCERS.pop(key, None)
+            worker.producers.pop(key, None)
             with contextlib.suppress(Exception):
                 producer.abort_transaction(10)
             if reused and is_fenced(error):

@@ -23,6 +23,9 @@ Invariants
 3. Parts of outdated, duplicate or failed batches are only ever deleted, never appended; the
    shard library refuses to delete a part a retained state references or that could still be
    appended, so a redelivered or duplicated `StagedBatch` can never delete committed data.
+4. Parts the shard refused as too old (`PartTooOld`: staged longer ago than `max_part_age`)
+   are deleted, and the worker keeps its lower and description: it appends the next complete
+   set of fresh parts for them, which the write drivers stage again.
 
 Appending (seed): if the shard's upper is behind `lower`, advance it to `lower` with an empty
 append and retry; any other mismatch is expected under concurrent replicas (the feedback loop

@@ -11,7 +11,7 @@ are the states'; this shell executes their commands:
 
 Offsets of `batches` are committed only up to the first batch still needed (stashed for the
 current lower), so a restart redelivers what was not yet settled; redelivery is harmless
-(`AppendState` invariants, and the shard rejects an append from a passed upper).
+(the invariants of `services.append`, and the shard rejects an append from a passed upper).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from mvsink.core.errors import DecodeError
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import BatchDescription, ShardUpper, StagedBatch
 from mvsink.io.config import Config
-from mvsink.io.health import report
 from mvsink.io.kafka import (
     SEND_AT_ONCE,
     Reader,
@@ -133,9 +132,9 @@ class AppendShell:
             if state.batch_description is not None and not state.sealed
         ]
         if not waiting:
-            report(None, None)
+            self.stopping.report(None, None)
             return
-        report(
+        self.stopping.report(
             min(d.lower.time or 0 for d in waiting),
             max(-1 if d.upper.time is None else d.upper.time for d in waiting),
         )

@@ -60,11 +60,10 @@ class AppendState:
     Contract with the shell: the outcome of an `Append` is fed back (`absorb_append_outcome`)
     before any other event.
 
-    Invariants: 1. `lower` never regresses; 2. at most one `Append` is issued per lower, and
-    only when the description is this worker's and every desired partition is covered;
-    3. parts of an outdated lower, duplicates and parts of a failed append are only handed to
-    `DeleteStaged`, never appended; 4. after a `TooOld` refusal the lower and the description
-    stay, and the next complete set of fresh parts for them is appended.
+    It keeps the invariants numbered in `services.append` (1-4): parts of an outdated lower,
+    duplicates and parts of a failed append are only handed to `DeleteStaged`, and an `Append`
+    is issued at most once per lower, only when the description is this worker's and every
+    desired partition is covered.
     """
 
     sink_id: str

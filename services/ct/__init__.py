@@ -41,7 +41,6 @@ Invariants (of `SinkState.process` and the shell)
    never read. Each input and reference is leased at the output's upper (one lease per task,
    `ct.<name>`), so its `since` cannot pass the restart point while the task lives; a task down
    longer than `reader_lease` refuses to start if an input was compacted past its upper.
-
 6. A task whose output's upper has not passed `as_of` starts at the later of `as_of` and the
    `since` of what it reads: changes at and after that time are its input (with `snapshot`,
    the contents before it are its first changes, at it). Its first write carries the output's

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -37,7 +38,6 @@ from mvsink.core.updates import DIFF, TIME, advance_times, part_schema
 from mvsink.core.updates import consolidate as consolidate_updates
 from mvsink.io.config import Config, Topics
 from mvsink.io.ct_definition import Definition, load_definition
-from mvsink.io.health import report
 from mvsink.io.kafka import Reader, TopicSpec, drain, ensure_topics, tail_consumer
 from mvsink.io.service import Stopping, writer_identity
 from mvsink.shard import AsOfBeforeSince, IndefiniteAppend, PartGone, Shard, open_shard
@@ -71,8 +71,12 @@ class ContinualTask:
         spark: SparkSession,
         writer_id: str,
         read_only: bool = False,
+        report: Callable[[int | None, int | None], None] | None = None,
     ) -> None:
         self.definition = definition
+        #: Where the task reports its output's upper and its target (the service's health,
+        #: `mvsink.io.service.Stopping.report`); None: nowhere.
+        self.report = report
         #: A read-only replica follows the inputs and the output and writes nothing (until
         #: `promote`): it stays at the output's upper with the inputs' changes from there.
         self.read_only = read_only
@@ -360,7 +364,10 @@ class ContinualTask:
                 )
         self._hold(upper)
         OUTPUT_UPPER.labels(self.definition.name).set(_time(upper))
-        report(upper.time, None if self.read_only else self.sink.append_times_progress.time)
+        if self.report is not None:
+            self.report(
+                upper.time, None if self.read_only else self.sink.append_times_progress.time
+            )
 
     def promote(self) -> None:
         """Start writing from the output's upper (a no-op for a writing replica)."""
@@ -417,7 +424,7 @@ def run(config: Config, stopping: Stopping) -> int:
     if not config.ct_task:
         raise ConfigError("no continual task: set [ct] task or MVSINK_CT_TASK to its definition")
     definition = load_definition(config.ct_task)
-    spark = spark_session(f"mvsink-ct-{definition.name}", config.spark_master, shuffle_partitions=2)
+    spark = spark_session(f"mvsink-ct-{definition.name}", shuffle_partitions=2, config=config)
     task = ContinualTask(
         definition,
         config.s3,
@@ -425,6 +432,7 @@ def run(config: Config, stopping: Stopping) -> int:
         spark,
         writer_identity(config, "ct"),
         read_only=config.read_only,
+        report=stopping.report,
     )
     task.start()
     control = _control(config, definition) if config.read_only else None

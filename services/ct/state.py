@@ -11,7 +11,7 @@
 * `SinkState`: the sink's state (append times and their progress, the to-append buffer and its
   progress, the output's progress); `process` says what to write next: data only at an append
   time (a time some input changed at), the upper moved forward with no data in between, the
-  buffer consolidated as of the write time.
+  buffer consolidated as of the write time (invariants 1-3 of `services.ct`).
 
 Updates are `(data, time, diff)` triples; `data` is any hashable, orderable value (a row tuple).
 """

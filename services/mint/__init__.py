@@ -23,6 +23,10 @@ Invariants
    (`init_transactions`), then restores `last_lower` from the last committed description.
 2. Minted uppers are monotone.
 3. So at most one *valid* description is in flight: write and append keep only the latest.
+4. The `desired` and `persist` frontiers only advance: a regressing progress or upper is
+   ignored, and so is progress of a partition outside `0..P-1`.
+5. A read-only mint mints nothing; promoted (`SinkControl{read_only: false}`), it is never
+   read-only again.
 
 Minting rule (seed): not read-only, `persist < desired`, and `persist` advanced past the last
 minted lower; then `lower = persist`, `upper = desired`, `append_worker` round-robin over A.

@@ -28,7 +28,6 @@ from mvsink.core.messages import (
     frontier_keys,
 )
 from mvsink.io.config import Config
-from mvsink.io.health import report
 from mvsink.io.kafka import (
     Reader,
     client_config,
@@ -164,7 +163,7 @@ class MintShell:
         PERSIST.labels(sink).set(_time(self.state.persist_frontier))
         READ_ONLY.labels(sink).set(1 if self.state.read_only else 0)
         # Work is there while desired is ahead of the shard (a read-only mint has none).
-        report(
+        self.stopping.report(
             self.state.persist_frontier.time,
             None if self.state.read_only else self.state.desired_frontier.time,
         )

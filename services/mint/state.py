@@ -18,9 +18,8 @@ log = logging.getLogger("mvsink.mint")
 class MintState:
     """What mint knows. Fields follow the seed.
 
-    Invariants (seed, numbered as in `services.mint`): 1. minted lowers strictly increase, also
-    across restarts (`restore`); 2. minted uppers are monotone; 3. at most one valid description
-    is in flight (follows from 1).
+    It keeps the invariants numbered in `services.mint` (1: `restore` keeps lowers increasing
+    across restarts; 2: `last_upper`; 4: `advance_*`; 5: `allow_writes`).
     """
 
     sink_id: str

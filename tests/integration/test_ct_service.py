@@ -112,6 +112,8 @@ def _run_until(
 def test_the_example_task_equals_its_evaluation_time_by_time(
     example: str, orders: Shard, spark: Any, s3_settings: S3Settings, unique: str
 ) -> None:
+    """Invariants 1 and 3 (`services.ct`): each time an order came at is written once, with the
+    logic's diffs at it; the output equals the evaluation."""
     rng = random.Random(f"{example}-{unique}")
     history = _random_history(rng, 14)
     definition = _definition(example, orders, unique)
@@ -132,6 +134,7 @@ def test_the_example_task_equals_its_evaluation_time_by_time(
 def test_racing_replicas_write_each_time_once(
     orders: Shard, spark: Any, s3_settings: S3Settings, unique: str
 ) -> None:
+    """Invariant 4: racing replicas write each time once; the loser drops its result."""
     rng = random.Random(unique)
     history = _random_history(rng, 12)
     definition = _definition("recent_orders", orders, unique)
@@ -155,8 +158,8 @@ def test_racing_replicas_write_each_time_once(
 def test_the_service_killed_at_random_points_writes_each_time_once(
     orders: Shard, s3_settings: S3Settings, kafka_bootstrap: str, unique: str, tmp_path: Path
 ) -> None:
-    """`python -m services.ct` is killed with `kill -9` while the input grows, and started
-    again: it resumes from the output's upper, and the output equals the evaluation."""
+    """Invariant 5: `python -m services.ct` is killed with `kill -9` while the input grows, and
+    started again: it resumes from the output's upper, and the output equals the evaluation."""
     rng = random.Random(unique)
     history = _random_history(rng, 16)
     task = _Task(orders, s3_settings, kafka_bootstrap, unique, tmp_path)
@@ -312,8 +315,9 @@ def _wait_for(condition: Callable[[], bool], timeout: float) -> None:
 def test_a_restart_does_not_read_the_inputs_history(
     orders: Shard, spark: Any, s3_settings: S3Settings, unique: str
 ) -> None:
-    """An input holding 1M historical updates: the task processes them once; restarted, it reads
-    only what the input appended since, not the history (printed next to a full read)."""
+    """Invariant 5: an input holding 1M historical updates: the task processes them once;
+    restarted, it reads only what the input appended since, not the history (printed next to a
+    full read)."""
     rng = random.Random(unique)
     per_time, times = 200_000, 5
     for t in range(times):
@@ -401,9 +405,10 @@ def test_statements_see_the_diffs_before_them_and_the_time(spark: Any) -> None:
 def test_a_task_over_a_view_shard_starts_at_its_since_with_the_snapshot(
     spark: Any, s3_settings: S3Settings, unique: str
 ) -> None:
-    """Example task milestones over an MV sink's shard (rows retracted and inserted again as
-    totals change, `since` at the upper): a new task starts at the shard's `since`, its first
-    changes the view's contents there; later changes are followed from there."""
+    """Invariant 6: example task milestones over an MV sink's shard (rows retracted and
+    inserted again as totals change, `since` at the upper): a new task starts at the shard's
+    `since`, its first changes the view's contents there; later changes are followed from
+    there."""
     view = open_shard(f"view-{unique}", parse_row_schema(VIEW), s3_settings, retain_history=0)
     totals: dict[str, float] = {}
     rng = random.Random(3)  # some customers over 1,000 at the start, some crossing later
@@ -506,7 +511,8 @@ def test_a_reference_is_read_as_of_the_time_and_never_rewrites_the_past(
 def test_leases_are_renewed_while_the_output_stands_still(
     orders: Shard, spark: Any, s3_settings: S3Settings, unique: str
 ) -> None:
-    """No input changes for longer than the lease: the task's hold on its input lives on."""
+    """Invariant 7: no input changes for longer than the lease: the task's hold on its input
+    lives on."""
     definition = _definition("latest_order", orders, unique)
     task = ContinualTask(definition, s3_settings, Timing(reader_lease=3.0), spark, "r1")
     task.start()

@@ -42,6 +42,8 @@ def output(s3_settings: S3Settings) -> Shard:
 
 
 def test_writes_from_the_upper_and_reports_the_new_one(output: Shard) -> None:
+    """Invariants 2 and 3 (`services.ct`): an empty write moves the upper, a write at 3 moves
+    it to 4."""
     assert truncating_compare_and_append(output, _updates(), F(3), "r1") == (F(3), True)  # no data
     written = _updates(("a", 1, 3, 1))
     assert truncating_compare_and_append(output, written, F(4), "r1") == (F(4), True)
@@ -51,6 +53,7 @@ def test_writes_from_the_upper_and_reports_the_new_one(output: Shard) -> None:
 
 
 def test_a_time_another_replica_wrote_is_dropped_not_retried(output: Shard) -> None:
+    """Invariant 4: a time the upper passed is dropped, not retried, and nothing is staged."""
     truncating_compare_and_append(output, _updates(("a", 1, 0, 1)), F(1), "r1")
     # r2 computed the same time from a stale view: the upper is there, its result is dropped
     assert truncating_compare_and_append(output, _updates(("b", 2, 0, 1)), F(1), "r2") == (
@@ -70,9 +73,9 @@ def test_a_time_another_replica_wrote_is_dropped_not_retried(output: Shard) -> N
 def test_an_upper_moved_by_a_racing_replica_truncates_the_batch(
     output: Shard, s3_settings: S3Settings
 ) -> None:
-    """A replica moves the upper (with no data: nothing at those times) between this writer's
-    read of the upper and its compare-and-append: the write is retried from the new upper,
-    its part staged again for those bounds, the lost one deleted."""
+    """Invariant 4: a replica moves the upper (with no data: nothing at those times) between
+    this writer's read of the upper and its compare-and-append: the write is retried from the
+    new upper, its part staged again for those bounds, the lost one deleted."""
     replica = open_shard(output.shard_id, None, s3_settings)
     original = output.compare_and_append
     raced: list[Frontier] = []

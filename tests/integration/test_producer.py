@@ -30,9 +30,9 @@ from mvsink.io.config import S3Settings
 from mvsink.io.kafka import client_config, poll_message, read_compacted, tail_consumer
 from mvsink.upstream.producer import DesiredProducer
 from mvsink.upstream.publish import (
-    _PRODUCERS,
     ONE_TASK_BYTES,
     PublishSpec,
+    PublishWorker,
     _markers,
     _publish_partition,
     _task_keys,
@@ -329,10 +329,11 @@ def test_a_kept_producer_skips_a_partition_it_already_published(sink: Sink) -> N
         100,
     )
     rows = normalize_updates(table([("a", 1, 0, 1), ("b", 2, 0, 1)]), row_schema)
-    assert _publish_partition(spec, 0, rows) == (2, False)
-    assert _publish_partition(spec, 0, rows) == (2, True)  # the kept producer
-    _PRODUCERS.clear()
-    assert _publish_partition(spec, 0, rows) == (2, True)  # a new one, after its check
+    worker = PublishWorker()
+    assert _publish_partition(spec, 0, rows, worker) == (2, False)
+    assert _publish_partition(spec, 0, rows, worker) == (2, True)  # the kept producer
+    worker.producers.clear()
+    assert _publish_partition(spec, 0, rows, worker) == (2, True)  # a new one, after its check
     assert sorted((u["k"], u["v"]) for u in published_updates(sink)) == [("a", 1), ("b", 2)]
 
 
@@ -366,16 +367,13 @@ def test_a_kept_producer_another_worker_superseded_is_dropped_before_it_produces
     def rows(tick: int) -> pa.Table:
         return normalize_updates(table([(f"k{tick}", tick, tick, 1)]), row_schema)
 
-    _PRODUCERS.clear()
-    assert _publish_partition(spec(0), 0, rows(0)) == (1, False)  # worker A
-    worker_a = dict(_PRODUCERS)
-    _PRODUCERS.clear()
-    assert _publish_partition(spec(1), 0, rows(1)) == (1, False)  # worker B: fences A's
-    _PRODUCERS.clear()
-    _PRODUCERS.update(worker_a)  # worker A's turn again
+    worker_a, worker_b = PublishWorker(), PublishWorker()
+    assert _publish_partition(spec(0), 0, rows(0), worker_a) == (1, False)  # worker A
+    assert _publish_partition(spec(1), 0, rows(1), worker_b) == (1, False)  # worker B: fences A's
+    # worker A's turn again
     events.clear()
     with caplog.at_level(logging.DEBUG, logger="mvsink.upstream.publish"):
-        assert _publish_partition(spec(2), 0, rows(2)) == (1, False)
+        assert _publish_partition(spec(2), 0, rows(2), worker_a) == (1, False)
     assert "another Python worker of this executor took" in caplog.text
     assert "was fenced" not in caplog.text  # no transaction of the fenced producer
     assert events == [("produced", 0), ("committed", 0)]

@@ -92,6 +92,7 @@ def test_append_quarantines_bad_records_and_keeps_going(sink: Sink, procs: list[
 
 
 def test_a_second_mint_fences_the_first(sink: Sink, procs: list[Service]) -> None:
+    """mint invariant 1 (`services.mint`): a new mint fences the old one, lowers keep increasing."""
     first = start(procs, sink, "mint", "-first")
     wait_until(lambda: "started: epoch" in first.text(), 60, "first mint started")
     second = start(procs, sink, "mint", "-second")
@@ -111,6 +112,7 @@ def test_a_second_mint_fences_the_first(sink: Sink, procs: list[Service]) -> Non
 
 
 def test_a_read_only_mint_mints_nothing_until_promote(sink: Sink, procs: list[Service]) -> None:
+    """mint invariant 5: a read-only mint mints nothing until `mvsink promote`."""
     mint = start(procs, sink, "mint", MVSINK_READ_ONLY="true")
     wait_until(lambda: "read_only=True" in mint.text(), 60, "mint started read-only")
     sink.advance_desired(F(4))
@@ -144,8 +146,9 @@ def test_two_append_replicas_split_workers_and_both_progress(
 
 
 def test_kill_9_of_mint_and_append_keeps_the_invariants(sink: Sink, procs: list[Service]) -> None:
-    """Random `kill -9`s of mint and append, then restart: minted lowers strictly increase,
-    no part and no row is appended twice, and the sink converges to the final desired."""
+    """Random `kill -9`s of mint and append, then restart: minted lowers strictly increase (mint
+    invariant 1), no part and no row is appended twice (append invariants 2 and 3), and the sink
+    converges to the final desired."""
     rng = random.Random(1234)
     mint = start(procs, sink, "mint", "-0")
     append = start(procs, sink, "append", "-0")

@@ -1,4 +1,5 @@
-"""append's pure state: each seed rule as a test."""
+"""append's pure state: each seed rule as a test; a test of one of the invariants numbered in
+`services.append` cites it."""
 
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ def deleted(commands: list[object]) -> set[str]:
 
 
 def test_appends_once_every_partition_is_covered() -> None:
+    """Invariant 2: the `Append` comes once every desired partition is covered."""
     state, d = worker(), desc(0, 5)
     assert state.absorb_batch_description(d) == []
     assert appends(state.absorb_batch(batch(d, (0, 1)))) == []  # partition 2 missing
@@ -41,6 +43,7 @@ def test_appends_once_every_partition_is_covered() -> None:
 
 
 def test_never_appends_before_coverage_is_complete() -> None:
+    """Invariant 2: no `Append` while a partition is not covered, duplicates or not."""
     state, d = worker(), desc(0, 5)
     state.absorb_batch_description(d)
     for covers in [(0,), (0,), (1,), (1,)]:
@@ -54,12 +57,14 @@ def test_batches_before_their_description_are_kept() -> None:
 
 
 def test_only_the_owning_worker_appends() -> None:
+    """Invariant 2: only the worker the description names appends it."""
     state, d = worker(worker_id=1), desc(0, 5, worker=0)
     state.absorb_batch_description(d)
     assert appends(state.absorb_batch(batch(d, (0, 1, 2)))) == []
 
 
 def test_duplicate_batches_for_a_partition_keep_the_first() -> None:
+    """Invariant 3: a duplicate's parts for a covered partition are deleted, the first kept."""
     state, d = worker(), desc(0, 5)
     state.absorb_batch_description(d)
     state.absorb_batch(batch(d, (0, 1), writer="first"))
@@ -72,6 +77,7 @@ def test_duplicate_batches_for_a_partition_keep_the_first() -> None:
 
 
 def test_skips_outdated_descriptions_and_batches() -> None:
+    """Invariants 1 and 3: `lower` stays; an outdated batch's parts are deleted."""
     state, old, new = worker(), desc(0, 5), desc(5, 9, seq=1)
     state.absorb_batch_description(new)
     assert state.absorb_batch_description(old) == []
@@ -80,6 +86,7 @@ def test_skips_outdated_descriptions_and_batches() -> None:
 
 
 def test_a_newer_lower_discards_what_was_stashed() -> None:
+    """Invariants 1 and 3: a greater lower deletes the parts stashed for the old one."""
     state, old, new = worker(), desc(0, 5), desc(5, 9, seq=1)
     state.absorb_batch_description(old)
     state.absorb_batch(batch(old, (0, 1)))
@@ -88,6 +95,7 @@ def test_a_newer_lower_discards_what_was_stashed() -> None:
 
 
 def test_after_an_append_lower_moves_to_the_new_upper_and_nothing_is_deleted() -> None:
+    """Invariants 1 and 3: appended parts are never handed to `DeleteStaged`."""
     state, d = worker(), desc(0, 5)
     state.absorb_batch_description(d)
     state.absorb_batch(batch(d, (0, 1, 2)))
@@ -96,6 +104,7 @@ def test_after_an_append_lower_moves_to_the_new_upper_and_nothing_is_deleted() -
 
 
 def test_after_a_mismatch_the_parts_are_garbage() -> None:
+    """Invariant 3: a failed append's parts are deleted, never appended."""
     state, d = worker(), desc(0, 5)
     state.absorb_batch_description(d)
     [append] = appends(state.absorb_batch(batch(d, (0, 1, 2))))
@@ -105,6 +114,7 @@ def test_after_a_mismatch_the_parts_are_garbage() -> None:
 
 
 def test_never_appends_twice_for_one_lower() -> None:
+    """Invariant 2: at most one `Append` per lower, redeliveries included."""
     state, d = worker(), desc(0, 5)
     state.absorb_batch_description(d)
     assert appends(state.absorb_batch(batch(d, (0, 1, 2))))
@@ -115,8 +125,8 @@ def test_never_appends_twice_for_one_lower() -> None:
 
 
 def test_a_redelivered_batch_never_deletes_the_parts_it_kept() -> None:
-    """The same StagedBatch delivered twice (uncommitted offset) must not turn its own, kept
-    parts into 'duplicates' to delete."""
+    """Invariant 3: the same StagedBatch delivered twice (uncommitted offset) must not turn its
+    own, kept parts into 'duplicates' to delete."""
     state, d = worker(), desc(0, 5)
     first = state.absorb_batch(batch(d, (0, 1, 2)))
     assert state.absorb_batch(batch(d, (0, 1, 2))) == [] and first == []
@@ -125,6 +135,7 @@ def test_a_redelivered_batch_never_deletes_the_parts_it_kept() -> None:
 
 
 def test_parts_too_old_are_dropped_and_fresh_ones_for_the_same_description_appended() -> None:
+    """Invariant 4: lower and description stay; fresh parts for them are appended."""
     from services.append.state import TooOld
 
     state, d = worker(), desc(0, 5)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from mvsink.core.errors import ConfigError
 from mvsink.io.config import Secret, Topics, load_config
+from mvsink.stack.state import ComponentRecord, credentials, save_records, stack_config, stack_home
 
 ENDPOINTS = {
     "MVSINK_KAFKA_BOOTSTRAP": "127.0.0.1:9092",
@@ -159,3 +161,37 @@ def test_config_env_loads_back_the_same_config(env: dict[str, str]) -> None:
         False,
         2.5,
     )
+
+
+def test_passed_endpoints_sit_above_the_defaults_and_below_the_file_and_the_environment(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    # The loader discovers nothing itself: the embedded stack's endpoints come in as `endpoints`.
+    path = tmp_path / "sink.toml"
+    path.write_text('[s3]\nbucket = "lake"\n')
+    endpoints = {"s3_bucket": "stack", "s3_region": "stack-region", "kafka_bootstrap": "s:1"}
+    config = load_config(path, env=env, endpoints=endpoints)
+    assert config.s3.bucket == "lake"  # the file wins
+    assert config.kafka_bootstrap == env["MVSINK_KAFKA_BOOTSTRAP"]  # the environment wins
+    assert config.s3.region == "stack-region"  # over the default
+    with pytest.raises(ConfigError, match="unknown endpoint settings"):
+        load_config(env=env, endpoints={"kafka": "s:1"})
+
+
+def test_stack_config_injects_the_running_stacks_endpoints(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    home = stack_home(state)
+    alive = {"pid": os.getpid(), "ports": {}, "log": ""}
+    save_records(
+        home,
+        {
+            "kafka": ComponentRecord("kafka", address="127.0.0.1:19092", **alive),
+            "minio": ComponentRecord("minio", address="127.0.0.1:19000", **alive),
+        },
+    )
+    env = {"MVSINK_STATE_DIR": str(state)}
+    with pytest.raises(ConfigError, match="kafka bootstrap servers not set"):
+        load_config(env=env)  # no discovery in the loader
+    config = stack_config(env=env)
+    assert (config.kafka_bootstrap, config.s3.endpoint) == ("127.0.0.1:19092", "127.0.0.1:19000")
+    assert config.s3.access_key.reveal() == credentials(home)[0]

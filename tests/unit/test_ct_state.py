@@ -1,6 +1,6 @@
 """The continual task's pure operators (`services.ct.state`): the seed's unit tests of
 `continual_task.rs` ported case by case, named after them, and Hypothesis interleavings of the
-sink state's inputs."""
+sink state's inputs; a test of one of the invariants numbered in `services.ct` cites it."""
 
 from __future__ import annotations
 
@@ -66,6 +66,8 @@ def _assert_write(state: SinkState[str], expected_upper: int, expected_append: l
 
 
 def test_ct_sink_state() -> None:
+    """Invariants 1-3: data only at an append time once its progress passed it, empty writes
+    between, each write consolidated and moving the upper one past its time."""
     s: SinkState[str] = SinkState()
     # Nothing to do at the initial state.
     _assert_noop(s)
@@ -123,6 +125,8 @@ def test_process_without_data(
     output: Frontier,
     expected: tuple[Frontier, list[object]] | None,
 ) -> None:
+    """Invariants 1 and 2: with no data, the upper moves up to the next append time or the
+    append times' progress, never past a time still waiting for its data."""
     s: SinkState[str] = SinkState(
         append_times=set(append_times), append_times_progress=progress, output_progress=output
     )
@@ -141,10 +145,11 @@ def test_process_without_data(
 def test_sink_state_writes_each_input_time_once_and_nothing_between(
     inputs: list[tuple[int, str, int]], steps: list[tuple[str, int]]
 ) -> None:
-    """Feed the sink an input's updates (the logic being the identity: the output at T is the
-    input's changes at T) and the input's times, in a random interleaving of their progress and
-    of writes, each write applied as an unraced shard would. The output's upper only grows,
-    data is written only at input times, each once, and the output equals the input's diffs."""
+    """Invariants 1-3. Feed the sink an input's updates (the logic being the identity: the
+    output at T is the input's changes at T) and the input's times, in a random interleaving of
+    their progress and of writes, each write applied as an unraced shard would. The output's
+    upper only grows, data is written only at input times, each once, and the output equals the
+    input's diffs."""
     horizon = 13
     changes = Counter[tuple[str, int]]()
     for time, datum, diff in inputs:

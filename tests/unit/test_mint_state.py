@@ -1,4 +1,5 @@
-"""mint's pure state: each seed rule as a test."""
+"""mint's pure state: each seed rule as a test; a test of one of the invariants numbered in
+`services.mint` cites it."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ def test_mints_lower_persist_upper_desired() -> None:
 
 
 def test_never_mints_in_read_only_mode_until_allowed() -> None:
+    """Invariant 5: nothing minted while read-only; promoted once, for good."""
     state = mint(read_only=True)
     progress(state, F(5), F(5))
     assert state.maybe_mint_batch_description() is None
@@ -72,6 +74,7 @@ def test_append_workers_round_robin() -> None:
 
 
 def test_frontiers_never_regress() -> None:
+    """Invariant 4: a regressing frontier, or an unknown partition's, is ignored."""
     state = mint()
     assert state.advance_persist_frontier(F(4)) and not state.advance_persist_frontier(F(2))
     assert state.persist_frontier == F(4)

@@ -74,10 +74,11 @@ from mvsink.core.errors import MvsinkError
 from mvsink.core.rows import parse_row_schema
 from mvsink.core.updates import DIFF
 from mvsink.io import registry
-from mvsink.io.config import Config, load_config
+from mvsink.io.config import Config
 from mvsink.io.kafka import last_message
 from mvsink.shard import Shard, open_shard
 from mvsink.stack.procs import free_ports
+from mvsink.stack.state import stack_config
 from mvsink.tools.compose import engine
 from mvsink.upstream.desired import read_desired
 
@@ -293,7 +294,7 @@ def _deployment(say: Say) -> Deployment:
     }
     host.pop("MVSINK_BUILD_CA", None)
     return Deployment(
-        project, env, load_config(None, env=host), say, spark_ui_port, prometheus_port
+        project, env, stack_config(None, env=host), say, spark_ui_port, prometheus_port
     )
 
 
