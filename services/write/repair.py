@@ -20,8 +20,9 @@ distinct), so the task folds them from there and corrects whatever differs. What
 updates at times `>= f` published *before the log start* (a producer that publishes each time
 before advancing past it, as `DesiredProducer` and `publish_dataframe` do, has none), and
 whether the shard really equalled desired before `f` (a foreign write before `f` is kept).
-The partition's critical hold is set to `f` first (since must not pass it before the write
-service continues), and the repair is logged and recorded as a `SinkRepair` on
+The partition's critical hold keeps since at or before `f` until the write service continues
+(`reseed`: set there first if there is none, moved up to `f` only once the seed is written; a
+partition whose chain went on since the plan is refused), and the repair is logged and recorded as a `SinkRepair` on
 `<sink>.control` (key `repair:<sink>`; `mvsink inspect <sink>.control` shows it).
 
 `python -m services.write.repair show|repair SINK` is the tool (`main`); `mvsink sink show` and
@@ -59,6 +60,7 @@ from mvsink.io.kafka import (
 )
 from mvsink.io.service import run_command, say, writer_identity
 from mvsink.shard import Shard, ShardState, open_shard
+from mvsink.stack.state import stack_endpoints
 from mvsink.upstream.desired import decode_desired
 from services.write import checkpoint
 
@@ -87,11 +89,12 @@ def report(config: Config, shard: Shard, state: ShardState | None = None) -> lis
     it needs a repair (module docs)."""
     state = state or shard.state()
     marks = watermarks(config.kafka_bootstrap, config.topics.desired, range(config.partitions))
+    checkpoints = checkpoint.Checkpoints.of(config.s3)
     found = []
     for p in range(config.partitions):
         low, high = marks[p]
-        version = checkpoint.latest(config.sink_id, p, config.s3)
-        meta = checkpoint.read_meta(config.sink_id, p, version, config.s3)
+        version = checkpoints.latest(config.sink_id, p)
+        meta = checkpoints.read_meta(config.sink_id, p, version)
         folded = meta["folded_offset"] if meta else (0 if version < 0 else None)
         persist = Frontier.from_elements(meta["persist_folded"]) if meta else None
         hold = state.hold(checkpoint.holder_id(config.sink_id, p))
@@ -180,10 +183,99 @@ def plan(
         if o < folded_offset
     ]
     ahead_table = pa.concat_tables(ahead) if ahead else None
-    replaces = checkpoint.latest(config.sink_id, partition, config.s3)
+    replaces = checkpoint.Checkpoints.of(config.s3).latest(config.sink_id, partition)
     if ahead_table is None:
         ahead_table = part_schema(row_schema).empty_table()
     return Seed(partition, frontier, folded_offset, low, ahead_table, replaces)
+
+
+def reseed(
+    shard: Shard,
+    checkpoints: checkpoint.Checkpoints,
+    sink_id: str,
+    seeds: list[Seed],
+    writer_id: str,
+    row_schema: pa.Schema,
+    say: Callable[[str], None] = lambda _: None,
+) -> list[tuple[Seed, int]]:
+    """Write each of `seeds` as its partition's next checkpoint version (module docs); each
+    seed with its version. The shard's since must not pass a seed's frontier before the write
+    service folds on from there: a partition without a critical hold is held there first; one
+    held at or before it already is, and its hold moves up to the frontier once every seed is
+    written (moved before, a seed not written would leave the checkpoint it was to replace
+    unheld: invariant 0 of `services.write`). A partition whose chain went on since the plan
+    (a version newer than the one its seed replaces, or one folded or held past its frontier)
+    is refused: its driver would move the hold back past the seed.
+
+    Raises:
+        MvsinkError: a partition whose chain went on, or another writer created a seed's
+            version first (run the repair again).
+    """
+    state = shard.state()
+    first = {}
+    for seed in seeds:
+        holder = checkpoint.holder_id(sink_id, seed.partition)
+        held = state.hold(holder)
+        _check_replaces(checkpoints, sink_id, seed, held.since if held else None)
+        if held is None:
+            first[holder] = seed.frontier
+    if first:
+        shard.set_holds(first)
+    done: list[tuple[Seed, int]] = []
+    for seed in seeds:
+        version = checkpoints.seed(
+            sink_id,
+            seed.partition,
+            writer_id,
+            row_schema,
+            seed.frontier,
+            seed.folded_offset,
+            seed.ahead if seed.ahead.num_rows else None,
+            replaces=seed.replaces,
+        )
+        if version is None:
+            raise MvsinkError(
+                f"partition {seed.partition}: another writer checkpointed it "
+                "meanwhile; run the repair again"
+            )
+        log.warning(
+            "sink %s partition %d repaired: checkpoint %d seeded from shard %s at %s, "
+            "desired from offset %d",
+            sink_id,
+            seed.partition,
+            version,
+            shard.shard_id,
+            seed.frontier,
+            seed.folded_offset,
+        )
+        say(f"partition {seed.partition}: checkpoint version {version} written")
+        done.append((seed, version))
+    shard.set_holds({checkpoint.holder_id(sink_id, s.partition): s.frontier for s, _ in done})
+    return done
+
+
+def _check_replaces(
+    checkpoints: checkpoint.Checkpoints, sink_id: str, seed: Seed, held: Frontier | None
+) -> None:
+    """Refuse a seed whose partition's chain went on since the plan: a newer version than the
+    one it replaces, or one (or a hold) past its frontier, which a driver would hold `since`
+    at, past the seed.
+
+    Raises:
+        MvsinkError: the chain went on (run the repair again).
+    """
+    p, frontier = seed.partition, seed.frontier
+    latest = checkpoints.latest(sink_id, p)
+    meta = checkpoints.read_meta(sink_id, p, latest)
+    folded = Frontier.from_elements(meta["persist_folded"]) if meta else None
+    past = [f for f in (folded, held) if f is not None and not f.less_equal(frontier)]
+    if latest != seed.replaces or past:
+        raise MvsinkError(
+            f"partition {p}: its checkpoint chain went on since the repair was planned "
+            f"(version {latest}, planned to replace {seed.replaces}; folded or held at "
+            f"{past[0] if past else folded}, the repair trusts {frontier}): a write driver still "
+            "continues it; run the repair again"
+        )
 
 
 def describe(config: Config, state: ShardState, seed: Seed) -> str:
@@ -234,39 +326,9 @@ def repair(
         say(describe(config, state, seed))
     if not confirm():
         raise MvsinkError("repair not confirmed: nothing was changed")
-    # Hold the shard's since at each seed's frontier first: it must not pass it before the
-    # write service folds on from there (the hold is set back to it if needed).
-    shard.set_holds({checkpoint.holder_id(config.sink_id, s.partition): s.frontier for s in seeds})
     row_schema = parse_row_schema(config.row_schema) if config.row_schema else shard.schema
-    done: list[tuple[Seed, int]] = []
-    for seed in seeds:
-        version = checkpoint.seed(
-            config.sink_id,
-            seed.partition,
-            config.s3,
-            writer_id,
-            row_schema,
-            seed.frontier,
-            seed.folded_offset,
-            seed.ahead if seed.ahead.num_rows else None,
-        )
-        if version is None:
-            raise MvsinkError(
-                f"partition {seed.partition}: another writer checkpointed it "
-                "meanwhile; run the repair again"
-            )
-        log.warning(
-            "sink %s partition %d repaired: checkpoint %d seeded from shard %s at %s, "
-            "desired from offset %d",
-            config.sink_id,
-            seed.partition,
-            version,
-            config.shard_id,
-            seed.frontier,
-            seed.folded_offset,
-        )
-        say(f"partition {seed.partition}: checkpoint version {version} written")
-        done.append((seed, version))
+    checkpoints = checkpoint.Checkpoints.of(config.s3)
+    done = reseed(shard, checkpoints, config.sink_id, seeds, writer_id, row_schema, say)
     record = SinkRepair(
         config.sink_id,
         config.shard_id,
@@ -337,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def command() -> int:
-        config = sink_config(load_config(), args.sink, args.shard)
+        config = sink_config(load_config(endpoints=stack_endpoints()), args.sink, args.shard)
         if args.action == "show":
             return show(config)
 

@@ -1,4 +1,5 @@
-"""Options of the shard simulation (`tests/sim`): how many seeds, which one, how long each."""
+"""Options of the simulations (`tests/sim`: the shard protocol's, the write checkpoint chain's):
+how many seeds, which one, how long each."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import pytest
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("sim", "the shard protocol's deterministic simulation")
+    group = parser.getgroup("sim", "the deterministic simulations (shard, checkpoint chain)")
     group.addoption(
         "--sim-seeds",
         type=int,
@@ -29,5 +30,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     seeds = config.getoption("--sim-seeds")
     if seeds:
         for item in items:
-            if item.name == "test_seed_sweep":
+            if item.name in ("test_seed_sweep", "test_chain_seed_sweep"):
                 item.add_marker(pytest.mark.timeout(max(600, 10 * seeds)))

@@ -326,7 +326,7 @@ def compactor(sim: Sim, actor: Actor) -> None:
     """Merges as the write service's compactor runs them, in this process."""
     shard, rng = sim.shard(actor), sim.world.rng
 
-    def runner(tasks: list) -> list:  # type: ignore[type-arg]
+    def runner(tasks: list, _: Shard | None = None) -> list:  # type: ignore[type-arg]
         return [merge_on(shard, task) for task in tasks]
 
     while True:

@@ -102,6 +102,7 @@ class World:
         self.writes: list[str] = []
         self.actors: list[Actor] = []
         self.steps = 0
+        self.running = False
         self.stopping = False
         self.back = threading.Event()
         self.trace: list[str] = []
@@ -116,9 +117,17 @@ class World:
     # -- actors and the scheduler ---------------------------------------------------------------
 
     def spawn(self, name: str, body: Callable[[Actor], None]) -> Actor:
+        """A new actor; one spawned by another while the world runs (a thread that process
+        starts) runs from the next step on."""
         actor = Actor(name, body, self, skew=self.rng.uniform(-1, 1) * self.faults.skew)
         self.actors.append(actor)
+        if self.running:
+            self._start(actor)
         return actor
+
+    def _start(self, actor: Actor) -> None:
+        actor.thread = threading.Thread(target=self._run_actor, args=(actor,), daemon=True)
+        actor.thread.start()
 
     def _run_actor(self, actor: Actor) -> None:
         self._local.actor = actor
@@ -145,8 +154,8 @@ class World:
         """Run the actors for `steps` store calls or until virtual time `until`, then stop
         them; raises the first error an actor or a check raised."""
         for actor in self.actors:
-            actor.thread = threading.Thread(target=self._run_actor, args=(actor,), daemon=True)
-            actor.thread.start()
+            self._start(actor)
+        self.running = True
         try:
             while self.steps < steps and self.now - START < until:
                 self._land()
@@ -262,6 +271,11 @@ class SimBlob:
             raise IndefiniteWrite(f"PUT {key}: timed out before it landed")
         lost = IndefiniteWrite(f"PUT {key}: reply lost")
         return world._call(apply, lost)  # type: ignore[return-value]
+
+    def head(self, key: str, length: int) -> bytes | None:
+        """The first `length` bytes of `key` (a ranged GET), None if missing."""
+        found = self.get(key)
+        return None if found is None else found[0][:length]
 
     def put(self, key: str, data: bytes, content_type: str) -> str:
         return self.world._call(lambda: self._write(key, data), OSError(f"PUT {key}: reply lost"))  # type: ignore[return-value]
