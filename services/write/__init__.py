@@ -38,7 +38,7 @@ Invariants
 4. A partition's correction state moves forward by conditional checkpoints: two owners of one
    partition cannot both continue from the same version. A version is created only from the
    version before it as created by this owner or loaded durable. A resident's staging step may
-   report its part while its checkpoint is being created (`StepSpec.pipelined`); the
+   report its part while its checkpoint is being created (`services.write.state.Pipelined`); the
    partition's next step waits for that create before anything else, and is stale if it was
    lost. The parts need no more: each is `desired(< upper) - shard(< lower)` whichever state
    staged it, and append keeps one per lower and partition. What lets go of history follows
@@ -86,11 +86,13 @@ Invalid desired records (undecodable, or an update below its partition's progres
 `<sink>.dead-letter` with topic/partition/offset and the reason, and never reach the shard.
 
 `python -m services.write`; decisions in `services.write.state` (pure: the driver's
-`WriteState`, and each task step's plan, `plan_start` and `plan_batch`), the buffer in
+`WriteState`, each task step's plan, `plan_start` and `plan_batch`, and the closed unions of a
+step's checkpoint mode and outcome) and `services.write.chain` (pure: each owned partition's
+checkpoint chain, `Chains`, whose commands the shell dispatches), the buffer in
 `services.write.correction` (pure Arrow), placement in `services.write.affinity` (pure), the
 per-partition step in `services.write.task` (a `StepSpec` of a `SinkSpec`, run in a
-`WriteWorker` that holds what a Python worker keeps between steps; one-shot Spark tasks use the
-worker's default one, `services.write.resident` its own), its folds in `services.write.fold`
-and its checkpoints in `services.write.checkpoint`, the compactor thread in
-`services.write.compactor`, I/O in `services.write.shell`.
+`WriteWorker` that holds what a Python worker keeps between steps; one-shot Spark tasks use
+their Python worker's `task.PROCESS` one, `services.write.resident` its own), its folds in
+`services.write.fold` and its checkpoints in `services.write.checkpoint`, the compactor thread
+in `services.write.compactor`, I/O in `services.write.shell`.
 """

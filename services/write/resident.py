@@ -24,7 +24,7 @@ Rules
    writes the executor's warm copies of its states when it leaves, not at every step; it
    keeps each partition's desired reader from step to step, so librdkafka fetches the next
    batch's records meanwhile; and it creates a pipelined staging step's checkpoint after the
-   step reported (`StepSpec.pipelined`), waiting for it in the partition's next step, or when
+   step reported (`services.write.state.Pipelined`), waiting for it in the partition's next step, or when
    it leaves.
 2. Any trouble dismisses the whole crew and hands the groups it did not finish back to the
    caller, who runs them as one-shot Spark jobs (Spark retries those as before): a crew not
@@ -69,12 +69,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mvsink.io.spark import driver_host, executor_id, live_executors, run_pinned
+from mvsink.io.spark import executor_id, live_executors, run_pinned
 from services.write.task import (
+    PROCESS,
     StepResult,
     StepSpec,
     WriteWorker,
-    default_worker,
     preload,
     run_tasks,
 )
@@ -130,7 +130,7 @@ def serve(spec: ResidentSpec) -> list[str]:
         conn = socket.create_connection(spec.address, timeout=CONNECT_TIMEOUT)
     except OSError:
         return []
-    worker = default_worker().resident()
+    worker = PROCESS.worker().resident()
     try:
         return _serve(spec, conn, worker)
     finally:  # this Python worker may run one-shot tasks next: they share through warm copies
@@ -205,8 +205,10 @@ class Crew:
     """The driver's residents (module docs). `run` and `maybe_step_aside` are called from one
     thread only."""
 
-    def __init__(self, spark: Any) -> None:
+    def __init__(self, spark: Any, host: str) -> None:
         self.spark = spark
+        #: Where the residents connect to (`mvsink.io.spark.driver_host`).
+        self.host = host
         self.lock = threading.Lock()
         self.residents: list[_Resident] = []
         self.job: threading.Thread | None = None
@@ -396,7 +398,7 @@ class Crew:
     # -- the crew's job -------------------------------------------------------------------
 
     def _launch(self, executors: Sequence[str], slots: int) -> None:
-        host = driver_host()
+        host = self.host
         server = socket.create_server((host if host.startswith("127.") else "0.0.0.0", 0))
         server.settimeout(0.2)
         token = secrets.token_bytes(_TOKEN)

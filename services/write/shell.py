@@ -1,7 +1,9 @@
 """The write driver: follows descriptions, frontiers and control, owns a share of the P desired
 partitions through consumer group `<sink>.write`, and runs each batch's steps for its owned
 partitions (`services.write.task`) in its resident Spark tasks (`services.write.resident`), or
-as a Spark job where they cannot. All decisions are `WriteState`'s.
+as a Spark job where they cannot. All decisions are `WriteState`'s (when to stage) and
+`Chains`' (each owned partition's checkpoint chain, `services.write.chain`): the shell holds
+handles and runs the loop, and does what their commands say. Its time is its `Clock`'s.
 
 The ownership consumer never fetches data (its partitions are paused): the tasks read the
 desired records themselves, by offset, from where their checkpoint says they stopped.
@@ -9,11 +11,11 @@ desired records themselves, by offset, from where their checkpoint says they sto
 The desired topic's life cycle is the driver's too:
 * a partition it gains is first folded without staging (`_fold`), which finds out whether the
   desired records its checkpoint needs are still there, and writes no checkpoint, nor does its
-  first staging step (`deferred`): the step after that batch's append checkpoints what the
-  read-back left, not the whole load the part held (read-only drivers checkpoint the first
-  fold; they stage nothing); a partition whose records are gone
-  (`StepResult.gone`) stops the sink's staging, logs what to do, shows on `/readyz` and
-  `mvsink_write_desired_gone`, until its checkpoint version changes (`mvsink repair`);
+  first staging step (`services.write.chain.Deferred`): the step after that batch's append
+  checkpoints what the read-back left, not the whole load the part held (read-only drivers
+  checkpoint the first fold; they stage nothing); a partition whose records are gone
+  (`services.write.state.Gone`) stops the sink's staging, logs what to do, shows on `/readyz`
+  and `mvsink_write_desired_gone`, until its checkpoint version changes (`mvsink repair`);
 * its lease version (renewed on a thread of its own, so a long step cannot let it lapse) moves
   each owned partition's critical hold (`checkpoint.holder_id`) to its
   latest durable checkpoint's `persist_folded`, so `since` never passes a checkpoint the sink
@@ -29,13 +31,12 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from prometheus_client import Counter, Gauge
 
-from mvsink.core.frontier import Frontier, meet_all
+from mvsink.core.frontier import Frontier
 from mvsink.core.messages import (
     BatchDescription,
     DesiredProgress,
@@ -47,7 +48,6 @@ from mvsink.core.messages import (
 from mvsink.core.rows import parse_row_schema
 from mvsink.core.settings import FOLD_INTERVAL
 from mvsink.io.config import Config
-from mvsink.io.health import blocked, report
 from mvsink.io.kafka import (
     Reader,
     client_config,
@@ -59,14 +59,26 @@ from mvsink.io.kafka import (
     tail_consumer,
 )
 from mvsink.io.service import Stopping, writer_identity
-from mvsink.io.spark import live_executors, run_pinned, task_slots
+from mvsink.io.spark import driver_host, live_executors, run_pinned, task_slots
 from mvsink.shard import AsOfBeforeSince, Shard, open_shard
+from mvsink.shard.blob import SYSTEM, Clock
 from services.write import checkpoint
 from services.write.affinity import groups, place
+from services.write.chain import (
+    AdvanceDesired,
+    Chains,
+    Cleared,
+    Command,
+    Continued,
+    LogRebuilt,
+    ReadLatest,
+    Refold,
+    ReportGone,
+)
 from services.write.compactor import Compactor
 from services.write.resident import Crew
-from services.write.state import StageJob, WriteState
-from services.write.task import Gone, SinkSpec, StepResult, StepSpec, run_tasks, warm_up
+from services.write.state import Gone, Keep, Outdated, Ran, StageJob, WriteState, is_stale
+from services.write.task import SinkSpec, StepResult, StepSpec, one_shot, warm_up
 
 log = logging.getLogger("mvsink.write")
 SHARD_POLL = 1.0
@@ -105,16 +117,23 @@ WRITTEN = Counter(
 class WriteShell:
     """Kafka, S3 and Spark around a `WriteState`."""
 
-    def __init__(self, config: Config, stopping: Stopping) -> None:
+    def __init__(self, config: Config, stopping: Stopping, clock: Clock = SYSTEM) -> None:
         self.config = config
         self.stopping = stopping
+        self.clock = clock
         self.writer_id = writer_identity(config, "write")
         self.shard: Shard = open_shard(config.shard_id, None, config.s3, config.shard_timing())
         self.row_schema = (
             parse_row_schema(config.row_schema) if config.row_schema else self.shard.schema
         )
         self.producer = Producer(client_config(config.kafka_bootstrap))
-        self.state = WriteState(config.sink_id, config.partitions, config.read_only)
+        #: The sink's checkpoints in object storage (`services.write.checkpoint`).
+        self.checkpoints = checkpoint.Checkpoints.of(config.s3)
+        self.state = WriteState(
+            config.sink_id, config.partitions, config.read_only, staged_at=clock.monotonic()
+        )
+        #: Each owned partition's checkpoint chain (`services.write.chain`).
+        self.chains = Chains.starting(config.desired_trim_interval, clock.monotonic())
         #: What every step of the sink shares (`services.write.task`).
         self.sink = SinkSpec(
             sink_id=config.sink_id,
@@ -130,78 +149,46 @@ class WriteShell:
             writer_id=self.writer_id,
             schema_registry_url=config.schema_registry_url,
         )
-        #: Checkpoint version per owned partition (-1: none): the newest its steps reported,
-        #: which may still be being created (`StepResult.pending`).
-        self.versions: dict[int, int] = {}
-        #: The newest checkpoint version per owned partition known created.
-        self.durable: dict[int, int] = {}
-        #: Owned partitions whose steps may report before their checkpoint is created
-        #: (`StepSpec.pipelined`): those whose chain this driver has continued itself, with a
-        #: checkpoint it created, since it gained them or last found them stale. A gained
-        #: partition's first checkpoint is created inline, before its step reports, so another
-        #: owner still holding the partition meets this one there (the parts both may have
-        #: reported before are kept once: append keeps one per lower and partition).
-        self.pipelined: set[int] = set()
-        #: The shard upper each owned partition's newest durable checkpoint has folded (the
-        #: results of steps that checkpointed; a first fold does not, `StepSpec.checkpoint`).
-        self.folded: dict[int, Frontier] = {}
-        #: The executor holding each partition's warm state (`services.write.affinity`).
-        self.home: dict[int, str] = {}
         #: The lease keeper's own handle, and what it holds (`_hold_target`, set by the loop).
         self.lease_shard = open_shard(config.shard_id, None, config.s3, config.shard_timing())
         self.target: tuple[Frontier | None, dict[str, Frontier]] = (None, {})
         self.lease_stop = threading.Event()
-        #: When the last batch was staged (for `_maybe_restage`).
-        self.staged_at = time.monotonic()
         self.spark: Any = None
         self.compactor: Compactor | None = None
         #: The resident tasks the steps run in (`services.write.resident`), if enabled.
         self.crew: Crew | None = None
-        #: Owned partitions not folded since they were gained: folded before any staging.
-        self.unchecked: set[int] = set()
-        #: Owned partitions whose first fold kept its state in the executor (no checkpoint) and
-        #: whose next staging step keeps it too: that step stages the whole load, which a
-        #: checkpoint would write a second time; the step after the batch's append checkpoints
-        #: (inline) what the read-back left. Each step's state is `desired - shard` folded to
-        #: the same frontiers whichever owner holds it, so the part is the same; what the
-        #: deferral delays is only when a second owner's chain is met (`pipelined`) and when
-        #: the lease, the hold and the trimming move (durable checkpoints only).
-        self.deferred: set[int] = set()
-        #: Owned partitions whose desired records their checkpoint needs are gone.
-        self.gone: dict[int, Gone] = {}
-        #: The desired offsets of each owned partition's two newest durable checkpoints.
-        self.kept_offsets: dict[int, list[int]] = {}
-        self.next_trim = time.monotonic() + config.desired_trim_interval
 
     # -- ownership --------------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         consumer.pause(partitions)
         for tp in partitions:
-            self.versions[tp.partition] = checkpoint.collect_superseded(
-                self.config.sink_id, tp.partition, self.config.s3
-            )
-            self.durable[tp.partition] = self.versions[tp.partition]
-            self.pipelined.discard(tp.partition)
-            self.deferred.discard(tp.partition)
-            self.unchecked.add(tp.partition)
-        self.state.set_owned(frozenset(self.versions))
+            latest = self.checkpoints.collect_superseded(self.config.sink_id, tp.partition)
+            self.chains.gain(tp.partition, latest, self._hold_at_gain(tp.partition, latest))
+        self.state.set_owned(self.chains.owned)
         self._lead_compaction()
         log.info(
-            "desired partitions assigned: %s (checkpoints %s)", sorted(self.versions), self.versions
+            "desired partitions assigned: %s (checkpoints %s)",
+            sorted(self.chains.owned),
+            {p: c.expected for p, c in sorted(self.chains.chains.items())},
         )
+
+    def _hold_at_gain(self, partition: int, latest: int) -> Frontier | None:
+        """`hold_at_gain` for a partition just assigned; None if it failed (S3 unavailable: the
+        lease keeper holds the partition once a version this driver creates is durable)."""
+        try:
+            return hold_at_gain(
+                self.checkpoints, self.shard, self.config.sink_id, self.writer_id, partition, latest
+            )
+        except Exception as error:
+            log.warning("partition %d: taking its critical hold failed: %r", partition, error)
+            return None
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         for tp in partitions:
-            self.versions.pop(tp.partition, None)
-            self.durable.pop(tp.partition, None)
-            self.pipelined.discard(tp.partition)
-            self.folded.pop(tp.partition, None)
-            self.unchecked.discard(tp.partition)
-            self.deferred.discard(tp.partition)
-            self.kept_offsets.pop(tp.partition, None)
-            self._set_gone(tp.partition, None)
-        self.state.set_owned(frozenset(self.versions))
+            self._dispatch(self.chains.lose(tp.partition))
+            self._show_gone(tp.partition)
+        self.state.set_owned(self.chains.owned)
         self._lead_compaction()
         log.info("desired partitions revoked: %s", sorted(tp.partition for tp in partitions))
 
@@ -210,7 +197,7 @@ class WriteShell:
         unless read-only: merges write data."""
         if self.compactor is None:
             return
-        if 0 in self.versions and not self.state.read_only:
+        if 0 in self.chains.owned and not self.state.read_only:
             self.compactor.enabled.set()
         else:
             self.compactor.enabled.clear()
@@ -222,17 +209,11 @@ class WriteShell:
         checkpoints have folded (the tasks read the shard's changes from there, or from a fold
         in memory past it, which merges keep distinct only at or after `since`), None (where it
         is) until every owned partition has one; and each owned partition's critical hold: its
-        latest durable checkpoint's `persist_folded` (the lease lapses when this driver is gone
-        for longer than `reader_lease`; the holds stay, so the checkpoints stay valid)."""
-        owned = sorted(self.state.owned)
-        known = [self.folded[p] for p in owned if p in self.folded]
-        hold = meet_all(known) if owned and len(known) == len(owned) else None
-        holds = {
-            checkpoint.holder_id(self.config.sink_id, p): self.folded[p]
-            for p in owned
-            if p in self.folded
-        }
-        return hold, holds
+        latest durable checkpoint's `persist_folded` (`Chains.hold_target`; the lease lapses
+        when this driver is gone for longer than `reader_lease`; the holds stay, so the
+        checkpoints stay valid)."""
+        hold, holds = self.chains.hold_target()
+        return hold, {checkpoint.holder_id(self.config.sink_id, p): f for p, f in holds.items()}
 
     def _hold(self) -> bool:
         """Renew the lease and move the holds to `self.target` (one version); whether it
@@ -261,64 +242,82 @@ class WriteShell:
             delay = interval if self._hold() else 1.0
 
     def _latest_checkpoint(self, partition: int) -> int:
-        return checkpoint.latest(self.config.sink_id, partition, self.config.s3)
+        return self.checkpoints.latest(self.config.sink_id, partition)
+
+    # -- the chains' commands -------------------------------------------------------------------
+
+    def _dispatch(self, commands: list[Command]) -> None:
+        """Do what the chains say (`services.write.chain.Command`): read, log, show."""
+        for command in commands:
+            match command:
+                case AdvanceDesired(partition=partition, frontier=frontier):
+                    self.state.advance_desired_frontier(partition, frontier)
+                case ReadLatest(partition=partition):
+                    latest = self._latest_checkpoint(partition)
+                    self._dispatch(self.chains.absorb_latest(partition, latest))
+                case Continued(partition=partition, version=version):
+                    # Another owner (a replica before a rebalance revokes it here), or a lost
+                    # attempt of this driver's own task (its executor died after
+                    # checkpointing, Spark ran the task again): continue from the newest.
+                    log.warning(
+                        "partition %d was checkpointed by another owner or a lost task "
+                        "attempt: continuing from version %d",
+                        partition,
+                        version,
+                    )
+                case Refold(partition=partition, was=was, version=version):
+                    log.warning(
+                        "partition %d: checkpoint version %s -> %d (repaired?): folding it again",
+                        partition,
+                        was,
+                        version,
+                    )
+                case ReportGone(partition=partition, gone=gone):
+                    log.error("%s", gone.message)
+                    self._show_gone(partition)
+                case Cleared(partition=partition):
+                    log.info(
+                        "partition %d: its checkpoint no longer needs deleted desired records",
+                        partition,
+                    )
+                    self._show_gone(partition)
+                case LogRebuilt(partition=partition):
+                    log.warning(
+                        "partition %d rebuilt its corrections from all of desired: the shard's "
+                        "since had passed its checkpoint",
+                        partition,
+                    )
 
     # -- the desired topic's life cycle ---------------------------------------------------------
 
-    def _set_gone(self, partition: int, gone: Gone | None) -> None:
-        """Record whether `partition`'s needed desired records are gone; readiness says why."""
-        was = self.gone.pop(partition, None)
-        if gone is not None:
-            self.gone[partition] = gone
-            if was is None or was.log_start != gone.log_start:
-                log.error("%s", gone.message)
-        elif was is not None:
-            log.info(
-                "partition %d: its checkpoint no longer needs deleted desired records", partition
-            )
-        GONE.labels(self.config.sink_id, str(partition)).set(0 if gone is None else 1)
-        blocked(
+    def _show_gone(self, partition: int) -> None:
+        """Show whether `partition`'s needed desired records are gone; readiness says why."""
+        gone: dict[int, Gone] = self.chains.gone()
+        GONE.labels(self.config.sink_id, str(partition)).set(1 if partition in gone else 0)
+        self.stopping.blocked(
             "; ".join(
                 f"desired partition {p}: records from offset {g.needed} are needed but "
                 f"deleted below {g.log_start} (run `mvsink repair "
                 f"{self.config.sink_id}`)"
-                for p, g in sorted(self.gone.items())
+                for p, g in sorted(gone.items())
             )
             or None
         )
 
     def _recheck_gone(self) -> None:
         """A gone partition whose checkpoint version changed (repaired, or restored) is folded
-        again before any staging."""
-        for partition in sorted(self.gone):
-            latest = self._latest_checkpoint(partition)
-            if latest != self.versions.get(partition):
-                log.warning(
-                    "partition %d: checkpoint version %s -> %d (repaired?): folding it again",
-                    partition,
-                    self.versions.get(partition),
-                    latest,
-                )
-                self.versions[partition] = self.durable[partition] = latest
-                self.pipelined.discard(partition)
-                self.kept_offsets.pop(partition, None)
-                self._set_gone(partition, None)
-                self.deferred.discard(partition)
-                self.unchecked.add(partition)
+        again before any staging (`Chains.absorb_latest`)."""
+        for partition in self.chains.gone():
+            self._dispatch(self.chains.absorb_latest(partition, self._latest_checkpoint(partition)))
 
     def _maybe_trim(self) -> None:
         """Delete each owned partition's desired records below the older of its two newest
-        durable checkpoints (module docs); failures are logged and retried next time."""
-        interval = self.config.desired_trim_interval
-        now = time.monotonic()
-        if interval <= 0 or now < self.next_trim:
+        durable checkpoints (module docs, `Chains.trim_below`), every `desired_trim_interval`;
+        failures are logged and retried next time."""
+        below = self.chains.trim_below(self.clock.monotonic())
+        if below is None:
             return
-        self.next_trim = now + interval
-        below = {
-            p: min(kept)
-            for p, kept in self.kept_offsets.items()
-            if len(kept) == 2 and p in self.state.owned and p not in self.gone
-        }
+        interval = self.config.desired_trim_interval
         bootstrap, topic = self.config.kafka_bootstrap, self.config.topics.desired
         try:
             for partition in below:
@@ -345,12 +344,7 @@ class WriteShell:
     def run(self) -> int:
         from mvsink.io.spark import spark_session
 
-        self.spark = spark_session(
-            f"mvsink-write-{self.config.sink_id}",
-            self.config.spark_master,
-            cores_max=self.config.spark_cores_max,
-            pack_env=self.config.spark_pack_env,
-        )
+        self.spark = spark_session(f"mvsink-write-{self.config.sink_id}", config=self.config)
         self.target = self._hold_target()
         self._hold()  # before any task reads the shard
         keeper = threading.Thread(target=self._keep_lease, name="write-lease", daemon=True)
@@ -363,7 +357,7 @@ class WriteShell:
                 self.compactor.start()
             self._warm_up()
             if self.config.spark_residents:
-                self.crew = Crew(self.spark)
+                self.crew = Crew(self.spark, driver_host(self.config.spark_driver_host))
                 executors = live_executors(self.spark)
                 if executors:  # before the first step, which then finds them connected
                     self.crew.launch(sorted(executors), self._slots(executors))
@@ -383,7 +377,7 @@ class WriteShell:
             own_keys = frontier_keys(
                 self.config.sink_id, self.config.partitions, self.config.shard_id
             )
-            next_poll, last_fold = 0.0, time.monotonic()
+            next_poll, last_fold = 0.0, self.clock.monotonic()
             log.info(
                 "write %s started as %s, read_only=%s",
                 self.config.sink_id,
@@ -398,36 +392,38 @@ class WriteShell:
                     follow, (0.05, 0.0, 0.0), (None, own_keys, None), strict=True
                 ):
                     self._absorb(consumer, wait, keys)
-                if time.monotonic() >= next_poll:
+                if self.clock.monotonic() >= next_poll:
                     self.state.advance_persist_frontier(self.shard.upper())
-                    next_poll = time.monotonic() + SHARD_POLL
+                    next_poll = self.clock.monotonic() + SHARD_POLL
                 self.target = self._hold_target()
                 if self.crew is not None:
                     self.crew.maybe_step_aside()  # an idle crew must not starve a merge
                 desc, state = self.state.batch_description, self.state
                 working = desc is not None and state.owned and not state.read_only
-                report(state.persist_frontier.time, desc.upper.time if desc and working else None)
+                self.stopping.report(
+                    state.persist_frontier.time, desc.upper.time if desc and working else None
+                )
                 self._maybe_restage()
                 self._maybe_trim()
-                if self.unchecked & self.state.owned:
+                gained = self.chains.unchecked()
+                if gained:
                     # A gained partition's first fold: checkpointed after the first append
-                    # (`deferred`; read-only mode stages none, so it checkpoints its folds).
-                    gained = tuple(sorted(self.unchecked & self.state.owned))
-                    self._fold(gained, checkpointing=self.state.read_only)
-                    last_fold = time.monotonic()
+                    # (`Deferred`; read-only mode stages none, so it checkpoints its folds).
+                    self._fold(gained)
+                    last_fold = self.clock.monotonic()
                     continue
-                if self.gone:  # nothing is staged until they are repaired
-                    if time.monotonic() - last_fold > FOLD_INTERVAL:
+                if self.chains.gone():  # nothing is staged until they are repaired
+                    if self.clock.monotonic() - last_fold > FOLD_INTERVAL:
                         self._recheck_gone()
-                        last_fold = time.monotonic()
+                        last_fold = self.clock.monotonic()
                     continue
                 job = None if self.state.read_only else self.state.maybe_start_batch()
                 if job is not None:
                     self._stage(job)
-                    last_fold = time.monotonic()
-                elif self.state.owned and time.monotonic() - last_fold > FOLD_INTERVAL:
+                    last_fold = self.clock.monotonic()
+                elif self.state.owned and self.clock.monotonic() - last_fold > FOLD_INTERVAL:
                     self._fold()
-                    last_fold = time.monotonic()
+                    last_fold = self.clock.monotonic()
         finally:
             if self.crew is not None:
                 self.crew.dismiss()
@@ -476,36 +472,26 @@ class WriteShell:
 
     # -- jobs -------------------------------------------------------------------------------
 
-    def _specs(
-        self, partitions: tuple[int, ...], job: StageJob | None, checkpointing: bool = True
-    ) -> list[StepSpec]:
-        """A step of each of `partitions`, staging `job`'s description or only folding (and
-        writing no checkpoint, if not `checkpointing`; a `deferred` partition's staging step
-        writes none either)."""
+    def _specs(self, partitions: tuple[int, ...], job: StageJob | None) -> list[StepSpec]:
+        """A step of each of `partitions`, staging `job`'s description or only folding, from
+        and checkpointing as its chain says (`Chains.spec`)."""
         desc = None if job is None else job.desc
-        return [
-            StepSpec(
-                self.sink,
-                p,
-                self.versions.get(p, -1),
-                desc,
-                checkpointing and not (desc is not None and p in self.deferred),
-                durable=self.durable.get(p),
-                pipelined=desc is not None and p in self.pipelined,
-            )
-            for p in partitions
-        ]
+        specs = []
+        for p in partitions:
+            plan = self.chains.spec(p, desc is not None, self.state.read_only)
+            specs.append(StepSpec(self.sink, p, plan.version, desc, plan.mode, plan.durable))
+        return specs
 
     def _warm_up(self) -> None:
         """Import the task code in every executor slot; log where the executors got it."""
         slots = self.spark.sparkContext.defaultParallelism
-        started = time.monotonic()
+        started = self.clock.monotonic()
         found = set(self.spark.sparkContext.parallelize(range(slots), slots).map(warm_up).collect())
         log.info(
             "Spark %s: executors %s warmed up in %.2fs, code from %s, %d task slots",
             self.spark.sparkContext.master,
             sorted({e for e, _ in found}),
-            time.monotonic() - started,
+            self.clock.monotonic() - started,
             sorted({c for _, c in found}),
             task_slots(self.spark),
         )
@@ -514,7 +500,8 @@ class WriteShell:
         """Run `specs` on their partitions' home executors (`services.write.affinity`): in the
         resident tasks while they serve, else (and whatever they hand back) as a Spark job."""
         executors = live_executors(self.spark)
-        placement = place((s.partition for s in specs), self.home, executors)
+        home = self.chains.home
+        placement = place((s.partition for s in specs), home, executors)
         by_partition = {s.partition: s for s in specs}
         slots = self._slots(executors)
         work = [
@@ -525,11 +512,11 @@ class WriteShell:
         if self.crew is not None:
             results, work = self.crew.run(work, sorted(executors), slots)
         if work:
-            results += run_pinned(self.spark, work, run_tasks)
+            results += run_pinned(self.spark, work, one_shot)
         moved = {
-            r.partition: f"{self.home[r.partition]} -> {r.executor}"
+            r.partition: f"{home[r.partition]} -> {r.executor}"
             for r in results
-            if self.home.get(r.partition, r.executor) != r.executor
+            if home.get(r.partition, r.executor) != r.executor
         }
         if moved:
             log.info("partitions moved between executors: %s (alive: %s)", moved, sorted(executors))
@@ -543,91 +530,25 @@ class WriteShell:
         return max(1, task_slots(self.spark) // len(executors))
 
     def _absorb_result(self, result: StepResult, staging: bool = False) -> None:
-        """What a step (a `staging` one, or a fold) tells the driver: its partition's home,
-        version, fold and desired frontier. The fold the reader lease and the critical hold
-        follow, and the kept desired offsets, move only for a step that checkpointed
-        (`StepResult.checkpointed`): they must always name a durable checkpoint. Until a gained
-        partition's first one, the lease stays where it was (`_hold_target`: at or before every
-        fold in memory)."""
-        self.home[result.partition] = result.executor
-        if staging and not result.outdated:  # a deferred partition's next step checkpoints
-            self.deferred.discard(result.partition)
-        if result.partition in self.versions:
-            self._set_gone(result.partition, result.gone)
-            if result.partition in self.unchecked and not (
-                result.gone or result.stale or result.checkpointed
-            ):  # its state is kept in the executor: the first staging step keeps it too
-                self.deferred.add(result.partition)
-            self.unchecked.discard(result.partition)
-        if result.gone is not None:
-            return
-        # The in-band progress the step folded to: the partition's own record of its frontier,
-        # committed with the `DesiredProgress` that `frontiers` carries, which a driver that
-        # just started may read only after a whole shared topic.
-        self.state.advance_desired_frontier(result.partition, result.desired_frontier)
-        if result.stale and result.partition in self.versions:
-            # Another owner (a replica before a rebalance revokes it here), or a lost attempt of
-            # this driver's own task (its executor died after checkpointing, Spark ran the task
-            # again): continue from the newest checkpoint either way.
-            latest = self._latest_checkpoint(result.partition)
-            log.warning(
-                "partition %d was checkpointed by another owner or a lost task "
-                "attempt: continuing from version %d",
-                result.partition,
-                latest,
-            )
-            self.versions[result.partition] = self.durable[result.partition] = latest
-            self.pipelined.discard(result.partition)
-            self.deferred.discard(result.partition)
-        elif result.partition in self.versions:
-            self.versions[result.partition] = result.version
-            # The lease, holds and trimming follow durable checkpoints only: a pipelined step's
-            # once a later result confirms it, an inline one's at once.
-            if result.confirmed is not None:
-                c = result.confirmed
-                self._advance_durable(
-                    result.partition, c.version, c.persist_folded, c.folded_offset
-                )
-            if result.checkpointed:
-                self._advance_durable(
-                    result.partition, result.version, result.persist_folded, result.folded_offset
-                )
-                self.pipelined.add(result.partition)
-                self.deferred.discard(result.partition)
-        if result.rebuilt:
-            log.warning(
-                "partition %d rebuilt its corrections from all of desired: the shard's since "
-                "had passed its checkpoint",
-                result.partition,
-            )
+        """What a step (a `staging` one, or a fold) tells the driver: its chain's
+        (`Chains.absorb_result`: home, version, what is durable, desired frontier), and the
+        metrics."""
+        owned = result.partition in self.chains.owned
+        self._dispatch(self.chains.absorb_result(result, staging))
+        if owned:
+            self._show_gone(result.partition)
         CORRECTIONS.labels(self.config.sink_id, str(result.partition)).set(result.corrections)
         DEAD.labels(self.config.sink_id).inc(result.dead_letters)
         READ_BACK.labels(self.config.sink_id).inc(result.bytes_read_back)
         WRITTEN.labels(self.config.sink_id).inc(result.bytes_written)
 
-    def _advance_durable(
-        self, partition: int, version: int, persist_folded: Frontier, folded_offset: int | None
-    ) -> None:
-        """Checkpoint `version` of `partition` is known created: the lease and the critical
-        hold may follow its fold, and desired may be trimmed below the older of the newest two
-        (`folded_offset` None: not known, nothing trimmed further)."""
-        if version <= self.durable.get(partition, -1):
-            return  # an older confirmation (the chain moved on past it)
-        self.durable[partition] = version
-        self.folded[partition] = persist_folded
-        if folded_offset is not None:
-            kept = self.kept_offsets.setdefault(partition, [])
-            kept[:] = [*kept, folded_offset][-2:]
-
     def _confirm_pending(self) -> None:
         """On the way out, after the residents waited for their creates under way: a pending
-        version (`StepResult.pending`) that now exists is durable, so the final holds follow
-        it (`_hold`)."""
-        for partition, version in sorted(self.versions.items()):
-            if version <= self.durable.get(partition, -1):
-                continue
+        version (`Pending`) that now exists is durable, so the final holds follow it
+        (`_hold`)."""
+        for partition, version in self.chains.unconfirmed():
             try:
-                meta = checkpoint.read_meta(self.config.sink_id, partition, version, self.config.s3)
+                meta = self.checkpoints.read_meta(self.config.sink_id, partition, version)
             except Exception as error:  # the holds stay at the older checkpoint: still valid
                 log.warning(
                     "partition %d: reading checkpoint %d failed: %r", partition, version, error
@@ -635,38 +556,37 @@ class WriteShell:
                 continue
             if meta is not None:
                 folded = Frontier.from_elements(meta["persist_folded"])
-                self._advance_durable(partition, version, folded, None)
+                self.chains.absorb_created(partition, version, folded)
 
     def _maybe_restage(self) -> None:
         """Stage the current description again when its batch stayed unappended for
         `RESTAGE_AFTER` of `max_part_age` (module docs of `services.append.state.TooOld`)."""
-        desc, bound = self.state.batch_description, RESTAGE_AFTER * self.config.shard_max_part_age
-        if desc is None or time.monotonic() - self.staged_at < bound:
-            return
-        if desc.lower == self.state.persist_frontier and self.state.restage():
+        now, staged_at = self.clock.monotonic(), self.state.staged_at
+        if self.state.maybe_restage(now, RESTAGE_AFTER * self.config.shard_max_part_age):
             log.warning(
                 "%s staged %.0fs ago and still not appended: staging it again",
-                desc,
-                time.monotonic() - self.staged_at,
+                self.state.batch_description,
+                now - staged_at,
             )
-            self.staged_at = time.monotonic()
 
     def _stage(self, job: StageJob) -> None:
-        started = time.monotonic()
+        started = self.clock.monotonic()
         results = self._run(self._specs(job.partitions, job))
-        ran = time.monotonic() - started
-        if any(r.outdated for r in results):
+        ran = self.clock.monotonic() - started
+        if any(
+            isinstance(r.outcome, Ran) and isinstance(r.outcome.batch, Outdated) for r in results
+        ):
             log.info("%s is outdated (the shard moved on): nothing reported", job.desc)
             return
-        if any(r.gone is not None for r in results):
+        gone = sorted(r.partition for r in results if isinstance(r.outcome, Gone))
+        if gone:
             log.error(
-                "%s: desired records of partitions %s are gone: nothing reported",
-                job.desc,
-                sorted(r.partition for r in results if r.gone is not None),
+                "%s: desired records of partitions %s are gone: nothing reported", job.desc, gone
             )
             return
-        covered = tuple(r.partition for r in results if not r.stale)
-        parts = tuple(r.part for r in results if not r.stale and r.part is not None)
+        kept = [r for r in results if not is_stale(r.outcome)]
+        covered = tuple(r.partition for r in kept)
+        parts = tuple(r.part for r in kept if r.part is not None)
         if not covered:
             return
         desc = job.desc
@@ -686,8 +606,7 @@ class WriteShell:
             desc.append_worker,
         )
         self.producer.flush(30)
-        self.state.batch_staged(job, covered)
-        self.staged_at = time.monotonic()
+        self.state.batch_staged(job, covered, self.clock.monotonic())
         if self.compactor is not None:
             self.compactor.poke()
         BATCHES.labels(self.config.sink_id).inc()
@@ -699,25 +618,48 @@ class WriteShell:
             list(covered),
             len(parts),
             sum(p.updates for p in parts),
-            time.monotonic() - started,
+            self.clock.monotonic() - started,
             ran,
             slowest_steps(results),
         )
 
-    def _fold(self, partitions: tuple[int, ...] | None = None, checkpointing: bool = True) -> None:
-        """Fold `partitions` (every owned one by default) without staging (and without
-        checkpointing, if not `checkpointing`)."""
+    def _fold(self, partitions: tuple[int, ...] | None = None) -> None:
+        """Fold `partitions` (every owned one by default) without staging (a gained partition's
+        first fold without checkpointing, `Chains.spec`)."""
         partitions = tuple(sorted(self.state.owned)) if partitions is None else partitions
-        started = time.monotonic()
-        results = self._run(self._specs(partitions, None, checkpointing))
+        started = self.clock.monotonic()
+        specs = self._specs(partitions, None)
+        first = bool(specs) and all(isinstance(s.mode, Keep) for s in specs)
+        results = self._run(specs)
         log.info(
             "folded partitions %s%s: corrections %s in %.2fs (slowest task's steps: %s)",
             [r.partition for r in results],
-            "" if checkpointing else " (first fold: checkpointed after the first append)",
+            " (first fold: checkpointed after the first append)" if first else "",
             {r.partition: r.corrections for r in results},
-            time.monotonic() - started,
+            self.clock.monotonic() - started,
             slowest_steps(results),
         )
+
+
+def hold_at_gain(
+    checkpoints: checkpoint.Checkpoints,
+    shard: Shard,
+    sink_id: str,
+    writer_id: str,
+    partition: int,
+    latest: int,
+) -> Frontier:
+    """Take `partition`'s critical hold before any of its steps runs, at what its newest
+    checkpoint `latest` folded of the shard (at `since` for none, or for one `since` passed),
+    in one lease version of `writer_id`; where it is held, the chain's `persist_folded` at gain.
+    Without it the first checkpoints a driver creates would be unheld until its lease keeper's
+    next round after them, and a keeper paused past the lease, or a driver killed in between,
+    would leave them to `since` (invariant 0; `tests/sim` seed `unheld-first-checkpoints`)."""
+    meta = checkpoints.read_meta(sink_id, partition, latest)
+    folded = Frontier.from_elements(meta["persist_folded"]) if meta else Frontier.minimum()
+    at = folded.join(shard.state().since)
+    shard.lease(writer_id, holds={checkpoint.holder_id(sink_id, partition): at})
+    return at
 
 
 def slowest_steps(results: list[StepResult]) -> dict[str, float]:

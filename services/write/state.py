@@ -13,6 +13,11 @@ A task's step (`services.write.task`) makes two decisions, planned here and appl
 * `plan_batch`, once both inputs are folded (the shard's state read again if a merge replaced a
   part meanwhile, so not decidable at the start): stage the batch, skip an outdated one, or
   only fold (`StepBatch`).
+
+How a step checkpoints (`CheckpointMode`: `Inline`, `Pipelined`, `Keep`, as the driver's
+`services.write.chain` decides) and what became of it (`StepOutcome`: it `Ran`, with its
+checkpoint's `CheckpointOutcome`, `Created`, `Pending`, `Kept` or `Lost`; or it was `Stale`;
+or its records were `Gone`) are closed unions here, shared by the task and the driver.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from dataclasses import dataclass, field
 
 from mvsink.core.frontier import Frontier, advance, advance_persist
 from mvsink.core.messages import BatchDescription
+from mvsink.shard.state import PartRef
 
 log = logging.getLogger("mvsink.write")
 
@@ -116,6 +122,98 @@ class FoldOnly:
 StepBatch = Stage | Outdated | FoldOnly
 
 
+@dataclass(frozen=True)
+class Inline:
+    """The step creates the next checkpoint version before it reports (a conditional create: a
+    second owner of the partition loses, invariant 4 of `services.write`)."""
+
+
+@dataclass(frozen=True)
+class Pipelined:
+    """A resident's staging step reports while its checkpoint is being created (invariant 4 of
+    `services.write`): the partition's next step in that Python worker waits for the create
+    before anything else, and is stale if it was lost. A one-shot task creates it inline."""
+
+
+@dataclass(frozen=True)
+class Keep:
+    """The step writes no checkpoint: its state stays in the executor at the version it loaded
+    (a gained partition's first fold and first staging step, `services.write.chain.Deferred`),
+    and nothing that lets go of history moves for it."""
+
+
+#: How a step checkpoints the state it leaves (`StepSpec.mode`).
+CheckpointMode = Inline | Pipelined | Keep
+
+
+@dataclass(frozen=True)
+class Created:
+    """The step created its checkpoint version (`size` bytes): durable."""
+
+    size: int
+
+
+@dataclass(frozen=True)
+class Pending:
+    """The step's checkpoint version is being created (`Pipelined`): not durable yet."""
+
+
+@dataclass(frozen=True)
+class Kept:
+    """The step wrote no checkpoint (`Keep`): its state stays in the executor."""
+
+
+@dataclass(frozen=True)
+class Lost:
+    """Another owner created the step's checkpoint version first: the step is stale, whatever
+    it staged is void."""
+
+
+#: How a step's checkpoint ended.
+CheckpointOutcome = Created | Pending | Kept | Lost
+
+
+@dataclass(frozen=True)
+class Ran:
+    """The step ran to its checkpoint: it started as `start` says, did with its description what
+    `batch` says (staging `part`, if any), and checkpointed as `checkpoint` says."""
+
+    start: StepStart
+    batch: StepBatch
+    part: PartRef | None
+    checkpoint: CheckpointOutcome
+
+
+@dataclass(frozen=True)
+class Stale:
+    """A checkpoint newer than the step's version exists (another owner's, or a lost attempt's
+    of this driver's own task): the step read, staged and checkpointed nothing."""
+
+
+@dataclass(frozen=True)
+class Gone:
+    """Desired records the step needed were deleted (`mvsink.core.errors.DesiredGone`, as data:
+    it travels back to the driver pickled): it staged and checkpointed nothing (invariant 5 of
+    `services.write`)."""
+
+    needed: int
+    log_start: int
+    message: str
+
+
+#: What became of a step (`StepResult.outcome`).
+StepOutcome = Ran | Stale | Gone
+
+
+def is_stale(outcome: StepOutcome) -> bool:
+    """Whether a step's work is void: a newer checkpoint existed, or its create was lost."""
+    match outcome:
+        case Stale() | Ran(checkpoint=Lost()):
+            return True
+        case _:
+            return False
+
+
 def plan_batch(desc: BatchDescription | None, shard_upper: Frontier) -> StepBatch:
     """What a step does with `desc` (None: only fold) once it folded the shard to
     `shard_upper` (invariant 1 of `services.write`: stage only at the description's lower)."""
@@ -141,11 +239,12 @@ class StageJob:
 class WriteState:
     """What the write driver knows.
 
-    Invariants: 1. the description's lower never regresses (regressing ones are dropped);
-    2. a partition is staged at most once per lower by this driver, unless `restage` asks
-    again (the staged batch outlived the parts' age bound unappended); 3. nothing is staged
-    unless the shard's upper equals the description's lower and every owned partition's
-    desired progress is at or past its upper.
+    It keeps invariants 1 and 2 of `services.write` (nothing is staged unless the shard's upper
+    equals the description's lower and every owned partition's desired progress is at or past
+    its upper; a partition is staged at most once per lower, a gained one too), with one
+    exception to 2: `maybe_restage` stages the description again once its batch outlived the
+    parts' age bound unappended. Its description is the latest valid one: a regressing lower
+    is dropped (the package's Frontiers).
     """
 
     sink_id: str
@@ -156,6 +255,8 @@ class WriteState:
     desired_frontiers: dict[int, Frontier] = field(default_factory=dict)
     batch_description: BatchDescription | None = None
     staged: set[int] = field(default_factory=set)
+    #: When a batch was last staged (or the driver started), on the driver's clock.
+    staged_at: float = 0.0
 
     def trace(self, message: str) -> None:
         """Log `message` with every frontier (the seed's `trace`)."""
@@ -225,8 +326,21 @@ class WriteState:
         self.trace(f"staging {self.batch_description} again")
         return True
 
-    def batch_staged(self, job: StageJob, partitions: tuple[int, ...]) -> None:
-        """`partitions` of `job` were staged and reported."""
+    def maybe_restage(self, now: float, bound: float) -> bool:
+        """At `now`, stage the current description again if nothing was staged for `bound`
+        seconds and it is still not appended (its lower is the shard's upper); whether it does
+        (then the time counts from `now`)."""
+        desc = self.batch_description
+        if desc is None or now - self.staged_at < bound:
+            return False
+        if desc.lower == self.persist_frontier and self.restage():
+            self.staged_at = now
+            return True
+        return False
+
+    def batch_staged(self, job: StageJob, partitions: tuple[int, ...], now: float = 0.0) -> None:
+        """`partitions` of `job` were staged and reported at `now`."""
+        self.staged_at = now
         if self.batch_description == job.desc:
             self.staged |= set(partitions)
             self.trace(f"staged partitions {list(partitions)} for {job.desc}")

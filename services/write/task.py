@@ -29,22 +29,24 @@ of `run_task` apply them:
 4. for a batch description whose lower is the shard's upper (`Stage`; else `Outdated`, or
    `FoldOnly` without one): stage the corrections with time `< upper` as one part (none if
    there are none); written updates stay in the corrections until the read-back cancels them;
-5. checkpoint the state as the next version (conditional create: a second owner loses;
-   `services.write.checkpoint`), unless the step is a gained partition's first fold or first
-   staging step (`StepSpec.checkpoint`): that state stays in the executor, and the step after
-   the first batch's append writes what the read-back left of the corrections, not the whole
-   load the first part held. A resident's pipelined staging step (`StepSpec.pipelined`)
-   starts the create and reports; the partition's next step here waits for it first (step 0).
+5. checkpoint the state as `StepSpec.mode` says (`services.write.state.CheckpointMode`):
+   `Inline`, the next version (conditional create: a second owner loses, `Lost`;
+   `services.write.checkpoint`); `Keep`, none, for a gained partition's first fold and first
+   staging step: that state stays in the executor, and the step after the first batch's append
+   writes what the read-back left of the corrections, not the whole load the first part held;
+   `Pipelined`, a resident's staging step starts the create and reports (`Pending`); the
+   partition's next step here waits for it first (step 0).
 
 A step that would have to read desired records the broker has deleted (a cold start or a
 rebuild on a topic that no longer starts at offset 0, a checkpoint older than what is left)
-stages nothing and checkpoints nothing: it reports the hole (`StepResult.gone`) and the driver
-holds the sink there until the checkpoints are repaired (`mvsink repair`). A step whose
-expected version is no longer the newest checkpoint is stale before it starts such a read.
+stages nothing and checkpoints nothing: it reports the hole (`Gone`) and the driver holds the
+sink there until the checkpoints are repaired (`mvsink repair`). A step whose expected version
+is no longer the newest checkpoint is `Stale` before it starts such a read. What became of a
+step is its `StepResult.outcome` (`services.write.state.StepOutcome`).
 
-Python workers are reused: a one-shot task's steps run in the worker's `default_worker()`, a
-resident's in `WriteWorker.resident()` of it (the same states in memory, warm copies deferred
-until it leaves, desired readers kept), passed to `run_tasks` explicitly.
+Python workers are reused: a one-shot task's steps (`one_shot`) run in the Python worker's
+`PROCESS.worker()`, a resident's in `WriteWorker.resident()` of it (the same states in memory,
+warm copies deferred until it leaves, desired readers kept), passed to `run_tasks` explicitly.
 """
 
 from __future__ import annotations
@@ -52,13 +54,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from mvsink.core.errors import DesiredGone, InvalidUsage, MvsinkError
+from mvsink.core.errors import DesiredGone, MvsinkError
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import BatchDescription
 from mvsink.core.settings import S3Settings
@@ -67,23 +70,32 @@ from mvsink.io.service import quiet_retries
 from mvsink.io.spark import each_on_a_thread, executor_id, trim_worker_path
 from mvsink.shard import PartGone, PartRef, Shard, ShardState, open_shard
 from services.write import checkpoint
-from services.write.checkpoint import PartitionState, StateCache
+from services.write.checkpoint import Checkpoints, PartitionState, StateCache
 from services.write.fold import Readers, SincePassed, fold_desired, fold_persist
 from services.write.state import (
+    CheckpointMode,
+    CheckpointOutcome,
+    Created,
     FoldOnly,
+    Gone,
+    Inline,
+    Keep,
+    Kept,
+    Lost,
     Outdated,
+    Pending,
+    Pipelined,
+    Ran,
     Rebuild,
     Stage,
+    Stale,
     StepBatch,
-    StepStart,
+    StepOutcome,
     plan_batch,
     plan_start,
 )
 
 log = logging.getLogger("mvsink.write.task")
-
-# Executors import this module to run the tasks: keep per-task overhead down (see the docs).
-trim_worker_path()
 
 
 @dataclass(frozen=True)
@@ -119,36 +131,19 @@ class StepSpec:
     #: The batch to stage, or None to only fold and consolidate (read-only mode, a gained
     #: partition's first fold).
     desc: BatchDescription | None = None
-    #: Whether the step writes the next checkpoint version. A gained partition's first fold
-    #: and its first staging step skip it (`services.write.shell.WriteShell.deferred`): its
-    #: state stays in the executor at `version` (`checkpoint.keep`), the step after the first
-    #: batch's append checkpoints it, and the driver moves neither the partition's critical
-    #: hold nor its kept desired offsets for it (they follow durable checkpoints only).
-    checkpoint: bool = True
+    #: How the step checkpoints its state, as the driver's chain says
+    #: (`services.write.chain.Chains.spec`): `Inline`; `Keep` for a gained partition's first
+    #: fold and first staging step (its state stays in the executor at `version`,
+    #: `checkpoint.keep`, and the driver moves neither the partition's critical hold nor its
+    #: kept desired offsets for it); `Pipelined` for staging steps of a chain the driver has
+    #: itself continued (invariant 4 of `services.write`: the create runs while the batch is
+    #: appended, and the partition's next step in this Python worker waits for it before
+    #: anything else), which a one-shot task runs inline.
+    mode: CheckpointMode = field(default_factory=Inline)
     #: The newest version the driver knows was created (None: `version`). Below `version`
-    #: when the step before reported while its create was under way (`pipelined`): a step
-    #: that finds `version` never created continues from this one (`checkpoint.load`).
+    #: when the step before reported while its create was under way (`Pending`): a step that
+    #: finds `version` never created continues from this one (`Checkpoints.load`).
     durable: int | None = None
-    #: Whether a resident may report this step before its checkpoint is created (invariant 4
-    #: of `services.write`): the create runs while the batch is appended, and the partition's
-    #: next step in this Python worker waits for it before anything else. The driver sets it
-    #: for staging steps of partitions whose chain it has itself continued since it gained them
-    #: (`services.write.shell.WriteShell.pipelined`); a one-shot task ignores it.
-    pipelined: bool = False
-
-    def __post_init__(self) -> None:
-        if self.pipelined and not self.checkpoint:
-            raise InvalidUsage(f"partition {self.partition}: a pipelined step must checkpoint")
-
-
-@dataclass(frozen=True)
-class Gone:
-    """Desired records a step needed were deleted (`mvsink.core.errors.DesiredGone`, as data: it
-    travels back to the driver pickled)."""
-
-    needed: int
-    log_start: int
-    message: str
 
 
 @dataclass(frozen=True)
@@ -158,8 +153,6 @@ class StepResult:
     partition: int
     #: The partition's checkpoint version after the step (the expected one if it wrote none).
     version: int
-    #: The part staged, if any.
-    part: PartRef | None
     folded_offset: int
     desired_frontier: Frontier
     persist_folded: Frontier
@@ -171,28 +164,25 @@ class StepResult:
     #: Bytes written to object storage: the staged part, an inline checkpoint, and a pipelined
     #: create confirmed since the partition's last result (`confirmed`): each once.
     bytes_written: int
-    #: The shard moved past the description's lower: nothing was staged (`Outdated`).
-    outdated: bool = False
-    #: Another owner checkpointed this partition first: this step's work is void.
-    stale: bool = False
-    #: The step wrote checkpoint `version` (durable: the driver may move the partition's
-    #: critical hold to `persist_folded` and keep desired from `folded_offset`).
-    checkpointed: bool = False
-    #: Checkpoint `version` is being created (`StepSpec.pipelined`): not durable yet.
-    pending: bool = False
+    #: What became of the step: it `Ran` (where it started, what it did with its description,
+    #: its part and its checkpoint's outcome: `Created` is durable, so the driver may move the
+    #: partition's critical hold to `persist_folded` and keep desired from `folded_offset`), or
+    #: it was `Stale`, or the desired records it needed were `Gone`.
+    outcome: StepOutcome
     #: A pipelined create this Python worker found done since the partition's last result:
-    #: that version is durable, with what its state had folded (what `checkpointed` says of
-    #: this step's own).
+    #: that version is durable, with what its state had folded (what `Created` says of this
+    #: step's own).
     confirmed: checkpoint.Confirmed | None = None
-    #: The checkpoint was older than the shard's since: rebuilt from all of desired (`Rebuild`).
-    rebuilt: bool = False
-    #: Desired records it needed were gone: nothing was staged or checkpointed.
-    gone: Gone | None = None
     #: The executor the step ran in (`mvsink.io.spark.executor_id`): the partition's new home.
     executor: str = "driver"
     #: Seconds per step (load, desired, persist, consolidate, stage, checkpoint, and the whole
     #: task's): the profile.
     seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def part(self) -> PartRef | None:
+        """The part the step staged, if any."""
+        return self.outcome.part if isinstance(self.outcome, Ran) else None
 
 
 @dataclass
@@ -205,8 +195,10 @@ class WriteWorker:
     readers: Readers = field(default_factory=Readers)
     #: Open shards, by shard id.
     shards: dict[str, Shard] = field(default_factory=dict)
-    #: Where pipelined steps' checkpoints are created (`StepSpec.pipelined`): a resident's
-    #: only; None runs every checkpoint inline.
+    #: Checkpoint handles (`services.write.checkpoint.Checkpoints`), by object store.
+    stores: dict[S3Settings, Checkpoints] = field(default_factory=dict)
+    #: Where pipelined steps' checkpoints are created (`Pipelined`): a resident's only; None
+    #: runs every checkpoint inline.
     creates: ThreadPoolExecutor | None = None
 
     def shard(self, sink: SinkSpec) -> Shard:
@@ -215,6 +207,13 @@ class WriteWorker:
         if shard is None:
             shard = self.shards[sink.shard_id] = open_shard(sink.shard_id, None, sink.s3)
         return shard
+
+    def checkpoints(self, sink: SinkSpec) -> Checkpoints:
+        """The sink's checkpoints, one handle per object store and worker."""
+        store = self.stores.get(sink.s3)
+        if store is None:
+            store = self.stores[sink.s3] = Checkpoints.of(sink.s3)
+        return store
 
     def resident(self) -> WriteWorker:
         """The worker of a resident task in this Python worker (`services.write.resident`, rule
@@ -227,9 +226,11 @@ class WriteWorker:
                 warm_copies=False,
                 pending=shared.pending,
                 confirmed=shared.confirmed,
+                warm_dir=shared.warm_dir,
             ),
             Readers(keep=True),
             self.shards,
+            self.stores,
             ThreadPoolExecutor(_CREATES, thread_name_prefix="checkpoint-create"),
         )
 
@@ -248,17 +249,31 @@ class WriteWorker:
         self.states.save_warm_copies()
 
 
-_DEFAULT: WriteWorker | None = None
 #: Creates a resident runs at once (one per partition at most).
 _CREATES = 4
 
 
-def default_worker() -> WriteWorker:
-    """This Python worker's `WriteWorker` for one-shot Spark tasks, created on first use."""
-    global _DEFAULT
-    if _DEFAULT is None:
-        _DEFAULT = WriteWorker()
-    return _DEFAULT
+class ProcessWorker:
+    """The `WriteWorker` of this Python worker process, created on first use: Spark reuses a
+    Python worker for many tasks, and its one-shot tasks (`one_shot`) and residents
+    (`WriteWorker.resident` of it) share its states."""
+
+    def __init__(self) -> None:
+        self._worker: WriteWorker | None = None
+        self._lock = threading.Lock()
+
+    def worker(self) -> WriteWorker:
+        with self._lock:
+            if self._worker is None:
+                # The worker's first task has imported what the tasks need: drop PySpark's zips
+                # from the path, which every later task would otherwise pay for.
+                trim_worker_path()
+                self._worker = WriteWorker()
+            return self._worker
+
+
+#: This Python worker process's write worker (`ProcessWorker`).
+PROCESS = ProcessWorker()
 
 
 #: How often a fold starts over when merges replace the parts it is reading.
@@ -304,11 +319,10 @@ def _step(spec: StepSpec, worker: WriteWorker, shard_state: ShardState | None) -
     try:
         if lost is not None and lost >= spec.version:  # (an older loss: load what is asked)
             raise checkpoint.Superseded(f"partition {spec.partition}: version {lost} was lost")
-        state, bytes_read = checkpoint.load(
+        state, bytes_read = worker.checkpoints(sink).load(
             sink.sink_id,
             spec.partition,
             spec.version,
-            sink.s3,
             sink.row_schema,
             sink.as_of,
             worker.states,
@@ -322,7 +336,7 @@ def _step(spec: StepSpec, worker: WriteWorker, shard_state: ShardState | None) -
     shard_state = shard_state or shard.state()
     start = plan_start(state.version, state.persist_folded, shard_state.since)
     if isinstance(start, Rebuild):
-        if _newer_checkpoint(spec, state.version):
+        if _newer_checkpoint(spec, worker, state.version):
             # A driver that has not seen the newest checkpoint (which the critical hold
             # protects): its result would be stale anyway, and a rebuild reads all of desired.
             return _void(spec, state, lap, bytes_read, confirmed=confirmed)
@@ -351,7 +365,7 @@ def _step(spec: StepSpec, worker: WriteWorker, shard_state: ShardState | None) -
         )
     except DesiredGone as error:
         worker.states.drop(sink.sink_id, spec.partition)  # folded nothing, but unsure
-        if _newer_checkpoint(spec, state.version):
+        if _newer_checkpoint(spec, worker, state.version):
             return _void(spec, state, lap, bytes_read, confirmed=confirmed)
         gone = Gone(error.needed, error.log_start, str(error))
         return _void(spec, state, lap, bytes_read, gone, confirmed)
@@ -365,31 +379,38 @@ def _step(spec: StepSpec, worker: WriteWorker, shard_state: ShardState | None) -
     batch = plan_batch(spec.desc, shard_state.upper)
     part = _stage(spec, state, shard, batch)
     lap("stage")
-    creates = worker.creates if spec.checkpoint and spec.pipelined else None
-    pending = creates is not None
-    if creates is not None:
-        checkpoint.save_later(
-            sink.sink_id, spec.partition, sink.s3, sink.writer_id, state, worker.states, creates
-        )
-        checkpointed: int | None = 0
-    elif spec.checkpoint:
-        checkpointed = checkpoint.save(
-            sink.sink_id, spec.partition, sink.s3, sink.writer_id, state, worker.states
-        )
-    else:
-        checkpoint.keep(sink.sink_id, spec.partition, state, worker.states)
-        checkpointed = 0
+    made = _checkpoint(spec, state, worker)
     lap("checkpoint")
-    return _result(
-        spec, state, start, batch, part, checkpointed, dead, bytes_read, lap, pending, confirmed
-    )
+    outcome = Ran(start, batch, part, made)
+    written = (part.bytes if part else 0) + (made.size if isinstance(made, Created) else 0)
+    return _report(spec, state, lap, bytes_read, state.version, outcome, dead, written, confirmed)
 
 
-def _newer_checkpoint(spec: StepSpec, loaded: int) -> bool:
+def _checkpoint(spec: StepSpec, state: PartitionState, worker: WriteWorker) -> CheckpointOutcome:
+    """Step 5, as `spec.mode` says (a one-shot task, without `worker.creates`, runs a
+    `Pipelined` step's create inline)."""
+    sink = spec.sink
+    match spec.mode:
+        case Pipelined() if worker.creates is not None:
+            worker.checkpoints(sink).save_later(
+                sink.sink_id, spec.partition, sink.writer_id, state, worker.states, worker.creates
+            )
+            return Pending()
+        case Inline() | Pipelined():
+            size = worker.checkpoints(sink).save(
+                sink.sink_id, spec.partition, sink.writer_id, state, worker.states
+            )
+            return Lost() if size is None else Created(size)
+        case Keep():
+            checkpoint.keep(sink.sink_id, spec.partition, state, worker.states)
+            return Kept()
+
+
+def _newer_checkpoint(spec: StepSpec, worker: WriteWorker, loaded: int) -> bool:
     """Whether a checkpoint newer than the one the step loaded exists (its step is stale): the
     version the driver expects, or the one before it if that was never created
     (`StepSpec.durable`) and a straggler's create has landed since."""
-    return checkpoint.exists(spec.sink.sink_id, spec.partition, loaded + 1, spec.sink.s3)
+    return worker.checkpoints(spec.sink).exists(spec.sink.sink_id, spec.partition, loaded + 1)
 
 
 def _fold_persist(
@@ -432,40 +453,6 @@ def _stage(spec: StepSpec, state: PartitionState, shard: Shard, batch: StepBatch
             return None
 
 
-def _result(
-    spec: StepSpec,
-    state: PartitionState,
-    start: StepStart,
-    batch: StepBatch,
-    part: PartRef | None,
-    checkpointed: int | None,
-    dead: int,
-    bytes_read: int,
-    lap: _Laps,
-    pending: bool,
-    confirmed: checkpoint.Confirmed | None,
-) -> StepResult:
-    """The result of a step that ran to its checkpoint (`checkpointed`: its size, 0 if the step
-    writes none or its create is under way (`pending`), or None if another owner wrote that
-    version first)."""
-    return _report(
-        spec,
-        state,
-        lap,
-        bytes_read,
-        version=state.version,
-        part=part,
-        dead_letters=dead,
-        bytes_written=(part.bytes if part else 0) + (checkpointed or 0),
-        outdated=isinstance(batch, Outdated),
-        stale=checkpointed is None,
-        rebuilt=isinstance(start, Rebuild),
-        checkpointed=spec.checkpoint and not pending and checkpointed is not None,
-        pending=pending,
-        confirmed=confirmed,
-    )
-
-
 def _void(
     spec: StepSpec,
     state: PartitionState,
@@ -477,16 +464,8 @@ def _void(
     """A step that staged and checkpointed nothing: stale (a newer checkpoint exists), or
     `gone` (the desired records it needed were deleted)."""
     lap("desired")
-    return _report(
-        spec,
-        state,
-        lap,
-        bytes_read,
-        version=spec.version,
-        stale=gone is None,
-        gone=gone,
-        confirmed=confirmed,
-    )
+    outcome: StepOutcome = Stale() if gone is None else gone
+    return _report(spec, state, lap, bytes_read, spec.version, outcome, confirmed=confirmed)
 
 
 def _report(
@@ -494,24 +473,16 @@ def _report(
     state: PartitionState,
     lap: _Laps,
     bytes_read: int,
-    *,
     version: int,
-    part: PartRef | None = None,
+    outcome: StepOutcome,
     dead_letters: int = 0,
     bytes_written: int = 0,
-    outdated: bool = False,
-    stale: bool = False,
-    rebuilt: bool = False,
-    gone: Gone | None = None,
-    checkpointed: bool = False,
-    pending: bool = False,
     confirmed: checkpoint.Confirmed | None = None,
 ) -> StepResult:
-    """A step's result: what `state` holds now, with the step's outcome."""
+    """A step's result: what `state` holds now, with the step's `outcome`."""
     return StepResult(
         partition=spec.partition,
         version=version,
-        part=part,
         folded_offset=state.folded_offset,
         desired_frontier=state.desired_frontier,
         persist_folded=state.persist_folded,
@@ -519,12 +490,7 @@ def _report(
         dead_letters=dead_letters,
         bytes_read_back=bytes_read,
         bytes_written=bytes_written + (0 if confirmed is None else confirmed.size),
-        outdated=outdated,
-        stale=stale,
-        rebuilt=rebuilt,
-        gone=gone,
-        checkpointed=checkpointed,
-        pending=pending,
+        outcome=outcome,
         confirmed=confirmed,
         executor=executor_id(),
         seconds=lap.seconds,
@@ -550,16 +516,20 @@ def preload() -> None:
         import pandas  # type: ignore[import-untyped]  # noqa: F401
 
 
-def run_tasks(specs: list[StepSpec], worker: WriteWorker | None = None) -> list[StepResult]:
+def one_shot(specs: list[StepSpec]) -> list[StepResult]:
+    """A one-shot Spark task's steps (`mvsink.io.spark.run_pinned`): `run_tasks` in this Python
+    worker's `PROCESS.worker()`."""
+    return run_tasks(specs, PROCESS.worker())
+
+
+def run_tasks(specs: list[StepSpec], worker: WriteWorker) -> list[StepResult]:
     """`run_task` for each of `specs` (one Spark task or resident round covering several
-    partitions) in `worker` (None: this Python worker's `default_worker()`, a one-shot Spark
-    task's) from one read of the shard's state, each on its own thread, each result's
-    `seconds["task"]` the whole task's.
+    partitions) in `worker` from one read of the shard's state, each on its own thread, each
+    result's `seconds["task"]` the whole task's.
     The steps wait on Kafka and S3 for much of their time, and Arrow releases the GIL, so a
     thread per partition overlaps those waits. The partitions share nothing but the worker's
     states and readers (keyed by partition) and clients; a failed step drops only its own
     partition's state (`run_task`), and its error is raised once the other steps have ended."""
-    worker = default_worker() if worker is None else worker
     quiet_retries()  # one line per outage, not librdkafka's per reconnect (this worker too)
     if specs:  # one sink's steps: one registry
         registry.use(specs[0].sink.schema_registry_url)

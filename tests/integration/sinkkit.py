@@ -267,8 +267,9 @@ def checkpoint_offsets(sink: Sink) -> dict[int, int]:
     from services.write import checkpoint
 
     c, found = sink.config, {}
+    store = checkpoint.Checkpoints.of(c.s3)
     for p in range(c.partitions):
-        meta = checkpoint.read_meta(c.sink_id, p, checkpoint.latest(c.sink_id, p, c.s3), c.s3)
+        meta = store.read_meta(c.sink_id, p, store.latest(c.sink_id, p))
         assert meta is not None, f"partition {p} has no checkpoint"
         found[p] = meta["folded_offset"]
     return found

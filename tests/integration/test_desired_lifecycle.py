@@ -293,8 +293,9 @@ def test_a_write_service_stopped_right_after_its_first_checkpoints_leaves_them_h
     wait_until(lambda: write.text().count("staged desc") >= 2, 120, "the second staged batch")
     assert write.stop() == 0
     c, state = sink.config, sink.shard.state()
+    store = checkpoint.Checkpoints.of(c.s3)
     for p in range(c.partitions):
-        meta = checkpoint.read_meta(c.sink_id, p, checkpoint.latest(c.sink_id, p, c.s3), c.s3)
+        meta = store.read_meta(c.sink_id, p, store.latest(c.sink_id, p))
         assert meta is not None, f"partition {p} has no checkpoint"
         folded = Frontier.from_elements(meta["persist_folded"])
         hold = state.hold(checkpoint.holder_id(c.sink_id, p))

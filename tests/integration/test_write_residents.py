@@ -20,21 +20,35 @@ from typing import Any
 
 import pytest
 
-from mvsink.core.errors import InvalidUsage
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import Progress
 from mvsink.core.rows import parse_row_schema
 from mvsink.io.config import S3Settings
 from mvsink.io.kafka import delete_below
-from mvsink.io.spark import executor_dir, run_pinned
+from mvsink.io.spark import driver_host, executor_dir, run_pinned
 from mvsink.upstream.desired import decode_desired
 from services.write import checkpoint, fold, task
 from services.write.checkpoint import StateCache
 from services.write.resident import Crew, Work
-from services.write.task import StepResult, StepSpec, WriteWorker, run_tasks
+from services.write.state import (
+    CheckpointOutcome,
+    Created,
+    Gone,
+    Keep,
+    Kept,
+    Outdated,
+    Ran,
+    is_stale,
+)
+from services.write.task import StepResult, StepSpec, WriteWorker, one_shot
 from tests.integration.sinkkit import ROW_SCHEMA, Sink, Upstream, step_specs, wait_until
 
 pytestmark = pytest.mark.integration
+
+
+def made(result: StepResult) -> CheckpointOutcome | None:
+    """How a step's checkpoint ended (None: the step was stale or its records gone)."""
+    return result.outcome.checkpoint if isinstance(result.outcome, Ran) else None
 
 
 @pytest.fixture
@@ -44,7 +58,7 @@ def sink(kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path) -> Sink:
 
 @pytest.fixture
 def crew(spark: Any) -> Iterator[Crew]:
-    crew = Crew(spark)
+    crew = Crew(spark, driver_host())
     yield crew
     crew.dismiss()  # the session's Spark serves the next tests
 
@@ -67,7 +81,13 @@ def test_residents_run_the_steps_and_keep_the_state_in_memory(
     results, left = crew.run(one_each(step_specs(sink, {}, (0, 3))), ["driver"], 2)
     assert left == []
     assert sorted(r.partition for r in results) == [0, 1]
-    assert all(not r.stale and not r.outdated and r.version == 0 for r in results)
+    assert all(
+        isinstance(r.outcome, Ran)
+        and not is_stale(r.outcome)
+        and not isinstance(r.outcome.batch, Outdated)
+        and r.version == 0
+        for r in results
+    )
     staged = sum(r.part.updates for r in results if r.part is not None)
     assert staged == upstream.sent  # every update, once
     pids = {r.pid for r in crew.residents}
@@ -120,8 +140,8 @@ def test_a_lost_resident_hands_its_partitions_back(sink: Sink, crew: Crew, spark
     assert [r.partition for r in done] == [work[1][0][0].partition]
     assert crew.job is None and crew.residents == []
     assert crew.run(work, ["driver"], 2) == ([], work)  # no relaunch right after a failure
-    rerun: list[StepResult] = run_pinned(spark, left, run_tasks)
-    assert len(rerun) == 1 and not rerun[0].stale and rerun[0].version == 1
+    rerun: list[StepResult] = run_pinned(spark, left, one_shot)
+    assert len(rerun) == 1 and not is_stale(rerun[0].outcome) and rerun[0].version == 1
     before = next(r for r in results if r.partition == rerun[0].partition)
     assert rerun[0].folded_offset > before.folded_offset  # it folded the second tick
 
@@ -225,7 +245,7 @@ def test_a_failed_step_drops_the_state_it_changed_in_memory(
 def test_a_first_fold_checkpoints_nothing_and_a_later_step_continues_from_its_state(
     kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A gained partition's first fold without a checkpoint (`StepSpec.checkpoint`, what the
+    """A gained partition's first fold without a checkpoint (`services.write.state.Keep`, what the
     driver sends): no object, the state kept at version -1 in memory and in the executor's warm
     copy, a result that does not claim a durable checkpoint. With the records below that fold
     deleted, a worker of another executor (neither memory nor warm copy) finds them gone, and
@@ -238,39 +258,33 @@ def test_a_first_fold_checkpoints_nothing_and_a_later_step_continues_from_its_st
     upstream.tick()
     upstream.tick()
     [fold_only] = step_specs(sink, {})
-    first = task.run_task(replace(fold_only, checkpoint=False), WriteWorker())
-    assert (first.version, first.checkpointed, first.stale, first.bytes_written) == (
-        -1,
-        False,
-        False,
-        0,
-    )
+    first = task.run_task(replace(fold_only, mode=Keep()), WriteWorker())
+    assert (first.version, made(first), first.bytes_written) == (-1, Kept(), 0)
     assert first.corrections == upstream.sent and first.folded_offset > 0
-    assert checkpoint.latest(c.sink_id, 0, c.s3) == -1  # nothing in object storage
+    assert checkpoint.Checkpoints.of(c.s3).latest(c.sink_id, 0) == -1  # nothing in object storage
     # Another Python worker of the executor finds the fold in the warm copy; another executor
     # finds nothing, and starts from empty.
-    warm, read = checkpoint.load(c.sink_id, 0, -1, c.s3, rows, c.as_of, StateCache())
+    warm, read = checkpoint.Checkpoints.of(c.s3).load(c.sink_id, 0, -1, rows, c.as_of, StateCache())
     assert (len(warm.correction), warm.folded_offset, read) == (
         upstream.sent,
         first.folded_offset,
         0,
     )
     monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-2"))
-    cold, read = checkpoint.load(c.sink_id, 0, -1, c.s3, rows, c.as_of, StateCache())
+    cold, read = checkpoint.Checkpoints.of(c.s3).load(c.sink_id, 0, -1, rows, c.as_of, StateCache())
     assert (len(cold.correction), cold.folded_offset, read) == (0, 0, 0)
     # Records below the fold deleted (as a trim would): only the kept state can go on now.
     delete_below(c.kafka_bootstrap, c.topics.desired, {0: first.folded_offset})
     upstream.tick()
     [stage] = step_specs(sink, {}, (0, 3))
     gone = task.run_task(stage, WriteWorker())  # executor-2: from nothing, offset 0
-    assert gone.gone is not None and gone.part is None and not gone.checkpointed
+    assert isinstance(gone.outcome, Gone) and gone.part is None
     monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path / "executor-1"))
     staged = task.run_task(stage, WriteWorker())  # another Python worker: from the warm copy
-    assert staged.gone is None
-    assert (staged.version, staged.checkpointed, staged.bytes_read_back) == (0, True, 0)
+    assert not isinstance(staged.outcome, Gone)
+    assert (staged.version, staged.bytes_read_back) == (0, 0)
+    assert isinstance(made(staged), Created)
     assert staged.part is not None and staged.part.updates == upstream.sent  # each once
-    assert checkpoint.latest(c.sink_id, 0, c.s3) == 0
-    meta = checkpoint.read_meta(c.sink_id, 0, 0, c.s3)
+    assert checkpoint.Checkpoints.of(c.s3).latest(c.sink_id, 0) == 0
+    meta = checkpoint.Checkpoints.of(c.s3).read_meta(c.sink_id, 0, 0)
     assert meta is not None and meta["folded_offset"] == staged.folded_offset
-    with pytest.raises(InvalidUsage, match="a pipelined step must checkpoint"):
-        replace(stage, checkpoint=False, pipelined=True)

@@ -22,12 +22,14 @@ def ready_state(owned: frozenset[int] = frozenset({0, 1})) -> WriteState:
 
 
 def test_stages_when_persist_is_at_lower_and_desired_past_upper() -> None:
+    """Invariant 1 of `services.write`."""
     state = ready_state()
     state.absorb_batch_description(desc(0, 5))
     assert state.maybe_start_batch() == StageJob(desc(0, 5), (0, 1))
 
 
 def test_waits_for_the_read_back_to_reach_lower() -> None:
+    """Invariant 1 of `services.write`: the read-back is folded up to the lower."""
     state = ready_state()
     state.absorb_batch_description(desc(3, 5))
     assert state.maybe_start_batch() is None  # persist {0} < lower {3}
@@ -36,6 +38,7 @@ def test_waits_for_the_read_back_to_reach_lower() -> None:
 
 
 def test_waits_for_desired_progress_of_every_owned_partition() -> None:
+    """Invariant 1 of `services.write`."""
     state = WriteState("s", 2, read_only=False)
     state.set_owned(frozenset({0, 1}))
     state.advance_desired_frontier(0, F(9))
@@ -53,6 +56,7 @@ def test_drops_regressing_descriptions() -> None:
 
 
 def test_an_outdated_description_is_not_staged() -> None:
+    """Invariant 1 of `services.write`."""
     state = ready_state()
     state.absorb_batch_description(desc(0, 5))
     state.advance_persist_frontier(F(5))  # another replica appended first
@@ -60,6 +64,7 @@ def test_an_outdated_description_is_not_staged() -> None:
 
 
 def test_stages_each_partition_once_and_new_owned_ones_too() -> None:
+    """Invariant 2 of `services.write`."""
     state = ready_state(frozenset({0}))
     state.absorb_batch_description(desc(0, 5))
     job = state.maybe_start_batch()
@@ -81,3 +86,23 @@ def test_restage_stages_the_current_description_again_once_asked() -> None:
     assert state.maybe_start_batch() is None
     assert state.restage() is True
     assert state.maybe_start_batch() == StageJob(desc(0, 5), (0, 1))
+
+
+def test_maybe_restage_stages_again_once_the_batch_outlived_the_bound_unappended() -> None:
+    """The one exception to invariant 2 of `services.write`: a batch staged `bound` seconds ago
+    and still not appended (the shard would refuse its parts as too old) is staged again."""
+    state = ready_state()
+    state.staged_at = 100.0
+    assert state.maybe_restage(500.0, 10.0) is False  # no description: nothing to stage
+    state.absorb_batch_description(desc(0, 5))
+    job = state.maybe_start_batch()
+    assert job is not None
+    state.batch_staged(job, (0, 1), now=200.0)
+    assert state.staged_at == 200.0
+    assert state.maybe_restage(209.0, 10.0) is False  # not yet
+    assert state.maybe_restage(210.0, 10.0) is True and state.staged_at == 210.0
+    assert state.maybe_start_batch() == job
+    assert state.maybe_restage(221.0, 10.0) is False  # nothing staged since: nothing to do
+    state.batch_staged(job, (0, 1), now=221.0)
+    state.advance_persist_frontier(F(5))  # appended: the description is done
+    assert state.maybe_restage(300.0, 10.0) is False and state.staged_at == 221.0

@@ -70,5 +70,7 @@ def test_a_resident_worker_shares_the_states_but_not_the_policy() -> None:
     assert worker.states.states[KEY] is STATE
 
 
-def test_the_default_worker_is_one_per_process() -> None:
-    assert task.default_worker() is task.default_worker()
+def test_the_process_worker_is_one_per_process() -> None:
+    """A one-shot task's steps share their Python worker's states (`task.one_shot`)."""
+    assert task.PROCESS.worker() is task.PROCESS.worker()
+    assert task.ProcessWorker().worker() is not task.PROCESS.worker()  # an explicit handle
