@@ -1,5 +1,5 @@
-"""Applications share the embedded Spark cluster: the README's cluster flow, as a new user runs
-it, converges.
+"""Applications share the embedded Spark cluster: the cluster flow of docs/operations.md §2 ("On
+a Spark cluster"), as a new user runs it, converges.
 
 `mvsink stack up --spark-workers 2` (two workers of one core), `eval "$(mvsink stack env)"`,
 `mvsink demo --ticks 6`: the demo's view job and its write driver are two applications of the

@@ -1,5 +1,5 @@
 """Riding through Kafka and S3 outages: mint, write and append run as processes against an
-embedded stack of this test's own; MinIO and then Kafka are `kill -9`ed, stay away for a while
+embedded stack of this module's own; MinIO and then Kafka are `kill -9`ed, stay away for a while
 and are started again by `Stack.up` on the addresses they had. No service exits, each one's
 `/readyz` goes unready within its bound during the outage and ready after, and the shard
 converges to the view."""
@@ -47,10 +47,11 @@ VIEW_CALL_TIMEOUT = 10.0
 VIEW_OUTAGE = 2.5 * VIEW_CALL_TIMEOUT
 
 
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[Stack]:
-    """An embedded stack of this test alone (its components get killed)."""
-    own = Stack(tmp_path / "stack", cache_dir(), print)
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """An embedded stack of this module's own, never the session's (its components get killed;
+    each test starts whatever is down with `Stack.up`)."""
+    own = Stack(tmp_path_factory.mktemp("stack"), cache_dir(), print)
     try:
         yield own
     finally:

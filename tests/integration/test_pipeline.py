@@ -90,25 +90,6 @@ def test_the_write_driver_stages_a_load_its_first_fold_reached(
     assert contents(sink, 1) == {("a", 1): 1, ("b", 2): 1, ("c", 3): 1}
 
 
-def test_a_foreign_writers_junk_is_corrected(sink: Sink, procs: list[Service]) -> None:
-    for name in ("mint", "write", "append"):
-        start(procs, sink, name)
-    upstream = Upstream(sink)
-    upstream.tick()
-    wait_until(lambda: converged(sink, upstream), 120, "convergence")
-    upper = sink.shard.upper().time or 0
-    junk = updates(
-        [("junk", 1, upper, 1), ("c0", 999, upper, 3), ("c1", upstream.values["c1"], upper, -1)]
-    )
-    shard = sink.shard
-    part = shard.stage(junk, F(upper), F(upper + 1), "foreign")  # no partition recorded
-    assert shard.compare_and_append([part], F(upper), F(upper + 1)).__class__.__name__ == "Appended"
-    assert contents(sink, upper + 1) != upstream.expected()
-    upstream.frontier = upper + 1
-    upstream.tick()
-    wait_until(lambda: converged(sink, upstream), 120, "the junk to be corrected")
-
-
 def test_a_read_only_sink_writes_nothing_until_promoted(sink: Sink, procs: list[Service]) -> None:
     for name in ("mint", "write", "append"):
         start(procs, sink, name, MVSINK_READ_ONLY="true")
@@ -392,9 +373,14 @@ def test_the_demo_converges_and_corrects_a_foreign_write(
     assert "demo OK" in demo.stderr
 
 
-def test_invalid_desired_records_are_quarantined_and_never_reach_the_shard(
+def test_invalid_desired_records_are_quarantined_and_a_foreign_writers_junk_is_corrected(
     sink: Sink, procs: list[Service]
 ) -> None:
+    """One pipeline, two checks in turn: invalid desired records (undecodable, below their
+    partition's progress, in the wrong partition for the sink's partitioning) are quarantined to
+    the dead-letter topic and never reach the shard; then junk a foreign writer appends to the
+    shard (a row the view never had, a wrong value three times, a key's row retracted) is
+    corrected on the next tick."""
     for name in ("mint", "write", "append"):
         start(procs, sink, name)
     upstream = Upstream(sink)
@@ -431,6 +417,19 @@ def test_invalid_desired_records_are_quarantined_and_never_reach_the_shard(
     consumer.close()
     rows = contents(sink, upstream.frontier)
     assert ("late", 1) not in rows and ("other", 1) not in rows
+
+    # A foreign writer's junk, appended at the shard's upper, is corrected on the next tick.
+    upper = sink.shard.upper().time or 0
+    junk = updates(
+        [("junk", 1, upper, 1), ("c0", 999, upper, 3), ("c1", upstream.values["c1"], upper, -1)]
+    )
+    shard = sink.shard
+    part = shard.stage(junk, F(upper), F(upper + 1), "foreign")  # no partition recorded
+    assert shard.compare_and_append([part], F(upper), F(upper + 1)).__class__.__name__ == "Appended"
+    assert contents(sink, upper + 1) != upstream.expected()
+    upstream.frontier = upper + 1
+    upstream.tick()
+    wait_until(lambda: converged(sink, upstream), 120, "the junk to be corrected")
 
 
 @BENCH
@@ -508,11 +507,11 @@ def test_a_write_replica_paused_with_checkpoints_under_way_forks_no_chain(
     sink: Sink, procs: list[Service]
 ) -> None:
     """Two write replicas in resident tasks, whose staging steps report before their
-    checkpoints are created (`StepSpec.pipelined`). One is paused whole (driver, JVM, Python
-    workers) right after a tick, so with creates likely under way, for longer than the group's
-    session: the other gains its partitions, stages them from the newest checkpoints, and meets
-    the paused one's creates, landed or not, at its own conditional creates. Resumed, the
-    paused one is revoked or stale. No partition's chain forks (a fork would halt the sink with
+    checkpoints are created (`services.write.state.Pipelined`). One is paused whole (driver,
+    JVM, Python workers) right after a tick, so with creates likely under way, for longer than
+    the group's session: the other gains its partitions, stages them from the newest
+    checkpoints, and meets the paused one's creates, landed or not, at its own conditional
+    creates. Resumed, the paused one is revoked or stale. No partition's chain forks (a fork would halt the sink with
     desired records gone), the shard ends with every update once, and after a clean stop no
     partition's hold, nor `since`, is past its newest checkpoint's fold. (They may be behind
     it: a driver revoked moves its partitions' holds no further, and the next owner moves them
@@ -559,8 +558,9 @@ def test_a_write_replica_paused_with_checkpoints_under_way_forks_no_chain(
         assert "are gone" not in write.text() and "mvsink repair" not in write.text()
     assert other.stop() == 0 and paused.stop() == 0
     c, state = sink.config, sink.shard.state()
+    store = checkpoint.Checkpoints.of(c.s3)
     for p in range(c.partitions):
-        meta = checkpoint.read_meta(c.sink_id, p, checkpoint.latest(c.sink_id, p, c.s3), c.s3)
+        meta = store.read_meta(c.sink_id, p, store.latest(c.sink_id, p))
         assert meta is not None, p
         folded = Frontier.from_elements(meta["persist_folded"])
         hold = state.hold(checkpoint.holder_id(c.sink_id, p))
