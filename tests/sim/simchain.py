@@ -66,8 +66,8 @@ from unittest import mock
 
 import pyarrow as pa
 import simshard
-from simshard import FAULTS, ROWS, SHARD, SIM_S3, TIMING, Checker, FixedClock, _rows
-from simworld import START, Actor, Crash, Faults, SimBlob, Stop, World
+from simshard import FAULTS, ROWS, SHARD, SIM_S3, TIMING, Checker, _rows
+from simworld import START, Actor, Crash, Faults, Stop, World
 
 from mvsink.core.errors import DesiredGone, MvsinkError
 from mvsink.core.frontier import Frontier, advance
@@ -333,7 +333,7 @@ class ChainSim:
         self.chain_checker = ChainChecker(self)
         self.world.checks += [self.checker, self.chain_checker]
         self.world.transient = (*self.world.transient, IndefiniteAppend)
-        self.blob = SimBlob(self.world)
+        self.blob = simshard.create_shard(self.world)
         self.desired = Desired()
         self.garbage: list[str] = []
         self.drivers = {name: Driver(name) for name in ("driver0", "driver1")}
@@ -341,16 +341,6 @@ class ChainSim:
         self.owners: set[str] = {"driver0"}
         self.repairs = 0
         self.steps = Counter[str]()
-        Shard.create_or_open(
-            None,
-            "sim",
-            SHARD,
-            ROWS,
-            TIMING,
-            3,
-            blob=self.blob,  # type: ignore[arg-type]
-            clock=FixedClock(self.world),
-        )
         self.checker()
         for name in self.drivers:
             self.spawn(name, driver)

@@ -217,17 +217,7 @@ class Sim:
         self.checker = Checker(self.world)
         self.world.checks.append(self.checker)
         self.world.transient = (*self.world.transient, IndefiniteAppend)
-        self.blob = SimBlob(self.world)
-        Shard.create_or_open(
-            None,
-            "sim",
-            SHARD,
-            ROWS,
-            TIMING,
-            3,
-            blob=self.blob,  # type: ignore[arg-type]
-            clock=FixedClock(self.world),
-        )
+        self.blob = create_shard(self.world)
         self.checker()
 
     def shard(self, actor: Actor) -> Shard:
@@ -273,6 +263,22 @@ class Sim:
         referenced = janitor.referenced_keys()
         parts = {k for k in world.objects if k.startswith(f"{PREFIX}/parts/")}
         assert parts <= referenced, f"parts no version references: {sorted(parts - referenced)}"
+
+
+def create_shard(world: World) -> SimBlob:
+    """The simulated store of `world`, holding the shard `SHARD` (created at the world's start)."""
+    blob = SimBlob(world)
+    Shard.create_or_open(
+        None,
+        "sim",
+        SHARD,
+        ROWS,
+        TIMING,
+        3,
+        blob=blob,  # type: ignore[arg-type]
+        clock=FixedClock(world),
+    )
+    return blob
 
 
 class FixedClock:

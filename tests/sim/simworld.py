@@ -29,6 +29,7 @@ import random
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from mvsink.io.s3 import ConditionalResult, IndefiniteWrite, PreconditionFailed, Written
 from mvsink.shard.blob import Listed
@@ -313,3 +314,31 @@ class SimBlob:
                 lambda key=key: self.world.objects.pop(key, None),
                 OSError(f"DELETE {key}: reply lost"),
             )
+
+
+# -- running seeds ------------------------------------------------------------------------------
+
+
+def run_seed(world: World, run: Callable[[], None], replay: str, tail: int = 15) -> None:
+    """`run` a seeded simulation of `world`; a failure names the seed, the store calls it took,
+    the one line that replays it and the last `tail` events."""
+    try:
+        run()
+    except BaseException as error:
+        events = "\n".join(world.trace[-tail:])
+        raise AssertionError(
+            f"seed {world.seed} failed after {world.steps} store calls: {error!r}\n"
+            f"replay: {replay}\nlast events:\n{events}"
+        ) from error
+
+
+def sweep(
+    options: Callable[[str], Any], budget_seeds: int, budget_steps: int
+) -> tuple[list[int], int]:
+    """The seeds a sweep runs and the store calls per seed, from the `tests/sim` options
+    (`--sim-seed`, `--sim-first`, `--sim-seeds`, `--sim-steps`; the budget by default)."""
+    steps = options("--sim-steps") or budget_steps
+    if options("--sim-seed") is not None:
+        return [options("--sim-seed")], steps
+    first = options("--sim-first")
+    return list(range(first, first + (options("--sim-seeds") or budget_seeds))), steps

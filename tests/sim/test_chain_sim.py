@@ -37,6 +37,7 @@ from collections import Counter
 
 import pytest
 from simchain import ChainSim
+from simworld import run_seed, sweep
 
 #: The sweep `./run test` runs: seeds and store calls per seed.
 BUDGET_SEEDS = 5
@@ -50,26 +51,13 @@ def replay(seed: int, steps: int) -> str:
 
 def _run(seed: int, steps: int) -> ChainSim:
     sim = ChainSim(seed)
-    try:
-        sim.run(steps)
-    except BaseException as error:
-        tail = "\n".join(sim.world.trace[-20:])
-        raise AssertionError(
-            f"seed {seed} failed after {sim.world.steps} store calls: {error!r}\n"
-            f"replay: {replay(seed, steps)}\nlast events:\n{tail}"
-        ) from error
+    run_seed(sim.world, lambda: sim.run(steps), replay(seed, steps), tail=20)
     return sim
 
 
 def test_chain_seed_sweep(request: pytest.FixtureRequest) -> None:
     """Every seed of the sweep keeps every check (`simchain`)."""
-    option = request.config.getoption
-    steps = option("--sim-steps") or BUDGET_STEPS
-    if option("--sim-seed") is not None:
-        seeds = [option("--sim-seed")]
-    else:
-        first = option("--sim-first")
-        seeds = list(range(first, first + (option("--sim-seeds") or BUDGET_SEEDS)))
+    seeds, steps = sweep(request.config.getoption, BUDGET_SEEDS, BUDGET_STEPS)
     started, created, staged, outcomes = time.monotonic(), 0, 0, Counter[str]()
     for n, seed in enumerate(seeds, 1):
         sim = _run(seed, steps)

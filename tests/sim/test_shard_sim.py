@@ -25,7 +25,7 @@ from simshard import (
     leaser,
     replay,
 )
-from simworld import Faults, SimBlob, World
+from simworld import Faults, SimBlob, World, run_seed, sweep
 
 from mvsink.core.frontier import Frontier
 from mvsink.shard import Shard, ShardState, UpperMismatch
@@ -39,26 +39,14 @@ def _run(seed: int, steps: int, build: str = "standard") -> Sim:
     sim = Sim(seed) if build == "standard" else SCENARIOS[build](seed)
     if build == "standard":
         sim.standard()
-    try:
-        sim.run(steps)
-    except BaseException as error:
-        tail = "\n".join(sim.world.trace[-15:])
-        raise AssertionError(
-            f"seed {seed} failed after {sim.world.steps} store calls: {error!r}\n"
-            f"replay: {replay(seed, steps, build)}\nlast events:\n{tail}"
-        ) from error
+    run_seed(sim.world, lambda: sim.run(steps), replay(seed, steps, build))
     return sim
 
 
 def test_seed_sweep(request: pytest.FixtureRequest) -> None:
     """Every seed of the sweep keeps every check (`simshard`), with the fault mix `FAULTS`."""
     option = request.config.getoption
-    steps = option("--sim-steps") or BUDGET_STEPS
-    if option("--sim-seed") is not None:
-        seeds = [option("--sim-seed")]
-    else:
-        first = option("--sim-first")
-        seeds = list(range(first, first + (option("--sim-seeds") or BUDGET_SEEDS)))
+    seeds, steps = sweep(option, BUDGET_SEEDS, BUDGET_STEPS)
     started, calls, folds, appends, reads = time.monotonic(), 0, 0, 0, 0
     fenced: Counter[str] = Counter()
     scenario = option("--sim-scenario")
