@@ -213,8 +213,13 @@ def s3_settings(services: Services) -> S3Settings:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """A local SparkSession on 2 threads that retries a failed task up to 4 times, as a
-    cluster does (`local[*]` would fail the job at the first task failure), UI off."""
+    cluster does (`local[*]` would fail the job at the first task failure), UI off. Spark's
+    class archive is built first where `./run setup` has not (`mvsink.io.spark_classes`):
+    every driver the suite starts after it maps it."""
+    from mvsink.io import spark_classes
     from mvsink.io.spark import spark_session
+
+    spark_classes.build(cache_dir(), _say)
 
     session = spark_session("mvsink-tests", "local[2,4]", shuffle_partitions=4)
     yield session

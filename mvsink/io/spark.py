@@ -83,6 +83,7 @@ def spark_session(
     cores_max: int | None = None,
     pack_env: bool | None = None,
     config: Config | None = None,
+    archive: bool = True,
 ) -> SparkSession:
     """A SparkSession for this box: few shuffle partitions, UI off unless asked, quiet logs,
     Arrow on, executors running this interpreter, every listener on 127.0.0.1.
@@ -91,11 +92,15 @@ def spark_session(
     cores (0: no cap of its own) and with `pack_env` ships this virtualenv (`packed_env`) as
     the executors' Python. `master`, `cores_max`, `pack_env` and the driver's host
     (`driver_host`) not given are `config`'s `[spark]` settings; without a `config` (a test's
-    session), each setting's own variable or default (`mvsink.io.config.env_setting`)."""
+    session), each setting's own variable or default (`mvsink.io.config.env_setting`).
+
+    The driver's JVM maps this machine's archive of Spark's classes where it is built
+    (`mvsink.io.spark_classes`; `archive=False`: never)."""
     from pyspark.sql import SparkSession
 
     # Here, not at the top: executors import this module, and need no configuration.
-    from mvsink.io.config import env_setting
+    from mvsink.io import spark_classes
+    from mvsink.io.config import cache_dir, env_setting
 
     def setting(name: str) -> Any:
         return env_setting(name) if config is None else getattr(config, name)
@@ -138,6 +143,8 @@ def spark_session(
         **cluster,
         **(conf or {}),
     }
+    if archive:
+        settings = spark_classes.merged(settings, spark_classes.driver_options(cache_dir()))
     builder = SparkSession.builder
     for key, value in settings.items():
         builder = builder.config(key, value)

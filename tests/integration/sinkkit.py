@@ -171,6 +171,7 @@ class Sink:
         return {
             **base,
             "MVSINK_STATE_DIR": str(self.logs / "state"),
+            "MVSINK_CACHE_DIR": str(cache_dir()),
             "MVSINK_SINK_ID": c.sink_id,
             "MVSINK_SHARD_ID": c.shard_id,
             "MVSINK_PARTITIONS": str(c.partitions),

@@ -26,7 +26,7 @@ from mvsink.core.frontier import Frontier
 from mvsink.core.rows import parse_row_schema
 from mvsink.core.settings import Timing
 from mvsink.core.updates import part_schema
-from mvsink.io.config import S3Settings
+from mvsink.io.config import S3Settings, cache_dir
 from mvsink.io.ct_definition import Definition, definition_from_toml, load_definition
 from mvsink.shard import Appended, Shard, open_shard
 from mvsink.tools.ct_demo import (
@@ -207,6 +207,7 @@ class _Task:
             "MVSINK_CT_TASK": str(task_file),
             "MVSINK_SPARK_MASTER": "local[1]",
             "MVSINK_STATE_DIR": str(home / "state"),
+            "MVSINK_CACHE_DIR": str(cache_dir()),
             **extra,
         }
         self.process = Service("ct", env, home / "ct.log")

@@ -157,6 +157,7 @@ def test_the_view_tool_rides_through_a_kafka_outage(
     env.update(
         {
             "MVSINK_STATE_DIR": str(tmp_path / "state"),
+            "MVSINK_CACHE_DIR": str(cache_dir()),
             "MVSINK_SINK_ID": sink_id,
             "MVSINK_SHARD_ID": sink_id,
             "MVSINK_ROW_SCHEMA": ROW_SCHEMA,

@@ -8,12 +8,14 @@ import io
 import sys
 import types
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 
-from mvsink.io.config import S3Settings
+from mvsink.io import spark_classes
+from mvsink.io.config import S3Settings, cache_dir
 from mvsink.io.s3 import get_bytes, s3_client
 from mvsink.io.spark import (
     freeze_worker_heap,
@@ -47,6 +49,17 @@ def test_executors_write_parquet_to_s3_and_read_it_back(
 
     back = read_parquet_parts(spark, s3_settings, [k for k, _, _ in written], schema)
     assert sorted(tuple(r) for r in back.collect()) == sorted(rows)
+
+
+def test_the_driver_jvm_maps_the_class_archive(spark: Any) -> None:
+    """The session's driver JVM was started with this machine's archive of Spark's classes
+    and mapped it (built by the fixture, `mvsink.io.spark_classes`)."""
+    archive = spark_classes.archive_path(cache_dir())
+    assert archive is not None and archive.is_file()
+    options = spark.sparkContext.getConf().get("spark.driver.extraJavaOptions")
+    assert f"-XX:SharedArchiveFile={archive}" in options
+    jvm = spark.sparkContext._gateway.proc.pid  # spark-submit execs the driver's JVM
+    assert str(archive) in Path(f"/proc/{jvm}/maps").read_text()
 
 
 def test_task_slots_are_the_cores_not_the_default_parallelism(spark: Any) -> None:
