@@ -331,6 +331,11 @@ class Config:
             "on a cluster, ship the libraries of this virtualenv to the executors, packed with "
             "venv-pack (`spark.archives`), so the workers' Python needs none of them "
             "(docs/operations.md §2)")
+    spark_driver_java_options: str          = _row("spark",   "driver_java_options", "MVSINK_SPARK_DRIVER_JAVA_OPTIONS", "", str,
+            "extra JVM options of each mvsink Spark driver (`spark.driver.extraJavaOptions`), e.g. "
+            "`-XX:TieredStopAtLevel=1` for drivers that live minutes (C1 only: about half the JVM's "
+            "CPU in its first minute, slower hot loops after); Spark's class archive is mapped "
+            "either way (`mvsink.io.spark_classes`)")
     metrics_addr: str                       = _row("service", "metrics_addr",        "MVSINK_METRICS_ADDR",          "127.0.0.1", str,
             "address of the Prometheus endpoint")
     metrics_port: int                       = _row("service", "metrics_port",        "MVSINK_METRICS_PORT",          0, _int,

@@ -90,9 +90,10 @@ def spark_session(
 
     On a cluster it also ships the code (`code_zip`), caps the application at `cores_max`
     cores (0: no cap of its own) and with `pack_env` ships this virtualenv (`packed_env`) as
-    the executors' Python. `master`, `cores_max`, `pack_env` and the driver's host
-    (`driver_host`) not given are `config`'s `[spark]` settings; without a `config` (a test's
-    session), each setting's own variable or default (`mvsink.io.config.env_setting`).
+    the executors' Python. `master`, `cores_max`, `pack_env`, the driver's host (`driver_host`)
+    and JVM options (`driver_java_options`) not given are `config`'s `[spark]` settings;
+    without a `config` (a test's session), each setting's own variable or default
+    (`mvsink.io.config.env_setting`).
 
     The driver's JVM maps this machine's archive of Spark's classes where it is built
     (`mvsink.io.spark_classes`; `archive=False`: never)."""
@@ -143,6 +144,7 @@ def spark_session(
         **cluster,
         **(conf or {}),
     }
+    settings = spark_classes.merged(settings, setting("spark_driver_java_options"))
     if archive:
         settings = spark_classes.merged(settings, spark_classes.driver_options(cache_dir()))
     builder = SparkSession.builder

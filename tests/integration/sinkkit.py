@@ -167,25 +167,22 @@ class Sink:
     def env(self, **extra: str) -> dict[str, str]:
         """The environment of a service process of this sink."""
         c = self.config
-        base = {k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")}
-        return {
-            **base,
-            "MVSINK_STATE_DIR": str(self.logs / "state"),
-            "MVSINK_CACHE_DIR": str(cache_dir()),
-            "MVSINK_SINK_ID": c.sink_id,
-            "MVSINK_SHARD_ID": c.shard_id,
-            "MVSINK_PARTITIONS": str(c.partitions),
-            "MVSINK_APPEND_WORKERS": str(c.append_workers),
-            "MVSINK_PARTITIONING": str(c.partitioning),
-            "MVSINK_FRONTIERS_TOPIC": c.topics.frontiers,
-            "MVSINK_KAFKA_BOOTSTRAP": c.kafka_bootstrap,
-            "MVSINK_S3_ENDPOINT": c.s3.endpoint,
-            "MVSINK_S3_BUCKET": c.s3.bucket,
-            "MVSINK_S3_ACCESS_KEY": c.s3.access_key.reveal(),
-            "MVSINK_S3_SECRET_KEY": c.s3.secret_key.reveal(),
-            "MVSINK_LOG_LEVEL": "DEBUG",
+        return clean_env(
+            self.logs / "state",
+            MVSINK_SINK_ID=c.sink_id,
+            MVSINK_SHARD_ID=c.shard_id,
+            MVSINK_PARTITIONS=str(c.partitions),
+            MVSINK_APPEND_WORKERS=str(c.append_workers),
+            MVSINK_PARTITIONING=str(c.partitioning),
+            MVSINK_FRONTIERS_TOPIC=c.topics.frontiers,
+            MVSINK_KAFKA_BOOTSTRAP=c.kafka_bootstrap,
+            MVSINK_S3_ENDPOINT=c.s3.endpoint,
+            MVSINK_S3_BUCKET=c.s3.bucket,
+            MVSINK_S3_ACCESS_KEY=c.s3.access_key.reveal(),
+            MVSINK_S3_SECRET_KEY=c.s3.secret_key.reveal(),
+            MVSINK_LOG_LEVEL="DEBUG",
             **extra,
-        }
+        )
 
     def advance_desired(self, frontier: Frontier) -> None:
         """The upstream's progress: every desired partition reaches `frontier`."""
@@ -283,23 +280,35 @@ def log_starts(sink: Sink) -> dict[int, int]:
     return {p: low for p, (low, _) in marks.items()}
 
 
-def cli_env(bootstrap: str, s3: S3Settings, state_dir: Path) -> dict[str, str]:
-    """The environment of an `mvsink` command pointed at the session's services: a state
-    directory of its own, and the session's cache of downloads and builds (the peers' jars are
-    resolved once, not by every command)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")}
-    env.update(
-        {
-            "MVSINK_STATE_DIR": str(state_dir),
-            "MVSINK_CACHE_DIR": str(cache_dir()),
-            "MVSINK_KAFKA_BOOTSTRAP": bootstrap,
-            "MVSINK_S3_ENDPOINT": s3.endpoint,
-            "MVSINK_S3_BUCKET": s3.bucket,
-            "MVSINK_S3_ACCESS_KEY": s3.access_key.reveal(),
-            "MVSINK_S3_SECRET_KEY": s3.secret_key.reveal(),
-        }
-    )
+#: What the suite's processes take from its own environment among the `MVSINK_*` settings: the
+#: JVM options of the Spark drivers they start (set by tests/conftest.py).
+SUITE_SETTINGS = ("MVSINK_SPARK_DRIVER_JAVA_OPTIONS",)
+
+
+def clean_env(state_dir: Path, **settings: str) -> dict[str, str]:
+    """The environment of a process the suite starts, as a user's shell would give it: no
+    `MVSINK_*` setting of the suite's own environment but `SUITE_SETTINGS`, a state directory
+    of its own, the session's cache of downloads and builds (jars, MinIO, Spark's class
+    archive), then `settings`."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith("MVSINK_") or k in SUITE_SETTINGS
+    }
+    env.update({"MVSINK_STATE_DIR": str(state_dir), "MVSINK_CACHE_DIR": str(cache_dir())})
+    env.update(settings)
     return env
+
+
+def cli_env(bootstrap: str, s3: S3Settings, state_dir: Path) -> dict[str, str]:
+    """The environment of an `mvsink` command pointed at the session's services (`clean_env`:
+    the peers' jars are resolved once, not by every command)."""
+    return clean_env(
+        state_dir,
+        MVSINK_KAFKA_BOOTSTRAP=bootstrap,
+        MVSINK_S3_ENDPOINT=s3.endpoint,
+        MVSINK_S3_BUCKET=s3.bucket,
+        MVSINK_S3_ACCESS_KEY=s3.access_key.reveal(),
+        MVSINK_S3_SECRET_KEY=s3.secret_key.reveal(),
+    )
 
 
 @dataclass

@@ -8,7 +8,6 @@ the write driver waits for an executor and the shard never reaches the view's fr
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -16,9 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sinkkit import mvsink_cli
+from sinkkit import clean_env, mvsink_cli
 
-from mvsink.io.config import cache_dir
 from mvsink.stack.spark import cluster_status
 from mvsink.stack.state import load_records
 
@@ -29,11 +27,7 @@ pytestmark = pytest.mark.integration
 def user_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     """A new user's shell: a state directory of its own (the shared download cache), no
     `MVSINK_*` settings; what `stack up` started is stopped afterwards."""
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")},
-        "MVSINK_STATE_DIR": str(tmp_path / "state"),
-        "MVSINK_CACHE_DIR": str(cache_dir()),
-    }
+    env = clean_env(tmp_path / "state")
     try:
         yield env
     finally:

@@ -20,13 +20,13 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from sinkkit import Service
+from sinkkit import Service, clean_env
 
 from mvsink.core.frontier import Frontier
 from mvsink.core.rows import parse_row_schema
 from mvsink.core.settings import Timing
 from mvsink.core.updates import part_schema
-from mvsink.io.config import S3Settings, cache_dir
+from mvsink.io.config import S3Settings
 from mvsink.io.ct_definition import Definition, definition_from_toml, load_definition
 from mvsink.shard import Appended, Shard, open_shard
 from mvsink.tools.ct_demo import (
@@ -197,19 +197,17 @@ class _Task:
     ) -> None:
         task_file = home / "task.toml"
         task_file.write_text(example_task("latest_order", orders.shard_id, unique))
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")},
-            "MVSINK_KAFKA_BOOTSTRAP": kafka_bootstrap,
-            "MVSINK_S3_ENDPOINT": s3.endpoint,
-            "MVSINK_S3_BUCKET": s3.bucket,
-            "MVSINK_S3_ACCESS_KEY": s3.access_key.reveal(),
-            "MVSINK_S3_SECRET_KEY": s3.secret_key.reveal(),
-            "MVSINK_CT_TASK": str(task_file),
-            "MVSINK_SPARK_MASTER": "local[1]",
-            "MVSINK_STATE_DIR": str(home / "state"),
-            "MVSINK_CACHE_DIR": str(cache_dir()),
+        env = clean_env(
+            home / "state",
+            MVSINK_KAFKA_BOOTSTRAP=kafka_bootstrap,
+            MVSINK_S3_ENDPOINT=s3.endpoint,
+            MVSINK_S3_BUCKET=s3.bucket,
+            MVSINK_S3_ACCESS_KEY=s3.access_key.reveal(),
+            MVSINK_S3_SECRET_KEY=s3.secret_key.reveal(),
+            MVSINK_CT_TASK=str(task_file),
+            MVSINK_SPARK_MASTER="local[1]",
             **extra,
-        }
+        )
         self.process = Service("ct", env, home / "ct.log")
         self.definition = load_definition(task_file)
         self.output = open_shard(self.definition.output_shard, self.definition.output_schema, s3)

@@ -19,7 +19,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sinkkit import Service, Sink, Upstream, converged, probe, start, wait_status, wait_until
+from sinkkit import (
+    Service,
+    Sink,
+    Upstream,
+    clean_env,
+    converged,
+    probe,
+    start,
+    wait_status,
+    wait_until,
+)
 
 from mvsink.core.codec import decode_message
 from mvsink.core.messages import UpdatesArrow
@@ -153,21 +163,17 @@ def test_the_view_tool_rides_through_a_kafka_outage(
     or applied twice by a retried attempt)."""
     endpoints = stack.up(timeout=180)
     sink_id = f"view-{uuid.uuid4().hex[:6]}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")}
-    env.update(
-        {
-            "MVSINK_STATE_DIR": str(tmp_path / "state"),
-            "MVSINK_CACHE_DIR": str(cache_dir()),
-            "MVSINK_SINK_ID": sink_id,
-            "MVSINK_SHARD_ID": sink_id,
-            "MVSINK_ROW_SCHEMA": ROW_SCHEMA,
-            "MVSINK_KAFKA_BOOTSTRAP": endpoints.kafka_bootstrap,
-            "MVSINK_S3_ENDPOINT": endpoints.s3_endpoint,
-            "MVSINK_S3_BUCKET": "outages",
-            "MVSINK_S3_ACCESS_KEY": endpoints.s3_access_key,
-            "MVSINK_S3_SECRET_KEY": endpoints.s3_secret_key,
-            "MVSINK_KAFKA_CALL_TIMEOUT": str(VIEW_CALL_TIMEOUT),
-        }
+    env = clean_env(
+        tmp_path / "state",
+        MVSINK_SINK_ID=sink_id,
+        MVSINK_SHARD_ID=sink_id,
+        MVSINK_ROW_SCHEMA=ROW_SCHEMA,
+        MVSINK_KAFKA_BOOTSTRAP=endpoints.kafka_bootstrap,
+        MVSINK_S3_ENDPOINT=endpoints.s3_endpoint,
+        MVSINK_S3_BUCKET="outages",
+        MVSINK_S3_ACCESS_KEY=endpoints.s3_access_key,
+        MVSINK_S3_SECRET_KEY=endpoints.s3_secret_key,
+        MVSINK_KAFKA_CALL_TIMEOUT=str(VIEW_CALL_TIMEOUT),
     )
     config = load_config(env=env)
     provision(config)

@@ -8,7 +8,7 @@ import socket
 from pathlib import Path
 
 import pytest
-from sinkkit import mvsink_cli
+from sinkkit import clean_env, mvsink_cli
 
 from mvsink.core.errors import StackError
 from mvsink.io.config import cache_dir
@@ -20,11 +20,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_cli_stack_up_status_env_demo_down(tmp_path: Path) -> None:
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("MVSINK_")},
-        "MVSINK_STATE_DIR": str(tmp_path / "state"),
-        "MVSINK_CACHE_DIR": str(cache_dir()),
-    }
+    env = clean_env(tmp_path / "state")
     try:
         up = mvsink_cli(["stack", "up"], env)
         assert up.returncode == 0, up.stderr
