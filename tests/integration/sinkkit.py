@@ -167,22 +167,21 @@ class Sink:
     def env(self, **extra: str) -> dict[str, str]:
         """The environment of a service process of this sink."""
         c = self.config
-        return clean_env(
-            self.logs / "state",
-            MVSINK_SINK_ID=c.sink_id,
-            MVSINK_SHARD_ID=c.shard_id,
-            MVSINK_PARTITIONS=str(c.partitions),
-            MVSINK_APPEND_WORKERS=str(c.append_workers),
-            MVSINK_PARTITIONING=str(c.partitioning),
-            MVSINK_FRONTIERS_TOPIC=c.topics.frontiers,
-            MVSINK_KAFKA_BOOTSTRAP=c.kafka_bootstrap,
-            MVSINK_S3_ENDPOINT=c.s3.endpoint,
-            MVSINK_S3_BUCKET=c.s3.bucket,
-            MVSINK_S3_ACCESS_KEY=c.s3.access_key.reveal(),
-            MVSINK_S3_SECRET_KEY=c.s3.secret_key.reveal(),
-            MVSINK_LOG_LEVEL="DEBUG",
-            **extra,
-        )
+        settings = {
+            "MVSINK_SINK_ID": c.sink_id,
+            "MVSINK_SHARD_ID": c.shard_id,
+            "MVSINK_PARTITIONS": str(c.partitions),
+            "MVSINK_APPEND_WORKERS": str(c.append_workers),
+            "MVSINK_PARTITIONING": str(c.partitioning),
+            "MVSINK_FRONTIERS_TOPIC": c.topics.frontiers,
+            "MVSINK_KAFKA_BOOTSTRAP": c.kafka_bootstrap,
+            "MVSINK_S3_ENDPOINT": c.s3.endpoint,
+            "MVSINK_S3_BUCKET": c.s3.bucket,
+            "MVSINK_S3_ACCESS_KEY": c.s3.access_key.reveal(),
+            "MVSINK_S3_SECRET_KEY": c.s3.secret_key.reveal(),
+            "MVSINK_LOG_LEVEL": "DEBUG",
+        }
+        return clean_env(self.logs / "state", **{**settings, **extra})
 
     def advance_desired(self, frontier: Frontier) -> None:
         """The upstream's progress: every desired partition reaches `frontier`."""
