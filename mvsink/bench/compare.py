@@ -111,7 +111,6 @@ from mvsink.bench.workload import (
     Workload,
     encode_ticks_timed,
 )
-from mvsink.io import registry
 from mvsink.io.config import Config, Topics, state_dir
 from mvsink.io.kafka import delete_topics, sink_topics
 from mvsink.io.s3 import s3_client
@@ -364,7 +363,6 @@ def run(
                 f"{REGISTRY_FRAMED} needs a Schema Registry: [kafka] schema_registry_url"
             )
         base = replace(base, schema_registry_url="")
-    registry.use(base.schema_registry_url)  # the framing of the ticks encoded next
     ticks, final, producer_rate = encode_ticks_timed(base, workload, say, wire)
     if {"peer", "delta"} & set(systems):
         from mvsink.bench.systems import delta_jars, peer_jars
@@ -474,9 +472,8 @@ class _Columns:
             source = self._upstream(earlier)
             fed = fed[: source.held]
         suffix = f"-r{repeat + 1}" if repeat else ""
-        # provisioning registers the subjects of a registry-framed sink and makes its registry
-        # this process's (none for the others), so the encoding below and the frontier reads
-        # frame and look up through it
+        # provisioning registers the subjects of a registry-framed sink; the encoding below,
+        # the feeder and the frontier reads frame and look up through the sink's configuration
         sink = provisioned(framing, f"{self.run_id}-{name}{suffix}", master)
         if variant.registry_framed:
             if self.registry_ticks is None:

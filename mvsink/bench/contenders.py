@@ -139,6 +139,7 @@ class MvsinkSystem(System):
             self.procs[label] = proc
         self.upper = 0
         self._frontiers = tail_consumer(self.config.kafka_bootstrap, self.config.topics.frontiers)
+        self.framing = self.config.framing()
 
     def ready(self, timeout: float = 600.0) -> None:
         """The write service logged that it started (its Spark session is up); mint and
@@ -151,7 +152,7 @@ class MvsinkSystem(System):
             time.sleep(0.1)
 
     def durable(self, wait: float = 0.0) -> int:
-        for _, record in drain(self._frontiers, first_timeout=wait):
+        for _, record in drain(self._frontiers, first_timeout=wait, framing=self.framing):
             if isinstance(record, ShardUpper) and record.shard_id == self.config.shard_id:
                 self.upper = max(self.upper, record.upper.time or 0)
         return self.upper

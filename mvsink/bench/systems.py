@@ -45,8 +45,8 @@ from mvsink.core.codec import decode
 from mvsink.core.messages import Progress, Record, Updates, UpdatesArrow
 from mvsink.core.rows import parse_row_schema, updates_decoder
 from mvsink.core.updates import updates_from_ipc
-from mvsink.io import registry
 from mvsink.io.config import Config, S3Settings, cache_dir
+from mvsink.io.registry import Framing
 from mvsink.io.spark import trim_worker_path
 from mvsink.stack.state import stack_config
 
@@ -119,10 +119,9 @@ def delta_conf(settings: S3Settings) -> dict[str, str]:
 
 
 def decode_updates(values: Iterable[bytes], row_schema: pa.Schema) -> pa.Table | None:
-    """The updates in framed desired records `values` (progress records skipped; a
-    registry-framed one's schema looked up in this process's registry)."""
-    lookup = registry.lookup()
-    records = [decode(v, (UpdatesArrow, Updates, Progress), lookup) for v in values]
+    """The updates in desired records `values` in mvsink's own framing (progress records
+    skipped): the peers' executors hold no registry client."""
+    records = [decode(v, (UpdatesArrow, Updates, Progress)) for v in values]
     return updates_of(records, row_schema)
 
 
@@ -387,10 +386,11 @@ def _s3a_bytes(spark: Any, path: str) -> list[int]:
 def run_raw(config: Config, topic: str, partitions: int, prefix: str) -> None:
     """One consume-and-write loop per partition (until SIGTERM)."""
     settings, row_schema = config.s3, parse_row_schema(config.row_schema)
-    stop = threading.Event()
+    stop, framing = threading.Event(), config.framing()
 
     def loop(partition: int) -> None:
-        for updates, offset in ticks_of(config.kafka_bootstrap, topic, partition, row_schema, stop):
+        bootstrap = config.kafka_bootstrap
+        for updates, offset in ticks_of(bootstrap, topic, partition, row_schema, stop, framing):
             if updates is not None:
                 put_parquet(settings, f"{prefix}/p{partition}/{uuid.uuid4()}.parquet", updates)
             _emit(
@@ -413,15 +413,20 @@ def run_raw(config: Config, topic: str, partitions: int, prefix: str) -> None:
 
 
 def ticks_of(
-    bootstrap: str, topic: str, partition: int, row_schema: pa.Schema, stop: threading.Event
+    bootstrap: str,
+    topic: str,
+    partition: int,
+    row_schema: pa.Schema,
+    stop: threading.Event,
+    framing: Framing,
 ) -> Generator[tuple[pa.Table | None, int], None, None]:
     """A desired partition read from its start, tick by tick, until `stop` is set: each tick's
-    updates decoded into Arrow (None if it had none) with the offset after its `Progress`."""
+    updates decoded into Arrow (None if it had none) with the offset after its `Progress` (a
+    registry-framed record's schema id looked up through `framing`)."""
     from confluent_kafka import Consumer, TopicPartition
 
     from mvsink.io.kafka import READ_TO_END, consumer_config
 
-    lookup = registry.lookup()
     consumer = Consumer(consumer_config(bootstrap, extra=READ_TO_END))
     consumer.assign([TopicPartition(topic, partition, 0)])
     pending: list[Record] = []
@@ -431,7 +436,7 @@ def ticks_of(
                 value = message.value()
                 if message.error() or value is None:
                     continue
-                record = decode(value, (UpdatesArrow, Updates, Progress), lookup)
+                record = decode(value, (UpdatesArrow, Updates, Progress), framing.lookup)
                 if not isinstance(record, Progress):
                     pending.append(record)
                     continue
@@ -445,11 +450,13 @@ def read_load(config: Config, topic: str, partitions: int) -> tuple[float, int]:
     """One plain read of the initial load (tick 0): every partition's records up to its first
     `Progress` consumed and decoded into Arrow, a thread per partition, as the raw loop reads
     them, nothing written. (seconds, updates): the baseline a system's hydration is set against."""
-    row_schema = parse_row_schema(config.row_schema)
+    row_schema, framing = parse_row_schema(config.row_schema), config.framing()
     counts = [0] * partitions
 
     def read(partition: int) -> None:
-        ticks = ticks_of(config.kafka_bootstrap, topic, partition, row_schema, threading.Event())
+        ticks = ticks_of(
+            config.kafka_bootstrap, topic, partition, row_schema, threading.Event(), framing
+        )
         with contextlib.closing(ticks):  # closes its consumer
             updates, _ = next(ticks)
         counts[partition] = 0 if updates is None else updates.num_rows

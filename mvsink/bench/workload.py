@@ -29,6 +29,7 @@ from mvsink.core.rows import parse_row_schema
 from mvsink.io import registry
 from mvsink.io.config import Config
 from mvsink.io.kafka import client_config, consumer_config
+from mvsink.io.registry import Framing
 from mvsink.upstream.producer import DesiredProducer
 
 ROW_SCHEMA = "key string not null, value long"
@@ -161,9 +162,9 @@ def encode_ticks_timed(
     for tick, table in enumerate(tables):
         wall0, cpu0 = time.perf_counter(), time.process_time()
         records, count = producer.records(table)
-        framed = [(p, registry.encode(config.topics.desired, r)) for p, r in records]
+        framed = [(p, producer.framing.encode(config.topics.desired, r)) for p, r in records]
         wall, cpu = wall + time.perf_counter() - wall0, cpu + time.process_time() - cpu0
-        progress = registry.encode(config.topics.desired, Progress(Frontier.at(tick + 1)))
+        progress = producer.framing.encode(config.topics.desired, Progress(Frontier.at(tick + 1)))
         out.append(EncodedTick(tick, count, framed, progress))
     total = sum(t.updates for t in out)
     sample = tables[min(1, len(tables) - 1)].slice(0, 50_000)  # partitioning 1, same rows
@@ -196,9 +197,12 @@ def encode_ticks_timed(
 
 
 class Feeder:
-    """Publishes encoded ticks; returns each tick's end offsets per partition."""
+    """Publishes encoded ticks, and each partition's `DesiredProgress` framed as the fed sink's
+    configuration says; returns each tick's end offsets per partition."""
 
     def __init__(self, bootstrap: str) -> None:
+        #: Framings by Schema Registry url (`mvsink.io.registry.framing`; "": mvsink's own).
+        self.framings: dict[str, Framing] = {}
         # Idempotent: without it a retried request (e.g. the first tick's, sent before a new
         # topic's leaders were known) can land after the tick's `Progress`, and the sinks then
         # rightly refuse its updates as below the partition's progress.
@@ -218,7 +222,8 @@ class Feeder:
             partition, offset = int(message.partition() or 0), int(message.offset() or 0)
             ends[partition] = max(ends.get(partition, 0), offset + 1)
 
-        desired = config.topics.desired
+        desired, url = config.topics.desired, config.schema_registry_url
+        framing = self.framings.get(url) or self.framings.setdefault(url, registry.framing(url))
         for partition, value in tick.records:
             self._produce(desired, partition, value)
         for partition in range(config.partitions):
@@ -227,7 +232,7 @@ class Feeder:
             self.producer.produce(
                 config.topics.frontiers,
                 key=record.key.encode(),
-                value=registry.encode(config.topics.frontiers, record),
+                value=framing.encode(config.topics.frontiers, record),
                 headers=[(SCHEMA_HEADER, schema_header(record).encode())],
             )
         if self.producer.flush(60) != 0:

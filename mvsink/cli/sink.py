@@ -94,7 +94,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     config = stack_config(args.config)
     topic = Topics.for_sink(args.sink).control
     producer = Producer(client_config(config.kafka_bootstrap))
-    produce(producer, topic, args.sink, SinkControl(read_only=False))
+    produce(producer, topic, args.sink, SinkControl(read_only=False), framing=config.framing())
     if producer.flush(30):
         raise MvsinkError(f"could not deliver the promotion to {topic}")
     say(f"sink {args.sink} promoted: SinkControl(read_only=false) on {topic}")
@@ -190,5 +190,11 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from mvsink.tools.inspect import inspect_topic
 
     config = stack_config(args.config)
-    inspect_topic(config.kafka_bootstrap, args.topic, follow=args.follow, limit=args.limit)
+    inspect_topic(
+        config.kafka_bootstrap,
+        args.topic,
+        follow=args.follow,
+        limit=args.limit,
+        framing=config.framing(),
+    )
     return 0

@@ -388,6 +388,11 @@ class Config:
         fields)."""
         return CompactionPolicy(**_part_of(self, POLICY_KEYS))
 
+    def framing(self) -> registry.Framing:
+        """How a process of this configuration frames records and looks schema ids up
+        (`mvsink.io.registry.framing`: a new registry client each call, so call it once)."""
+        return registry.framing(self.schema_registry_url)
+
     def __post_init__(self) -> None:
         for setting in SETTINGS:
             problem = setting.check and setting.check(setting, _value(self, setting))
@@ -647,9 +652,7 @@ def load_config(
     env: Mapping[str, str] | None = None,
     endpoints: Mapping[str, Any] | None = None,
 ) -> Config:
-    """Load and validate the configuration (see module docs for the sources and their order),
-    and make its Schema Registry (or none) the one this process frames records for and looks
-    schema ids up in (`mvsink.io.registry.use`).
+    """Load and validate the configuration (see module docs for the sources and their order).
 
     Args:
         path: the TOML file (else `MVSINK_CONFIG`, else none).
@@ -670,9 +673,7 @@ def load_config(
     if file_path:
         values.update(_from_file(Path(file_path)))
     values.update(_from_env(env))
-    config = _build(values)
-    registry.use(config.schema_registry_url)
-    return config
+    return _build(values)
 
 
 def main(argv: list[str]) -> int:

@@ -37,8 +37,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from mvsink.core import codec
 from mvsink.core.errors import DecodeError, MvsinkError
 from mvsink.core.messages import Record
-from mvsink.io import registry
 from mvsink.io.config import Config, Topics
+from mvsink.io.registry import Framing
 
 COMPACTED = {"cleanup.policy": "compact"}
 #: The shared `frontiers`: compacted within about the hour. Its followers read it from the start,
@@ -314,9 +314,11 @@ def produce(
     record: Record,
     partition: int | None = None,
     on_delivery: Callable[[KafkaError | None, Message], None] | None = None,
+    *,
+    framing: Framing,
 ) -> None:
-    """Produce `record` framed as this process writes (`mvsink.io.registry.encode`: the Schema
-    Registry's wire format where one is configured), with the schema header for generic tools."""
+    """Produce `record` framed by `framing` (the Schema Registry's wire format where one is
+    configured, mvsink's own otherwise), with the schema header for generic tools."""
     kwargs: dict[str, Any] = {}
     if partition is not None:
         kwargs["partition"] = partition
@@ -325,17 +327,20 @@ def produce(
     producer.produce(
         topic,
         key=key.encode(),
-        value=registry.encode(topic, record),
+        value=framing.encode(topic, record),
         headers=[(codec.SCHEMA_HEADER, codec.schema_header(record).encode())],
         **kwargs,
     )
 
 
 def decode_message(
-    message: codec.KafkaMessage, expect: type | tuple[type, ...] | None = None
+    message: codec.KafkaMessage,
+    expect: type | tuple[type, ...] | None = None,
+    *,
+    framing: Framing,
 ) -> Record:
-    """`codec.decode_message` with this process's registry (if any) to look schema ids up in."""
-    return codec.decode_message(message, expect, registry.lookup())
+    """`codec.decode_message` with `framing`'s registry (if any) to look schema ids up in."""
+    return codec.decode_message(message, expect, framing.lookup)
 
 
 def poll_message(
@@ -361,6 +366,8 @@ def drain(
     first_timeout: float = 0.0,
     limit: int | None = 500,
     keys: Collection[bytes] | None = None,
+    *,
+    framing: Framing,
 ) -> Iterator[tuple[Message, Record]]:
     """The records available now (waiting up to `first_timeout` for the first), at most `limit`
     messages (None: every one, a backlog included). Undecodable ones are logged with
@@ -377,13 +384,13 @@ def drain(
         if keys is not None and message.key() not in keys:
             continue
         try:
-            yield message, decode_message(message)
+            yield message, decode_message(message, framing=framing)
         except DecodeError as error:
             log.error("skipping bad record: %s", error)
 
 
 def last_record(
-    bootstrap: str, topic: str, partition: int = 0, timeout: float = 30.0
+    bootstrap: str, topic: str, partition: int = 0, timeout: float = 30.0, *, framing: Framing
 ) -> Record | None:
     """The last committed record of `topic[partition]`, or None if it has none.
 
@@ -392,7 +399,7 @@ def last_record(
         MvsinkError: the end was not read within `timeout`.
     """
     message = last_message(bootstrap, topic, partition, timeout)
-    return None if message is None else decode_message(message)
+    return None if message is None else decode_message(message, framing=framing)
 
 
 def last_message(
@@ -591,7 +598,9 @@ class Reader:
         self.stall.close()
 
 
-def read_compacted(bootstrap: str, topic: str, timeout: float = 30.0) -> dict[str, Record]:
+def read_compacted(
+    bootstrap: str, topic: str, timeout: float = 30.0, *, framing: Framing
+) -> dict[str, Record]:
     """The latest record per key of `topic`, reading every partition up to its end now.
 
     Undecodable values raise `DecodeError` naming topic, partition and offset.
@@ -611,7 +620,7 @@ def read_compacted(bootstrap: str, topic: str, timeout: float = 30.0) -> dict[st
             if message is None:
                 continue
             key = (message.key() or b"").decode()
-            latest[key] = decode_message(message)
+            latest[key] = decode_message(message, framing=framing)
         return latest
     finally:
         consumer.close()

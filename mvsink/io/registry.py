@@ -19,11 +19,10 @@ schema change that breaks the level is refused before anything is written with i
 `BACKWARD_TRANSITIVE`: mvsink's readers decode with the latest version whatever older one wrote a
 record (schemas/README.md), which is exactly that level's promise.
 
-The process has one registry at a time (`use`, called by `mvsink.io.config.load_config` with the
-loaded configuration, and by a Spark task with the one its driver shipped), as it has one
-configuration: ids are the registry's, so the process's readers and writers must agree on it.
-A schema id, once looked up, is cached for the life of the process: a registry never changes
-what an id stands for.
+What a process writes with and reads with is a `Framing`, made once from its configuration
+(`framing`) and handed to its producers and readers (a Spark task worker keeps one per registry
+url its drivers ship). A schema id, once looked up, is cached for the framing's life: a registry
+never changes what an id stands for.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
@@ -269,36 +269,33 @@ class Registry:
             raise
 
 
-_active: Registry | None = None
-_active_lock = threading.Lock()
+@dataclass(frozen=True)
+class Framing:
+    """How one process frames the records it writes and finds a registry-framed record's
+    schema: through `registry` (its wire format; ids looked up there), or mvsink's own framing
+    (`OWN`; a registry-framed record's schema then comes from its `SCHEMA_HEADER`). Readers
+    accept both framings either way. Made once from the configuration (`framing`) by whatever
+    owns the process's producers and readers, and passed to them."""
+
+    registry: Registry | None = None
+
+    def encode(self, topic: str, record: Record) -> bytes:
+        """`record` framed for `topic`: the registry's wire format, else mvsink's own."""
+        if self.registry is None:
+            return codec.encode(record)
+        return self.registry.encode(topic, record)
+
+    @property
+    def lookup(self) -> codec.SchemaLookup | None:
+        """How a registry-framed record's schema id is looked up (None: by its header)."""
+        return None if self.registry is None else self.registry.lookup
 
 
-def use(url: str) -> Registry | None:
-    """Make the registry at `url` this process's (empty: none, mvsink's own framing); the
-    registry now in use. Keeps the caches of a registry already in use at the same url."""
-    global _active
-    with _active_lock:
-        if not url:
-            _active = None
-        elif _active is None or _active.url != url:
-            _active = Registry(url)
-        return _active
+#: mvsink's own framing: no registry.
+OWN = Framing()
 
 
-def active() -> Registry | None:
-    """This process's registry, or None."""
-    return _active
-
-
-def encode(topic: str, record: Record) -> bytes:
-    """`record` framed for `topic` as this process writes: the registry's wire format when one
-    is in use, mvsink's own otherwise."""
-    registry = _active
-    return codec.encode(record) if registry is None else registry.encode(topic, record)
-
-
-def lookup() -> codec.SchemaLookup | None:
-    """How this process finds a registry-framed record's schema: its registry's `lookup`, or
-    None (the record's `SCHEMA_HEADER` then says)."""
-    registry = _active
-    return None if registry is None else registry.lookup
+def framing(url: str) -> Framing:
+    """The framing of a process configured with the registry at `url` (empty: `OWN`). Each
+    call makes a new client with empty caches: call it once per process or task worker."""
+    return Framing(Registry(url)) if url else OWN

@@ -11,11 +11,15 @@ import time
 from mvsink.core.codec import registered_id
 from mvsink.core.errors import DecodeError
 from mvsink.io.kafka import decode_message, poll_message, tail_consumer
+from mvsink.io.registry import OWN, Framing
 
 
-def inspect_topic(bootstrap: str, topic: str, *, follow: bool = False, limit: int = 0) -> int:
-    """Print the records of `topic` from the beginning; with `follow`, keep printing new ones
-    until interrupted. Returns the number printed."""
+def inspect_topic(
+    bootstrap: str, topic: str, *, follow: bool = False, limit: int = 0, framing: Framing = OWN
+) -> int:
+    """Print the records of `topic` from the beginning (a registry-framed one's schema id looked
+    up through `framing`); with `follow`, keep printing new ones until interrupted. Returns the
+    number printed."""
     consumer = tail_consumer(bootstrap, topic)
     printed, idle_since = 0, time.monotonic()
     try:
@@ -28,7 +32,7 @@ def inspect_topic(bootstrap: str, topic: str, *, follow: bool = False, limit: in
             idle_since = time.monotonic()
             key = (message.key() or b"").decode(errors="replace")
             try:
-                shown = repr(decode_message(message))
+                shown = repr(decode_message(message, framing=framing))
             except DecodeError as error:
                 shown = f"UNDECODABLE ({error.reason})"
             schema_id = registered_id(message.value() or b"")

@@ -40,7 +40,7 @@ def provision(config: Config, frontiers_config: Mapping[str, str] | None = None)
         IncompatibleSchema: a released schema breaks its subject's compatibility level.
     """
     created = ensure_topics(config.kafka_bootstrap, sink_topics(config, frontiers_config))
-    schemas = registry.use(config.schema_registry_url)
+    schemas = config.framing().registry
     subjects = tuple(schemas.provision(registry.topic_kinds(config.topics))) if schemas else ()
     bucket_created = ensure_bucket(s3_client(config.s3), config.s3.bucket)
     upper = None

@@ -41,6 +41,7 @@ from mvsink.io.kafka import (
     poll_message,
     produce,
 )
+from mvsink.io.registry import OWN, Framing
 from mvsink.io.s3 import (
     PreconditionFailed,
     Written,
@@ -109,9 +110,12 @@ def contract_samples(config: Config, run: str) -> list[Sample]:
     ]
 
 
-def roundtrip(bootstrap: str, sample: Sample, timeout: float = 30.0) -> Record:
-    """Produce `sample` (in a transaction if its contract says so), read it back with a
-    read_committed consumer from the offset it was written at, and return what was decoded."""
+def roundtrip(
+    bootstrap: str, sample: Sample, framing: Framing = OWN, timeout: float = 30.0
+) -> Record:
+    """Produce `sample` (in a transaction if its contract says so) framed by `framing`, read it
+    back with a read_committed consumer from the offset it was written at, and return what was
+    decoded."""
     txn = sample.transactional_id
     producer = Producer(client_config(bootstrap, **({"transactional.id": txn} if txn else {})))
     delivered: list[Message] = []
@@ -124,7 +128,15 @@ def roundtrip(bootstrap: str, sample: Sample, timeout: float = 30.0) -> Record:
     if txn:
         init_transactions(producer, timeout)
         producer.begin_transaction()
-    produce(producer, sample.topic, sample.key, sample.record, sample.partition, on_delivery)
+    produce(
+        producer,
+        sample.topic,
+        sample.key,
+        sample.record,
+        sample.partition,
+        on_delivery,
+        framing=framing,
+    )
     if txn:
         producer.commit_transaction(timeout)
     producer.flush(timeout)
@@ -138,7 +150,7 @@ def roundtrip(bootstrap: str, sample: Sample, timeout: float = 30.0) -> Record:
         while time.monotonic() < deadline:
             message = poll_message(consumer, 0.5)
             if message is not None:
-                return decode_message(message)
+                return decode_message(message, framing=framing)
         raise TimeoutError(f"did not read back {sample.topic}[{sample.partition}]@{offset}")
     finally:
         consumer.close()
@@ -152,9 +164,10 @@ def run_smoke(config: Config, say: Say) -> None:
     """
     run = uuid.uuid4().hex[:8]
     say(f"Kafka at {config.kafka_bootstrap}: one record of each contract per topic")
+    framing = config.framing()
     for sample in contract_samples(config, run):
         started = time.monotonic()
-        got = roundtrip(config.kafka_bootstrap, sample)
+        got = roundtrip(config.kafka_bootstrap, sample, framing)
         if got != sample.record:
             raise RuntimeError(f"{sample.topic}: sent {sample.record!r}, read back {got!r}")
         how = "transactional" if sample.transactional_id else "plain"

@@ -18,7 +18,7 @@ from mvsink.core.messages import Progress, Updates, UpdatesArrow
 from mvsink.core.rows import updates_decoder
 from mvsink.core.updates import TIME, advance_times, consolidate, part_schema, updates_from_ipc
 from mvsink.io.kafka import NO_RESET, READ_TO_END, consumer_config, decode_message, poll_message
-from mvsink.io.registry import RegistryError
+from mvsink.io.registry import OWN, Framing, RegistryError
 
 
 def decode_desired(
@@ -26,9 +26,11 @@ def decode_desired(
     row_schema: pa.Schema,
     decode_rows: Callable[[Updates], pa.Table],
     partitioning: int | None,
+    framing: Framing,
 ) -> Progress | pa.Table:
     """A desired record: its `Progress`, or its updates as a table (Arrow IPC or Avro rows,
-    decoded by `decode_rows = updates_decoder(row_schema)`).
+    decoded by `decode_rows = updates_decoder(row_schema)`); a registry-framed record's schema
+    id looked up through `framing`.
 
     Raises:
         DecodeError: a record that does not decode, whatever decoding it raises (a record that
@@ -37,7 +39,7 @@ def decode_desired(
             they are in the wrong partition for it.
     """
     try:
-        return _decode_desired(message, row_schema, decode_rows, partitioning)
+        return _decode_desired(message, row_schema, decode_rows, partitioning, framing)
     except (DecodeError, RegistryError):  # a registry out of reach is not the record's fault
         raise
     except Exception as error:  # any other failure to decode is the record's
@@ -49,8 +51,9 @@ def _decode_desired(
     row_schema: pa.Schema,
     decode_rows: Callable[[Updates], pa.Table],
     partitioning: int | None,
+    framing: Framing,
 ) -> Progress | pa.Table:
-    record = decode_message(message, (UpdatesArrow, Updates, Progress))
+    record = decode_message(message, (UpdatesArrow, Updates, Progress), framing=framing)
     if isinstance(record, Progress):
         return record
     used = record.partitioning if isinstance(record, UpdatesArrow) else 1
@@ -72,6 +75,7 @@ def read_desired(
     row_schema: pa.Schema,
     as_of: int,
     timeout: float = 60.0,
+    framing: Framing = OWN,
 ) -> pa.Table:
     """The desired collection at `as_of`: every committed update with a time before `as_of`,
     read to the end of each partition, with times advanced to `as_of` and consolidated. A caller must know that
@@ -104,7 +108,7 @@ def read_desired(
             message = poll_message(consumer, 0.5, on_eof=ended.add)
             if message is None:
                 continue
-            decoded = decode_desired(message, row_schema, decode_rows, None)
+            decoded = decode_desired(message, row_schema, decode_rows, None, framing)
             if isinstance(decoded, pa.Table) and decoded.num_rows:
                 tables.append(decoded.filter(pc.less(decoded.column(TIME), as_of)))
     finally:

@@ -77,6 +77,7 @@ class DesiredProducer:
                 f"wire='arrow' or partitioning 1, not {config.partitioning}"
             )
         self.config = config
+        self.framing = config.framing()
         self.producer_id = producer_id
         self.row_schema = row_schema
         self.chunk = chunk
@@ -96,7 +97,9 @@ class DesiredProducer:
         """Fence predecessors and restore the frontier from `frontiers`; the frontier. Waits on
         Kafka at most the config's `kafka_call_timeout`."""
         init_transactions(self.producer, self.config.kafka_call_timeout)
-        latest = read_compacted(self.config.kafka_bootstrap, self.config.topics.frontiers)
+        latest = read_compacted(
+            self.config.kafka_bootstrap, self.config.topics.frontiers, framing=self.framing
+        )
         mine = [
             record.frontier
             for p in range(self.config.partitions)
@@ -119,7 +122,8 @@ class DesiredProducer:
         if records:
             self._begin()
         for partition, record in records:
-            produce(self.producer, self.config.topics.desired, str(partition), record, partition)
+            topic = self.config.topics.desired
+            produce(self.producer, topic, str(partition), record, partition, framing=self.framing)
         return count
 
     def records(self, updates: pa.Table) -> tuple[list[tuple[int, Updates | UpdatesArrow]], int]:
@@ -205,7 +209,7 @@ class DesiredProducer:
         self._begin()
         for topic, partition, record in self.progress(frontier):
             key = str(partition) if isinstance(record, Progress) else record.key
-            produce(self.producer, topic, key, record, partition)
+            produce(self.producer, topic, key, record, partition, framing=self.framing)
         self.producer.commit_transaction(self.config.kafka_call_timeout)
         self.in_transaction = False
         self.frontier = frontier

@@ -92,6 +92,7 @@ from mvsink.core.partitioning import partitions_of, split_by_partition
 from mvsink.core.updates import normalize_updates, part_schema, updates_to_ipc
 from mvsink.io import registry
 from mvsink.io.kafka import client_config, init_transactions, last_record, produce
+from mvsink.io.registry import Framing
 from mvsink.io.service import quiet_retries
 from mvsink.io.spark import (
     each_on_a_thread,
@@ -130,13 +131,22 @@ class _Kept:
 
 class PublishWorker:
     """What one Python worker keeps between the publishing tasks it runs: each desired
-    partition's transactional producer, by (bootstrap, transactional id). A worker's first
+    partition's transactional producer, by (bootstrap, transactional id), and the framing of
+    each Schema Registry url its tasks name (its ids cached). A worker's first
     publishing task makes it (`publish_worker`) and trims the worker's path then, after the
     imports the tasks need (`trim_worker_path`: an untrimmed worker re-reads PySpark's zips
     before every task)."""
 
     def __init__(self) -> None:
         self.producers: dict[tuple[str, str], _Kept] = {}
+        self.framings: dict[str, Framing] = {}
+
+    def framing(self, url: str) -> Framing:
+        """The framing of the registry at `url` (empty: mvsink's own), made on first use."""
+        found = self.framings.get(url)
+        if found is None:
+            found = self.framings[url] = registry.framing(url)
+        return found
 
 
 #: This Python worker's `PublishWorker`, made by its first publishing task: a Python worker
@@ -402,7 +412,6 @@ def _publish_pending(
     first (the IPC writer writes a record's every chunk as an Arrow batch of its own), taking
     them out of `pending`, so the task holds its updates about once."""
     quiet_retries()  # one line per outage, not librdkafka's per reconnect (this worker too)
-    registry.use(spec.schema_registry_url)
     empty = part_schema(spec.row_schema).empty_table()
     rows = {}
     for partition in sorted(pending):
@@ -449,6 +458,7 @@ def _publish_partition(
     """
     rows = publishable(rows, spec.lower, spec.sink_id)
     key = (spec.bootstrap, f"{spec.producer_id}.p{partition}")
+    framing = worker.framing(spec.schema_registry_url)
     while True:
         kept, reused = worker.producers.get(key), True
         if kept is not None and _superseded(key[1], kept.token):
@@ -465,7 +475,7 @@ def _publish_partition(
             )
             init_transactions(producer, spec.call_timeout)
             token = _claim(key[1])
-            committed = last_progress(spec.bootstrap, spec.desired_topic, partition)
+            committed = last_progress(spec.bootstrap, spec.desired_topic, partition, framing)
             kept, reused = _Kept(producer, committed, token), False
             worker.producers[key] = kept
         if kept.committed is not None and spec.upper.less_equal(kept.committed):
@@ -474,11 +484,14 @@ def _publish_partition(
         try:
             producer.begin_transaction()
             for record in arrow_records(rows, spec.partitioning, spec.chunk):
-                produce(producer, spec.desired_topic, str(partition), record, partition)
+                produce(
+                    producer, spec.desired_topic, str(partition), record, partition, framing=framing
+                )
                 producer.poll(0)
-            produce(producer, spec.desired_topic, str(partition), Progress(spec.upper), partition)
+            end = Progress(spec.upper)
+            produce(producer, spec.desired_topic, str(partition), end, partition, framing=framing)
             progress = DesiredProgress(spec.sink_id, partition, spec.upper)
-            produce(producer, spec.frontiers_topic, progress.key, progress)
+            produce(producer, spec.frontiers_topic, progress.key, progress, framing=framing)
             if spec.hook is not None:
                 spec.hook("produced", partition)
             producer.commit_transaction(spec.call_timeout)
@@ -545,10 +558,10 @@ def is_fenced(error: BaseException) -> bool:
     return bool(kafka_error.fatal() or kafka_error.code() == KafkaError._FATAL)
 
 
-def last_progress(bootstrap: str, topic: str, partition: int) -> Frontier | None:
+def last_progress(bootstrap: str, topic: str, partition: int, framing: Framing) -> Frontier | None:
     """The frontier of a desired partition's last committed record if it is a `Progress`."""
     try:
-        record = last_record(bootstrap, topic, partition)
+        record = last_record(bootstrap, topic, partition, framing=framing)
     except DecodeError:  # someone else's bytes: not our progress
         return None
     return record.frontier if isinstance(record, Progress) else None

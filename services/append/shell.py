@@ -57,6 +57,7 @@ class AppendShell:
     def __init__(self, config: Config, stopping: Stopping) -> None:
         self.config = config
         self.stopping = stopping
+        self.framing = config.framing()
         self.shard: Shard = open_shard(config.shard_id, None, config.s3, config.shard_timing())
         ensure_retention(self.shard, config.retain_history)
         # `ShardUpper` is on the sink's critical path: mint mints the next description on it.
@@ -167,7 +168,7 @@ class AppendShell:
 
     def _decode(self, message: Message, expect: type) -> Any:
         try:
-            return decode_message(message, expect)
+            return decode_message(message, expect, framing=self.framing)
         except DecodeError as error:
             log.error("quarantining bad record: %s", error)
             dead = self.config.topics.dead_letter
@@ -277,7 +278,9 @@ class AppendShell:
 
     def _publish(self, upper: Frontier, seqno: int) -> None:
         record = ShardUpper(self.config.shard_id, upper, seqno)
-        produce(self.producer, self.config.topics.frontiers, record.key, record)
+        produce(
+            self.producer, self.config.topics.frontiers, record.key, record, framing=self.framing
+        )
         self.producer.poll(0)
 
 

@@ -39,6 +39,7 @@ from mvsink.core.updates import consolidate as consolidate_updates
 from mvsink.io.config import Config, Topics
 from mvsink.io.ct_definition import Definition, load_definition
 from mvsink.io.kafka import Reader, TopicSpec, drain, ensure_topics, tail_consumer
+from mvsink.io.registry import Framing
 from mvsink.io.service import Stopping, writer_identity
 from mvsink.shard import AsOfBeforeSince, IndefiniteAppend, PartGone, Shard, open_shard
 from services.ct.logic import consolidate, run_logic
@@ -405,11 +406,11 @@ def _control(config: Config, definition: Definition) -> Reader:
     return tail_consumer(config.kafka_bootstrap, topic)
 
 
-def _promoted(control: Reader, definition: Definition) -> bool:
+def _promoted(control: Reader, definition: Definition, framing: Framing) -> bool:
     key = control_id(definition).encode()
     return any(
         isinstance(record, SinkControl) and not record.read_only and message.key() == key
-        for message, record in drain(control)
+        for message, record in drain(control, framing=framing)
     )
 
 
@@ -436,9 +437,10 @@ def run(config: Config, stopping: Stopping) -> int:
     )
     task.start()
     control = _control(config, definition) if config.read_only else None
+    framing = config.framing()
     try:
         while not stopping.stopped:
-            if control is not None and _promoted(control, definition):
+            if control is not None and _promoted(control, definition, framing):
                 task.promote()
                 control.close()
                 control = None

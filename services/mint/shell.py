@@ -66,6 +66,7 @@ class MintShell:
     def __init__(self, config: Config, stopping: Stopping) -> None:
         self.config = config
         self.stopping = stopping
+        self.framing = config.framing()
         self.shard: Shard = open_shard(config.shard_id, None, config.s3, config.shard_timing())
         self.producer = Producer(
             client_config(
@@ -84,7 +85,9 @@ class MintShell:
     def start(self) -> None:
         """Fence the previous mint, then restore from `descs`."""
         init_transactions(self.producer, 60)
-        last = last_record(self.config.kafka_bootstrap, self.config.topics.descs)
+        last = last_record(
+            self.config.kafka_bootstrap, self.config.topics.descs, framing=self.framing
+        )
         if last is not None and not isinstance(last, BatchDescription):
             raise DecodeError(f"{self.config.topics.descs} ends with a {type(last).__name__}")
         self.state.restore(last)
@@ -125,7 +128,7 @@ class MintShell:
         self, consumer: Reader, timeout: float, keys: frozenset[bytes] | None = None
     ) -> None:
         """Absorb what `consumer` has (of `keys`, when given: `frontiers` is every sink's)."""
-        for message, record in drain(consumer, timeout, keys=keys):
+        for message, record in drain(consumer, timeout, keys=keys, framing=self.framing):
             self._on_record(message.key(), record)
 
     def _on_record(self, key: bytes | None, record: object) -> None:
@@ -147,7 +150,8 @@ class MintShell:
             return
         try:
             self.producer.begin_transaction()
-            produce(self.producer, self.config.topics.descs, self.config.sink_id, desc)
+            topic = self.config.topics.descs
+            produce(self.producer, topic, self.config.sink_id, desc, framing=self.framing)
             self.producer.commit_transaction(60)
         except KafkaException as error:
             kafka_error = error.args[0]

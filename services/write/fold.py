@@ -37,6 +37,7 @@ from mvsink.core.messages import Progress
 from mvsink.core.rows import updates_decoder
 from mvsink.core.updates import TIME
 from mvsink.io.kafka import NO_RESET, READ_TO_END, Reader, client_config, poll_message
+from mvsink.io.registry import OWN, Framing
 from mvsink.shard import SelectedPart, Shard, ShardState
 from mvsink.upstream.desired import decode_desired
 from services.write.checkpoint import PartitionState
@@ -105,12 +106,14 @@ def fold_desired(
     sink_id: str = "",
     why: str = "where its corrections folded to",
     readers: Readers | None = None,
+    framing: Framing = OWN,
 ) -> int:
     """Read the partition from `folded_offset` to its end, or until its progress reaches
     `until`; the number of records quarantined (undecodable, below the partition's progress,
     or hashed by another function than `partitioning`). The reader comes from `readers` if it
     kept one that reads on from there, and is kept there after a read until `until` if
-    `readers.keep` (None: a new reader, closed after the read).
+    `readers.keep` (None: a new reader, closed after the read). A registry-framed record's
+    schema id is looked up through `framing` (the sink's Schema Registry, if it has one).
 
     Raises `DesiredGone` (module docs; `sink_id` and `why` the offset is needed name it) and
     folds nothing when records from `folded_offset` on are gone.
@@ -161,7 +164,7 @@ def fold_desired(
                     )
                 continue
             try:
-                table = decode_desired(message, row_schema, decode_rows, partitioning)
+                table = decode_desired(message, row_schema, decode_rows, partitioning, framing)
                 if isinstance(table, Progress):
                     state.desired_frontier = advance(
                         state.desired_frontier, table.frontier

@@ -146,6 +146,7 @@ def plan(
     best: tuple[Frontier, int] | None = None  # the last Progress in [since, upper], and after it
     tables: list[tuple[int, pa.Table]] = []
     reader = Reader(config.kafka_bootstrap, topic, {partition: low}, {**READ_TO_END, **NO_RESET})
+    framing = config.framing()
     decode_rows = updates_decoder(row_schema)
     deadline = time.monotonic() + timeout
     try:
@@ -157,7 +158,7 @@ def plan(
             if message is None:
                 continue
             try:
-                decoded = decode_desired(message, row_schema, decode_rows, None)
+                decoded = decode_desired(message, row_schema, decode_rows, None, framing)
             except DecodeError:
                 continue  # the write tasks quarantine it too
             offset = int(message.offset() or 0)
@@ -350,7 +351,7 @@ def repair(
         ),
     )
     producer = Producer(client_config(config.kafka_bootstrap))
-    produce(producer, config.topics.control, record.key, record)
+    produce(producer, config.topics.control, record.key, record, framing=config.framing())
     if producer.flush(30):
         raise MvsinkError(
             f"the checkpoints were re-seeded, but the SinkRepair record did not "

@@ -126,6 +126,7 @@ class WriteShell:
         self.row_schema = (
             parse_row_schema(config.row_schema) if config.row_schema else self.shard.schema
         )
+        self.framing = config.framing()
         self.producer = Producer(client_config(config.kafka_bootstrap))
         #: The sink's checkpoints in object storage (`services.write.checkpoint`).
         self.checkpoints = checkpoint.Checkpoints.of(config.s3)
@@ -457,7 +458,7 @@ class WriteShell:
         driver that has just started reads a shared `frontiers` from its start, which read 500
         records a loop (each loop waiting on `descs`) would hold its first descriptions back for
         seconds, and which decoded whole (every sink's records) would hold them back again."""
-        for message, record in drain(consumer, wait, limit=None, keys=keys):
+        for message, record in drain(consumer, wait, None, keys, framing=self.framing):
             match record:
                 case BatchDescription(sink_id=sink) if sink == self.config.sink_id:
                     self.state.absorb_batch_description(record)
@@ -604,6 +605,7 @@ class WriteShell:
             str(desc.append_worker),
             batch,
             desc.append_worker,
+            framing=self.framing,
         )
         self.producer.flush(30)
         self.state.batch_staged(job, covered, self.clock.monotonic())

@@ -66,6 +66,7 @@ from mvsink.core.frontier import Frontier
 from mvsink.core.messages import BatchDescription
 from mvsink.core.settings import S3Settings
 from mvsink.io import registry
+from mvsink.io.registry import Framing
 from mvsink.io.service import quiet_retries
 from mvsink.io.spark import each_on_a_thread, executor_id, trim_worker_path
 from mvsink.shard import PartGone, PartRef, Shard, ShardState, open_shard
@@ -200,6 +201,8 @@ class WriteWorker:
     #: Where pipelined steps' checkpoints are created (`Pipelined`): a resident's only; None
     #: runs every checkpoint inline.
     creates: ThreadPoolExecutor | None = None
+    #: Record framings (`mvsink.io.registry.Framing`: a registry's ids cached), by its url.
+    framings: dict[str, Framing] = field(default_factory=dict)
 
     def shard(self, sink: SinkSpec) -> Shard:
         """The sink's shard, opened once per worker."""
@@ -207,6 +210,15 @@ class WriteWorker:
         if shard is None:
             shard = self.shards[sink.shard_id] = open_shard(sink.shard_id, None, sink.s3)
         return shard
+
+    def framing(self, sink: SinkSpec) -> Framing:
+        """How the sink's records are framed (its Schema Registry's, if any), once per worker."""
+        found = self.framings.get(sink.schema_registry_url)
+        if found is None:
+            found = self.framings[sink.schema_registry_url] = registry.framing(
+                sink.schema_registry_url
+            )
+        return found
 
     def checkpoints(self, sink: SinkSpec) -> Checkpoints:
         """The sink's checkpoints, one handle per object store and worker."""
@@ -232,6 +244,7 @@ class WriteWorker:
             self.shards,
             self.stores,
             ThreadPoolExecutor(_CREATES, thread_name_prefix="checkpoint-create"),
+            self.framings,
         )
 
     def leave(self) -> None:
@@ -362,6 +375,7 @@ def _step(spec: StepSpec, worker: WriteWorker, shard_state: ShardState | None) -
             sink_id=sink.sink_id,
             why=start.why,
             readers=worker.readers,
+            framing=worker.framing(sink),
         )
     except DesiredGone as error:
         worker.states.drop(sink.sink_id, spec.partition)  # folded nothing, but unsure
@@ -531,8 +545,6 @@ def run_tasks(specs: list[StepSpec], worker: WriteWorker) -> list[StepResult]:
     states and readers (keyed by partition) and clients; a failed step drops only its own
     partition's state (`run_task`), and its error is raised once the other steps have ended."""
     quiet_retries()  # one line per outage, not librdkafka's per reconnect (this worker too)
-    if specs:  # one sink's steps: one registry
-        registry.use(specs[0].sink.schema_registry_url)
     started = time.monotonic()
     worker.readers.close(
         keep={(s.sink.bootstrap, s.sink.desired_topic, s.partition) for s in specs}

@@ -37,6 +37,7 @@ from mvsink.io.kafka import (
     tail_consumer,
     watermarks,
 )
+from mvsink.io.registry import OWN
 from mvsink.shard import Shard, open_shard
 from mvsink.tools.provision import provision
 from mvsink.upstream.producer import DesiredProducer
@@ -188,7 +189,7 @@ class Sink:
         producer = Producer(client_config(self.config.kafka_bootstrap))
         for partition in range(self.config.partitions):
             record = DesiredProgress(self.config.sink_id, partition, frontier)
-            produce(producer, self.config.topics.frontiers, record.key, record)
+            produce(producer, self.config.topics.frontiers, record.key, record, framing=OWN)
         assert producer.flush(30) == 0
 
     def descs(self) -> list[BatchDescription]:
@@ -366,6 +367,7 @@ class WriteRole:
                 str(desc.append_worker),
                 batch,
                 partition=desc.append_worker,
+                framing=OWN,
             )
         assert self.producer.flush(30) == 0
         self.staged.append(desc)

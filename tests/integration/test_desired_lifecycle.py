@@ -32,6 +32,7 @@ from mvsink.core.messages import Progress, SinkRepair
 from mvsink.core.rows import parse_row_schema
 from mvsink.io.config import S3Settings
 from mvsink.io.kafka import delete_below, last_record, read_compacted, watermarks
+from mvsink.io.registry import OWN
 from mvsink.stack.procs import free_ports
 from mvsink.upstream.producer import DesiredProducer
 
@@ -92,7 +93,9 @@ def test_records_below_the_checkpoints_are_deleted_and_never_needed(
     # partition's last record (the write service always keeps it), a restarted one from
     # `frontiers` (below, after everything before the checkpoints is gone).
     for p in range(c.partitions):
-        assert last_record(c.kafka_bootstrap, c.topics.desired, p) == Progress(F(upstream.frontier))
+        assert last_record(c.kafka_bootstrap, c.topics.desired, p, framing=OWN) == Progress(
+            F(upstream.frontier)
+        )
     assert write.stop() == 0
     offsets = checkpoint_offsets(sink)
     assert all(trimmed[p] <= offsets[p] for p in offsets), (trimmed, offsets)
@@ -183,7 +186,7 @@ def test_a_sink_whose_checkpoints_need_deleted_records_stages_nothing_until_repa
     print(repaired.stderr)
     assert repaired.returncode == 0, repaired.stderr
     assert "Cannot know" in repaired.stderr and "repair recorded on" in repaired.stderr
-    record = read_compacted(c.kafka_bootstrap, c.topics.control)[f"repair:{c.sink_id}"]
+    record = read_compacted(c.kafka_bootstrap, c.topics.control, framing=OWN)[f"repair:{c.sink_id}"]
     assert isinstance(record, SinkRepair) and record.shard_upper == upper
     assert [(p.partition, p.frontier, p.replaced) for p in record.partitions] == [
         (p, upper, -1) for p in range(c.partitions)

@@ -28,6 +28,7 @@ from mvsink.io.kafka import (
     sink_topics,
     tail_consumer,
 )
+from mvsink.io.registry import OWN
 from mvsink.tools.smoke import contract_samples, roundtrip
 
 pytestmark = pytest.mark.integration
@@ -153,7 +154,7 @@ def test_second_transactional_producer_fences_the_first(
     first = Producer(client_config(kafka_bootstrap, **txn))
     first.init_transactions(30)
     first.begin_transaction()
-    produce(first, config.topics.descs, config.sink_id, desc)
+    produce(first, config.topics.descs, config.sink_id, desc, framing=OWN)
     first.flush(30)
 
     second = Producer(client_config(kafka_bootstrap, **txn))
@@ -165,7 +166,7 @@ def test_second_transactional_producer_fences_the_first(
     assert error.fatal() or "fenc" in error.str().lower(), error
 
     second.begin_transaction()
-    produce(second, config.topics.descs, config.sink_id, desc)
+    produce(second, config.topics.descs, config.sink_id, desc, framing=OWN)
     second.commit_transaction(30)
 
     # A read_committed reader sees only the second producer's record.
@@ -196,15 +197,15 @@ def test_a_drain_without_a_limit_takes_the_whole_backlog(
     # the reader (records of one key would leave only the newest)
     sent = [DesiredProgress(config.sink_id, t, Frontier.at(t)) for t in range(3000)]
     for record in sent:
-        produce(producer, topic, record.key, record)
+        produce(producer, topic, record.key, record, framing=OWN)
     assert producer.flush(30) == 0
     reader = tail_consumer(kafka_bootstrap, topic)
     try:
-        bounded = [r for _, r in kafka.drain(reader, 10.0)]
+        bounded = [r for _, r in kafka.drain(reader, 10.0, framing=OWN)]
         assert bounded == sent[:500]
-        rest = [r for _, r in kafka.drain(reader, 10.0, limit=None)]
+        rest = [r for _, r in kafka.drain(reader, 10.0, limit=None, framing=OWN)]
         while len(bounded) + len(rest) < len(sent):  # what was not fetched yet: next calls
-            more = [r for _, r in kafka.drain(reader, 10.0, limit=None)]
+            more = [r for _, r in kafka.drain(reader, 10.0, limit=None, framing=OWN)]
             assert more, "the backlog stopped short"
             rest += more
     finally:
@@ -232,12 +233,12 @@ def test_a_drain_by_keys_skips_other_sinks_records_undecoded(
         ShardUpper(f"{config.shard_id}x", Frontier.at(9), 1),
     ]
     producer = Producer(client_config(kafka_bootstrap))
-    produce(producer, topic, others[0].key, others[0])
+    produce(producer, topic, others[0].key, others[0], framing=OWN)
     producer.produce(topic, key=b"persist:elsewhere", value=b"\x01not avro")
-    produce(producer, topic, mine[0].key, mine[0])
-    produce(producer, topic, others[1].key, others[1])
-    produce(producer, topic, others[2].key, others[2])
-    produce(producer, topic, mine[1].key, mine[1])
+    produce(producer, topic, mine[0].key, mine[0], framing=OWN)
+    produce(producer, topic, others[1].key, others[1], framing=OWN)
+    produce(producer, topic, others[2].key, others[2], framing=OWN)
+    produce(producer, topic, mine[1].key, mine[1], framing=OWN)
     producer.produce(topic, key=mine[1].key.encode(), value=b"\x01not avro")
     assert producer.flush(30) == 0
     keys = frontier_keys(config.sink_id, config.partitions, config.shard_id)
@@ -252,8 +253,8 @@ def test_a_drain_by_keys_skips_other_sinks_records_undecoded(
         with caplog.at_level(logging.ERROR, logger="mvsink.io.kafka"):
             deadline = time.monotonic() + 30
             while len(read) < len(mine) and time.monotonic() < deadline:
-                read += [r for _, r in kafka.drain(reader, 1.0, limit=None, keys=keys)]
-            read += [r for _, r in kafka.drain(reader, 2.0, limit=None, keys=keys)]
+                read += [r for _, r in kafka.drain(reader, 1.0, limit=None, keys=keys, framing=OWN)]
+            read += [r for _, r in kafka.drain(reader, 2.0, limit=None, keys=keys, framing=OWN)]
     finally:
         reader.close()
     assert read == mine
@@ -274,16 +275,18 @@ def test_compacted_frontiers_keeps_the_latest_value_per_key(
             topic,
             f"persist:{config.shard_id}",
             ShardUpper(config.shard_id, Frontier.at(t), t),
+            framing=OWN,
         )
         produce(
             producer,
             topic,
             f"desired:{config.sink_id}:0",
             DesiredProgress(config.sink_id, 0, Frontier.at(100 + t)),
+            framing=OWN,
         )
     producer.flush(30)
 
-    latest = read_compacted(kafka_bootstrap, topic)
+    latest = read_compacted(kafka_bootstrap, topic, framing=OWN)
     assert latest[f"persist:{config.shard_id}"] == ShardUpper(config.shard_id, Frontier.at(19), 19)
     assert latest[f"desired:{config.sink_id}:0"] == DesiredProgress(
         config.sink_id, 0, Frontier.at(119)
@@ -293,7 +296,7 @@ def test_compacted_frontiers_keeps_the_latest_value_per_key(
     deadline = time.monotonic() + 90
     while True:
         time.sleep(1.0)
-        produce(producer, topic, "roll", ShardUpper("roll", Frontier.at(0), 0))
+        produce(producer, topic, "roll", ShardUpper("roll", Frontier.at(0), 0), framing=OWN)
         producer.flush(10)
         per_key = _count_per_key(kafka_bootstrap, topic)
         if (
@@ -302,7 +305,9 @@ def test_compacted_frontiers_keeps_the_latest_value_per_key(
         ):
             break
         assert time.monotonic() < deadline, f"not compacted after 90s: {per_key}"
-    assert read_compacted(kafka_bootstrap, topic) | {"roll": None} == latest | {"roll": None}
+    assert read_compacted(kafka_bootstrap, topic, framing=OWN) | {"roll": None} == latest | {
+        "roll": None
+    }
 
 
 def _count_per_key(bootstrap: str, topic: str) -> dict[str, int]:

@@ -37,6 +37,7 @@ from mvsink.core.rows import parse_row_schema, row_encoder
 from mvsink.core.updates import normalize_updates, updates_to_ipc
 from mvsink.io.config import S3Settings
 from mvsink.io.kafka import client_config, poll_message, produce, read_compacted, tail_consumer
+from mvsink.io.registry import OWN
 from mvsink.shard import Timing, open_shard
 from mvsink.tools.provision import provision
 from mvsink.upstream.producer import DesiredProducer
@@ -84,7 +85,7 @@ def test_the_write_driver_stages_a_load_its_first_fold_reached(
         start(procs, sink, name)
     descs = Producer(client_config(c.kafka_bootstrap))
     desc = BatchDescription(c.sink_id, BatchId(0, 0), F(0), F(1), 0)
-    produce(descs, c.topics.descs, c.sink_id, desc, 0)
+    produce(descs, c.topics.descs, c.sink_id, desc, 0, framing=OWN)
     assert descs.flush(30) == 0
     wait_until(lambda: sink.shard.upper() == F(1), 180, "the load appended")
     assert contents(sink, 1) == {("a", 1): 1, ("b", 2): 1, ("c", 3): 1}
@@ -392,10 +393,10 @@ def test_invalid_desired_records_are_quarantined_and_a_foreign_writers_junk_is_c
         pa.table({"k": ["late"], "v": [1], "_time": [0], "_diff": [1]}), schema
     )
     below = UpdatesArrow(updates_to_ipc(late), partitioning=2)  # below the progress {1}
-    produce(bad, sink.config.topics.desired, "x", below, partition=0)
+    produce(bad, sink.config.topics.desired, "x", below, partition=0, framing=OWN)
     # The v1 wire form is hashed with partitioning 1: in the wrong partition for this sink.
     other = Updates((Update.ok(row_encoder(schema)({"k": "other", "v": 1}), 5, 1),))
-    produce(bad, sink.config.topics.desired, "x", other, partition=0)
+    produce(bad, sink.config.topics.desired, "x", other, partition=0, framing=OWN)
     assert bad.flush(30) == 0
     upstream.tick()
     wait_until(lambda: converged(sink, upstream), 120, "convergence past the bad records")
@@ -491,7 +492,7 @@ def test_the_view_job_alone_publishes_ticks(sink: Sink) -> None:
     )
     assert view.returncode == 0, view.stderr[-2000:]
     assert "view stopped after 2 ticks" in view.stderr
-    latest = read_compacted(sink.config.kafka_bootstrap, sink.config.topics.frontiers)
+    latest = read_compacted(sink.config.kafka_bootstrap, sink.config.topics.frontiers, framing=OWN)
     assert latest[f"desired:{sink.config.sink_id}:0"].frontier == F(2)  # type: ignore[union-attr]
 
 

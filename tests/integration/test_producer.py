@@ -28,6 +28,7 @@ from mvsink.core.rows import parse_row_schema, row_decoder, row_encoder
 from mvsink.core.updates import normalize_updates, updates_from_ipc
 from mvsink.io.config import S3Settings
 from mvsink.io.kafka import client_config, poll_message, read_compacted, tail_consumer
+from mvsink.io.registry import OWN
 from mvsink.upstream.producer import DesiredProducer
 from mvsink.upstream.publish import (
     ONE_TASK_BYTES,
@@ -167,7 +168,7 @@ def test_updates_land_on_their_rows_partition_with_progress(
     assert sorted(row for _, row in sent) == sorted(encode({"k": k, "v": v}) for k, v, _, _ in rows)
     progress = {p for p, r in records if isinstance(r, Progress) and r.frontier == F(1)}
     assert progress == {0, 1, 2}  # in-band on every partition, after the updates
-    latest = read_compacted(sink.config.kafka_bootstrap, sink.config.topics.frontiers)
+    latest = read_compacted(sink.config.kafka_bootstrap, sink.config.topics.frontiers, framing=OWN)
     assert all(
         latest[f"desired:{sink.config.sink_id}:{p}"]
         == DesiredProgress(sink.config.sink_id, p, F(1))
@@ -220,7 +221,7 @@ def test_publish_dataframe_from_the_executors(sink: Sink, spark: Any, one_task_b
         for r in ({"k": "a", "v": 1}, {"k": "b", "v": 2})
     )
     assert {p for p, r in records if isinstance(r, Progress) and r.frontier == F(1)} == {0, 1, 2}
-    latest = read_compacted(sink.config.kafka_bootstrap, sink.config.topics.frontiers)
+    latest = read_compacted(sink.config.kafka_bootstrap, sink.config.topics.frontiers, framing=OWN)
     assert all(latest[f"desired:{sink.config.sink_id}:{p}"].frontier == F(1) for p in range(3))  # type: ignore[union-attr]
     late = arrow_frame(spark, [("c", 3, 0, 1)], "k string, v long, _time long, _diff long")
     with pytest.raises(ContractError, match="update at time 0 is before the frontier"):

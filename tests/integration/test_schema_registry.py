@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -26,19 +25,11 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 from sinkkit import BENCH, Sink, cli_env, mvsink_cli
 
 from mvsink.core import codec
-from mvsink.io import registry
 from mvsink.io.config import S3Settings
 from mvsink.io.registry import COMPATIBILITY, IncompatibleSchema, subject
 from mvsink.tools.provision import provision
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def no_registry_after() -> Iterator[None]:
-    """This process frames with mvsink's own format again after the test."""
-    yield
-    registry.use("")
 
 
 def kcat_values(bootstrap: str, topic: str) -> list[tuple[str, bytes]]:
@@ -133,7 +124,6 @@ def test_provisioning_registers_every_subject_and_refuses_a_breaking_schema_chan
     tmp_path: Path,
     schema_registry_url: str,
     monkeypatch: pytest.MonkeyPatch,
-    no_registry_after: None,
 ) -> None:
     sink = Sink.create(kafka_bootstrap, s3_settings, tmp_path)
     config = replace(sink.config, schema_registry_url=schema_registry_url)

@@ -17,6 +17,7 @@ from sinkkit import Service, Sink, WriteRole, start, wait_until
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import ShardUpper
 from mvsink.io.kafka import client_config, poll_message, read_compacted, tail_consumer
+from mvsink.io.registry import OWN
 
 pytestmark = pytest.mark.integration
 F = Frontier.at
@@ -54,7 +55,7 @@ def test_append_commits_staged_parts_and_publishes_the_upper(
     wait_until(lambda: upper_is(sink, 6), 60, "shard upper {6}", step=write.pump)
     write.close()
 
-    latest = read_compacted(sink.config.kafka_bootstrap, sink.config.topics.frontiers)
+    latest = read_compacted(sink.config.kafka_bootstrap, sink.config.topics.frontiers, framing=OWN)
     notified = latest[f"persist:{sink.config.shard_id}"]
     assert isinstance(notified, ShardUpper) and notified.upper == F(6)
     rows = {(r["k"], r["v"]): r["_diff"] for r in sink.shard.snapshot(6).to_pylist()}

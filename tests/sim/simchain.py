@@ -169,6 +169,7 @@ def fold_desired(
         sink_id: str = "",
         why: str = "",
         readers: Any = None,
+        framing: Any = None,
     ) -> int:
         if until is not None and until.less_equal(state.desired_frontier):
             return 0

@@ -108,6 +108,7 @@ def test_every_failure_to_decode_a_desired_record_is_a_decode_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from mvsink.core.rows import updates_decoder
+    from mvsink.io.registry import OWN
     from mvsink.upstream import desired
 
     record = UpdatesArrow(updates_to_ipc(normalize_updates(_table(), SCHEMA)))
@@ -121,4 +122,4 @@ def test_every_failure_to_decode_a_desired_record_is_a_decode_error(
 
     monkeypatch.setattr(desired, "updates_from_ipc", broken)
     with pytest.raises(DecodeError, match="does not decode: KeyError"):
-        desired.decode_desired(Message(), SCHEMA, updates_decoder(SCHEMA), None)  # type: ignore[arg-type]
+        desired.decode_desired(Message(), SCHEMA, updates_decoder(SCHEMA), None, OWN)  # type: ignore[arg-type]
