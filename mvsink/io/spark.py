@@ -542,3 +542,38 @@ def read_parquet_parts(
     """A DataFrame of the rows of the Parquet objects `keys`, read by the executors (one task
     per object); `schema` is the Spark DDL of the rows."""
     return map_objects(spark, settings, keys, _read_parquet, schema)
+
+
+def archive_classes(archive: Path) -> None:
+    """Start a local session of this module's settings whose JVM writes its classes to
+    `archive` as it exits (`mvsink.io.spark_classes`), run the kinds of work mvsink's drivers
+    do (an RDD job through a Python worker, SQL with a shuffle, Arrow both ways), and wait for
+    the JVM to exit."""
+    options = f"-XX:ArchiveClassesAtExit={archive} -Xlog:cds*=off"
+    session = spark_session(
+        "mvsink-class-archive",
+        "local[2]",
+        conf={"spark.driver.extraJavaOptions": options},
+        archive=False,
+    )
+    context = session.sparkContext
+    assert context.parallelize(range(100), 2).map(lambda x: x * 2).sum() == 9900
+    frame = session.createDataFrame(pa.table({"k": [1, 2, 3], "v": ["a", "b", "c"]}))
+    assert frame.groupBy("k").count().toArrow().num_rows == 3
+
+    def same(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield from batches
+
+    assert frame.mapInArrow(same, frame.schema).count() == 3
+    session.range(1000).selectExpr("id % 7 AS k").groupBy("k").count().collect()
+    # The JVM writes the archive as it exits, which it does when its stdin closes: wait for it.
+    jvm: Any = getattr(context._gateway, "proc")  # noqa: B009 (a private attribute)
+    session.stop()
+    jvm.stdin.close()
+    jvm.wait(600)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["--archive-classes"] or len(sys.argv) != 3:
+        sys.exit("usage: python -m mvsink.io.spark --archive-classes PATH")
+    archive_classes(Path(sys.argv[2]))

@@ -7,9 +7,9 @@ dynamic CDS archive (`-XX:ArchiveClassesAtExit`, JDK 13+) holds those classes pa
 verified; a JVM started with `-XX:SharedArchiveFile` maps it instead of loading them again.
 
 * **Built once** per JDK and Spark installation by `python -m mvsink.io.spark_classes`
-  (`./run setup` runs it): a throwaway local session runs the kinds of work mvsink's drivers
-  do (an RDD job through a Python worker, SQL with a shuffle, Arrow both ways) and the JVM
-  writes the archive as it exits. Written aside and renamed into place, so no JVM maps a
+  (`./run setup` runs it): a throwaway session of `spark_session`'s own settings runs the kinds
+  of work mvsink's drivers do (`mvsink.io.spark.archive_classes`) and the JVM writes the
+  archive as it exits. Written aside and renamed into place, so no JVM maps a
   half-written one; two builders racing both write whole archives and the last rename wins.
 * **Used** by `mvsink.io.spark.spark_session` when the archive of this JDK and Spark is in the
   cache (`cache_dir()/spark-classes/`); without it a session starts as before. The JVM checks
@@ -27,9 +27,8 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 #: The JVM options that map an archive; `{}` is its path. CDS's own log lines (a class it
 #: skips, a mismatch it ignores) stay out of the services' logs.
@@ -94,7 +93,7 @@ def build(cache: Path, say: Callable[[str], None] = print) -> Path | None:
     started = time.monotonic()
     with log.open("wb") as out:
         done = subprocess.run(
-            [sys.executable, "-m", "mvsink.io.spark_classes", "--workload", str(aside)],
+            [sys.executable, "-m", "mvsink.io.spark", "--archive-classes", str(aside)],
             stdout=out,
             stderr=subprocess.STDOUT,
             timeout=BUILD_TIMEOUT_S,
@@ -109,52 +108,8 @@ def build(cache: Path, say: Callable[[str], None] = print) -> Path | None:
     return path
 
 
-def _workload(archive: Path) -> None:
-    """Start a local session whose JVM archives its classes at exit, and run the kinds of work
-    mvsink's drivers do."""
-    import pyarrow as pa
-    from pyspark.sql import SparkSession
-
-    # The settings of `mvsink.io.spark.spark_session` that decide which classes load.
-    settings = {
-        "spark.master": "local[2]",
-        "spark.app.name": "mvsink-class-archive",
-        "spark.ui.enabled": "false",
-        "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.python.worker.reuse": "true",
-        "spark.python.unix.domain.socket.enabled": "true",
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.bindAddress": "127.0.0.1",
-        "spark.driver.extraJavaOptions": f"-XX:ArchiveClassesAtExit={archive} -Xlog:cds*=off",
-    }
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder
-    for key, value in settings.items():
-        builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    context = session.sparkContext
-    assert context.parallelize(range(100), 2).map(lambda x: x * 2).sum() == 9900
-    frame = session.createDataFrame(pa.table({"k": [1, 2, 3], "v": ["a", "b", "c"]}))
-    counted = frame.groupBy("k").count().toArrow()
-    assert counted.num_rows == 3
-
-    def same(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from batches
-
-    assert frame.mapInArrow(same, frame.schema).count() == 3
-    session.range(1000).selectExpr("id % 7 AS k").groupBy("k").count().collect()
-    # The JVM writes the archive as it exits, which it does when its stdin closes: wait for it.
-    jvm: Any = getattr(context._gateway, "proc")  # noqa: B009 (a private attribute)
-    session.stop()
-    jvm.stdin.close()
-    jvm.wait(BUILD_TIMEOUT_S)
-
-
 def main(argv: list[str]) -> int:
     """`python -m mvsink.io.spark_classes`: build the archive unless it is there."""
-    if argv[:1] == ["--workload"]:
-        _workload(Path(argv[1]))
-        return 0
     from mvsink.io.config import cache_dir
 
     def say(message: str) -> None:
