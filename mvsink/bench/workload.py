@@ -29,7 +29,6 @@ from mvsink.core.rows import parse_row_schema
 from mvsink.io import registry
 from mvsink.io.config import Config
 from mvsink.io.kafka import client_config, consumer_config
-from mvsink.io.registry import Framing
 from mvsink.upstream.producer import DesiredProducer
 
 ROW_SCHEMA = "key string not null, value long"
@@ -201,8 +200,7 @@ class Feeder:
     configuration says; returns each tick's end offsets per partition."""
 
     def __init__(self, bootstrap: str) -> None:
-        #: Framings by Schema Registry url (`mvsink.io.registry.framing`; "": mvsink's own).
-        self.framings: dict[str, Framing] = {}
+        self.framings = registry.Framings()
         # Idempotent: without it a retried request (e.g. the first tick's, sent before a new
         # topic's leaders were known) can land after the tick's `Progress`, and the sinks then
         # rightly refuse its updates as below the partition's progress.
@@ -222,8 +220,7 @@ class Feeder:
             partition, offset = int(message.partition() or 0), int(message.offset() or 0)
             ends[partition] = max(ends.get(partition, 0), offset + 1)
 
-        desired, url = config.topics.desired, config.schema_registry_url
-        framing = self.framings.get(url) or self.framings.setdefault(url, registry.framing(url))
+        desired, framing = config.topics.desired, self.framings.of(config.schema_registry_url)
         for partition, value in tick.records:
             self._produce(desired, partition, value)
         for partition in range(config.partitions):

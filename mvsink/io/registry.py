@@ -299,3 +299,20 @@ def framing(url: str) -> Framing:
     """The framing of a process configured with the registry at `url` (empty: `OWN`). Each
     call makes a new client with empty caches: call it once per process or task worker."""
     return Framing(Registry(url)) if url else OWN
+
+
+class Framings:
+    """The framings of the registry urls a long-lived worker meets (a Spark task worker, whose
+    specs name their sink's registry), each made on first use and kept with its id caches."""
+
+    def __init__(self) -> None:
+        self._by_url: dict[str, Framing] = {}
+        self._lock = threading.Lock()
+
+    def of(self, url: str) -> Framing:
+        """The framing of the registry at `url` (empty: mvsink's own)."""
+        with self._lock:
+            found = self._by_url.get(url)
+            if found is None:
+                found = self._by_url[url] = framing(url)
+            return found

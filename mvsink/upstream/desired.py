@@ -18,7 +18,7 @@ from mvsink.core.messages import Progress, Updates, UpdatesArrow
 from mvsink.core.rows import updates_decoder
 from mvsink.core.updates import TIME, advance_times, consolidate, part_schema, updates_from_ipc
 from mvsink.io.kafka import NO_RESET, READ_TO_END, consumer_config, decode_message, poll_message
-from mvsink.io.registry import OWN, Framing, RegistryError
+from mvsink.io.registry import Framing, RegistryError
 
 
 def decode_desired(
@@ -75,7 +75,8 @@ def read_desired(
     row_schema: pa.Schema,
     as_of: int,
     timeout: float = 60.0,
-    framing: Framing = OWN,
+    *,
+    framing: Framing,
 ) -> pa.Table:
     """The desired collection at `as_of`: every committed update with a time before `as_of`,
     read to the end of each partition, with times advanced to `as_of` and consolidated. A caller must know that

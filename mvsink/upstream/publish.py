@@ -139,14 +139,7 @@ class PublishWorker:
 
     def __init__(self) -> None:
         self.producers: dict[tuple[str, str], _Kept] = {}
-        self.framings: dict[str, Framing] = {}
-
-    def framing(self, url: str) -> Framing:
-        """The framing of the registry at `url` (empty: mvsink's own), made on first use."""
-        found = self.framings.get(url)
-        if found is None:
-            found = self.framings[url] = registry.framing(url)
-        return found
+        self.framings = registry.Framings()
 
 
 #: This Python worker's `PublishWorker`, made by its first publishing task: a Python worker
@@ -458,7 +451,7 @@ def _publish_partition(
     """
     rows = publishable(rows, spec.lower, spec.sink_id)
     key = (spec.bootstrap, f"{spec.producer_id}.p{partition}")
-    framing = worker.framing(spec.schema_registry_url)
+    framing = worker.framings.of(spec.schema_registry_url)
     while True:
         kept, reused = worker.producers.get(key), True
         if kept is not None and _superseded(key[1], kept.token):

@@ -65,8 +65,7 @@ from mvsink.core.errors import DesiredGone, MvsinkError
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import BatchDescription
 from mvsink.core.settings import S3Settings
-from mvsink.io import registry
-from mvsink.io.registry import Framing
+from mvsink.io.registry import Framings
 from mvsink.io.service import quiet_retries
 from mvsink.io.spark import each_on_a_thread, executor_id, trim_worker_path
 from mvsink.shard import PartGone, PartRef, Shard, ShardState, open_shard
@@ -201,8 +200,8 @@ class WriteWorker:
     #: Where pipelined steps' checkpoints are created (`Pipelined`): a resident's only; None
     #: runs every checkpoint inline.
     creates: ThreadPoolExecutor | None = None
-    #: Record framings (`mvsink.io.registry.Framing`: a registry's ids cached), by its url.
-    framings: dict[str, Framing] = field(default_factory=dict)
+    #: Record framings (a registry's ids cached), by its url.
+    framings: Framings = field(default_factory=Framings)
 
     def shard(self, sink: SinkSpec) -> Shard:
         """The sink's shard, opened once per worker."""
@@ -210,15 +209,6 @@ class WriteWorker:
         if shard is None:
             shard = self.shards[sink.shard_id] = open_shard(sink.shard_id, None, sink.s3)
         return shard
-
-    def framing(self, sink: SinkSpec) -> Framing:
-        """How the sink's records are framed (its Schema Registry's, if any), once per worker."""
-        found = self.framings.get(sink.schema_registry_url)
-        if found is None:
-            found = self.framings[sink.schema_registry_url] = registry.framing(
-                sink.schema_registry_url
-            )
-        return found
 
     def checkpoints(self, sink: SinkSpec) -> Checkpoints:
         """The sink's checkpoints, one handle per object store and worker."""
@@ -375,7 +365,7 @@ def _step(spec: StepSpec, worker: WriteWorker, shard_state: ShardState | None) -
             sink_id=sink.sink_id,
             why=start.why,
             readers=worker.readers,
-            framing=worker.framing(sink),
+            framing=worker.framings.of(sink.schema_registry_url),
         )
     except DesiredGone as error:
         worker.states.drop(sink.sink_id, spec.partition)  # folded nothing, but unsure

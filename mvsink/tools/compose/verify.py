@@ -316,7 +316,12 @@ def check_once(shard: Shard, config: Config) -> tuple[int, bool, int]:
     got = _rows(shard.snapshot(upper), names)
     want = _rows(
         read_desired(
-            config.kafka_bootstrap, config.topics.desired, config.partitions, schema, upper
+            config.kafka_bootstrap,
+            config.topics.desired,
+            config.partitions,
+            schema,
+            upper,
+            framing=config.framing(),
         ),
         names,
     )
