@@ -19,7 +19,9 @@ answers 412 and would look like a lost race. Instead the outcome is settled by c
 
 from __future__ import annotations
 
+import contextlib
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -27,7 +29,7 @@ import urllib3
 from minio import Minio
 from minio.error import S3Error
 
-from mvsink.core.errors import MvsinkError
+from mvsink.core.errors import ConfigError, MvsinkError
 from mvsink.core.settings import S3Settings
 
 _TIMEOUT = urllib3.Timeout(connect=5.0, read=30.0)
@@ -95,6 +97,55 @@ def ensure_bucket(client: Minio, bucket: str) -> bool:
             return False
         raise
     return True
+
+
+class ConditionalWritesIgnored(ConfigError):
+    """The object store wrote where a condition (`If-None-Match: *`, `If-Match`) should have
+    refused: without it the shard's compare-and-append is no longer linearizable."""
+
+
+def probe_conditional_writes(
+    settings: S3Settings, key: str, say: Callable[[str], None] | None = None
+) -> None:
+    """Check at `key` of `settings`' bucket (absent, deleted afterwards) that the store honours
+    the conditions `conditional_put` relies on: a second create and a write with a stale etag
+    are refused, a write with the current etag is not. `say` gets one line per write.
+
+    Raises:
+        ConditionalWritesIgnored: a write the condition should have refused was made.
+        IndefiniteWrite, S3RequestError: the store did not answer, or answered an error.
+    """
+    client, http, bucket = s3_client(settings), conditional_http(), settings.bucket
+    say = say or (lambda _: None)
+    try:
+        first = conditional_put(client, bucket, key, b"probe 1", http=http)
+        say(f"  If-None-Match: *  (new key)          -> {_described(first)}")
+        second = conditional_put(client, bucket, key, b"probe 2", http=http)
+        say(f"  If-None-Match: *  (existing key)     -> {_described(second)}")
+        if not isinstance(first, Written) or not isinstance(second, PreconditionFailed):
+            raise ConditionalWritesIgnored(
+                f"object storage at {settings.endpoint} wrote {bucket}/{key} twice with "
+                "`If-None-Match: *`: it does not honour conditional writes, which the shard's "
+                "compare-and-append needs (an S3 API with them: MinIO, AWS S3 since 2024-11)"
+            )
+        stale = conditional_put(client, bucket, key, b"probe 3", http=http, if_match='"0"')
+        say(f"  If-Match: <stale etag>               -> {_described(stale)}")
+        fresh = conditional_put(client, bucket, key, b"probe 4", http=http, if_match=first.etag)
+        say(f"  If-Match: <current etag>             -> {_described(fresh)}")
+        if not isinstance(stale, PreconditionFailed) or not isinstance(fresh, Written):
+            raise ConditionalWritesIgnored(
+                f"object storage at {settings.endpoint} does not honour `If-Match` on "
+                f"{bucket}/{key}, which the shard's compare-and-append needs"
+            )
+    finally:
+        with contextlib.suppress(Exception):  # best effort: a stray probe object holds nothing
+            client.remove_object(bucket, key)
+
+
+def _described(result: ConditionalResult) -> str:
+    if isinstance(result, Written):
+        return f"written (etag {result.etag})"
+    return f"412 precondition failed (current etag {result.etag})"
 
 
 def conditional_put(

@@ -3,7 +3,9 @@ the metrics and health endpoint (`/metrics`, `/healthz`, `/readyz`), riding thro
 outages (`mvsink.io.health`), and one entry point that turns errors into clear exits.
 
 Exit codes: 0 clean stop (SIGTERM/SIGINT, or a mint fenced by a newer one), 2 configuration
-or contract error, 1 anything unexpected (with its traceback in the log). An unavailable Kafka
+or contract error (an object store that ignores conditional writes included: a service that
+writes to it probes them before it starts), 1 anything unexpected (with its traceback in the
+log). An unavailable Kafka
 or S3 is never a reason to exit: the service body starts again after a backoff.
 """
 
@@ -18,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -29,6 +32,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from mvsink.core.errors import MvsinkError
 from mvsink.io.config import Config, load_config, settings_help
 from mvsink.io.health import Backoff, Health, dependency_probes, transient
+from mvsink.io.s3 import probe_conditional_writes
 
 
 class Stopping:
@@ -152,7 +156,8 @@ def serve_metrics(config: Config, health: Health) -> int:
 
 
 EXIT_CODES = """exit codes: 0 stopped by SIGTERM/SIGINT (or a mint fenced by a newer one),
-2 a configuration or contract error (the message names the setting), 1 anything unexpected
+2 a configuration or contract error (the message names the setting; also an object store that
+ignores conditional writes, probed at start), 1 anything unexpected
 (its traceback is in the log). An unavailable Kafka or S3 is retried with backoff, never an
 exit; /healthz (liveness) and /readyz (readiness, the reason in the body) are served next to
 /metrics."""
@@ -228,10 +233,13 @@ def run_service(
     doc: str | None = None,
     argv: list[str] | None = None,
     endpoints: Callable[[], Mapping[str, Any]] | None = None,
+    writes: bool = False,
 ) -> int:
     """Parse the command line (`service_parser`), load the configuration (with the values
     `endpoints` gives, `load_config`'s source 2: the entry point passes the embedded stack's),
-    set up logging, signals and metrics, run `body`."""
+    set up logging, signals and metrics, run `body`. A service that `writes` to object storage
+    first checks that it honours conditional writes (`probe_conditional_writes` at
+    `probes/<name>-<nonce>`; exit 2 if not)."""
     args = service_parser(name, doc).parse_args(argv)
     try:
         config = load_config(args.config, endpoints=endpoints() if endpoints else None)
@@ -244,12 +252,16 @@ def run_service(
     stopping.install()
     log = logging.getLogger("mvsink")
     backoff = Backoff()
+    probed = not writes
     try:
         serve_metrics(config, health)
         health.start()
         while True:
             started = time.monotonic()
             try:
+                if not probed:  # an unavailable store is an outage like any other
+                    probe_conditional_writes(config.s3, f"probes/{name}-{uuid.uuid4().hex}")
+                    probed = True
                 return body(config, stopping)
             except Exception as error:
                 if not transient(error):

@@ -42,13 +42,7 @@ from mvsink.io.kafka import (
     produce,
 )
 from mvsink.io.registry import OWN, Framing
-from mvsink.io.s3 import (
-    PreconditionFailed,
-    Written,
-    conditional_http,
-    conditional_put,
-    s3_client,
-)
+from mvsink.io.s3 import probe_conditional_writes
 
 
 @dataclass(frozen=True)
@@ -180,28 +174,6 @@ def run_smoke(config: Config, say: Say) -> None:
 
 
 def _conditional_writes(config: Config, run: str, say: Say) -> None:
-    client, http = s3_client(config.s3), conditional_http()
     key = f"smoke/{run}/state/{0:020d}"
     say(f"MinIO at {config.s3.endpoint}: conditional writes on {config.s3.bucket}/{key}")
-    first = conditional_put(
-        client, config.s3.bucket, key, f"state 0 by A {run}".encode(), http=http
-    )
-    say(f"  If-None-Match: *  (new key)          -> {_describe(first)}")
-    second = conditional_put(
-        client, config.s3.bucket, key, f"state 0 by B {run}".encode(), http=http
-    )
-    say(f"  If-None-Match: *  (existing key)     -> {_describe(second)}")
-    if not isinstance(first, Written) or not isinstance(second, PreconditionFailed):
-        raise RuntimeError("object storage does not honour If-None-Match: *")
-    stale = conditional_put(client, config.s3.bucket, key, b"v2", http=http, if_match='"0"')
-    say(f"  If-Match: <stale etag>               -> {_describe(stale)}")
-    fresh = conditional_put(client, config.s3.bucket, key, b"v2", http=http, if_match=first.etag)
-    say(f"  If-Match: <current etag>             -> {_describe(fresh)}")
-    if not isinstance(stale, PreconditionFailed) or not isinstance(fresh, Written):
-        raise RuntimeError("object storage does not honour If-Match")
-
-
-def _describe(result: Written | PreconditionFailed) -> str:
-    if isinstance(result, Written):
-        return f"written (etag {result.etag})"
-    return f"412 precondition failed (current etag {result.etag})"
+    probe_conditional_writes(config.s3, key, say)

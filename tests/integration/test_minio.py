@@ -3,21 +3,32 @@ on, including a retried create and a race of concurrent creators."""
 
 from __future__ import annotations
 
+import http.client
+import subprocess
+import threading
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
+from sinkkit import cli_env
 
 from mvsink.io.config import S3Settings
 from mvsink.io.s3 import (
+    ConditionalWritesIgnored,
     IndefiniteWrite,
     PreconditionFailed,
     Written,
     conditional_put,
     get_bytes,
+    probe_conditional_writes,
     put_bytes,
     s3_client,
 )
+from mvsink.io.service import module_process
 from mvsink.stack.procs import free_ports
 
 pytestmark = pytest.mark.integration
@@ -93,3 +104,81 @@ def test_unreachable_endpoint_is_an_indefinite_write(s3_settings: S3Settings) ->
     )
     with pytest.raises(IndefiniteWrite, match="outcome unknown"):
         conditional_put(s3_client(nowhere), nowhere.bucket, _key("x"), b"x")
+
+
+class _Forgetful(BaseHTTPRequestHandler):
+    """A reverse proxy to MinIO that drops the conditions of every request (`If-None-Match`,
+    `If-Match`): an S3 API that ignores conditional writes, as some do."""
+
+    upstream = ""
+    protocol_version = "HTTP/1.1"
+
+    def _forward(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else None
+        dropped = {"if-none-match", "if-match"}
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in dropped}
+        connection = http.client.HTTPConnection(self.upstream, timeout=30)
+        try:
+            connection.request(self.command, self.path, body=body, headers=headers)
+            response = connection.getresponse()
+            data = response.read()
+        finally:
+            connection.close()
+        self.send_response(response.status)
+        for key, value in response.getheaders():
+            if key.lower() not in ("content-length", "transfer-encoding", "connection"):
+                self.send_header(key, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_PUT = do_HEAD = do_DELETE = do_POST = _forward
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def forgetful(s3_settings: S3Settings) -> Iterator[S3Settings]:
+    """`s3_settings` through a `_Forgetful` proxy on a free port of 127.0.0.1."""
+    (port,) = free_ports(1)
+    handler = type("Handler", (_Forgetful,), {"upstream": s3_settings.endpoint})
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield replace(s3_settings, endpoint=f"127.0.0.1:{port}")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_probe_passes_on_minio_and_leaves_nothing(s3_settings: S3Settings) -> None:
+    key, said = _key("probe"), []
+    probe_conditional_writes(s3_settings, key, said.append)
+    assert len(said) == 4 and "412 precondition failed" in said[1] and "412" in said[2]
+    listed = s3_client(s3_settings).list_objects(s3_settings.bucket, key)
+    assert [o.object_name for o in listed] == []
+
+
+def test_a_store_that_ignores_conditions_is_refused_and_no_service_starts_on_it(
+    s3_settings: S3Settings, forgetful: S3Settings, kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """Through the proxy plain S3 calls work and conditions do not: the probe says so, and a
+    service that writes to the store exits 2 naming it, before it does anything."""
+    client = s3_client(forgetful)
+    key = _key("state/0")
+    assert isinstance(conditional_put(client, forgetful.bucket, key, b"first"), Written)
+    assert get_bytes(client, forgetful.bucket, key) == b"first"  # the proxy forwards
+    with pytest.raises(ConditionalWritesIgnored, match="does not honour conditional writes"):
+        probe_conditional_writes(forgetful, _key("probe"))
+    env = {
+        **cli_env(kafka_bootstrap, forgetful, tmp_path),
+        "MVSINK_SINK_ID": f"forgetful-{uuid.uuid4().hex[:6]}",
+    }
+    command, env = module_process("services.append", env)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"object storage at {forgetful.endpoint} wrote" in done.stderr
+    assert "does not honour conditional writes" in done.stderr
