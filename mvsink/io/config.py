@@ -309,6 +309,9 @@ class Config:
     desired_segment_ms: int                 = _row("kafka",   "desired_segment_ms",  "MVSINK_DESIRED_SEGMENT_MS",    3_600_000, _int,
             "`segment.ms` provisioning sets on `<sink>.desired`: trimmed records leave the broker's "
             "disk only with their whole segment")
+    topic_check_interval: float             = _row("kafka",   "topic_check_interval", "MVSINK_TOPIC_CHECK_INTERVAL", 30.0, float,
+            "s, how often the write service checks `<sink>.desired`'s configuration (a compacted "
+            "topic is refused: nothing folded or staged while it is); > 0", _positive)
     kafka_call_timeout: float               = _row("kafka",   "call_timeout",        "MVSINK_KAFKA_CALL_TIMEOUT",    60.0, float,
             "s, how long an upstream producer (`DesiredProducer`, `publish_dataframe`'s tasks, "
             "`mvsink view`) waits on one Kafka call (a transaction's start or commit, a flush, a read "

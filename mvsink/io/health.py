@@ -19,7 +19,9 @@ again from what Kafka and S3 hold (the path every restart takes, so no state of 
 trusted), after a capped exponential backoff with full jitter. An outage is logged once when it
 starts and once when it ends (a probe of each dependency answering again, and the body running),
 never per retry. What no retry can fix still stops the service: a configuration or contract
-error (exit 2), or an error nobody classified as transient (exit 1, with its traceback).
+error (exit 2), or an error nobody classified as transient (exit 1, with its traceback). A
+client whose own state is lost for good (`StartAgain`: a transactional producer's fatal error
+that is not a fencing) is transient too: the body starts again with new clients.
 """
 
 from __future__ import annotations
@@ -105,6 +107,12 @@ _SPARK_TRANSIENT = (
 _SPARK_FATAL = ("ConfigError", "ContractError", "FrontierError", "InvalidUsage", "DecodeError")
 
 
+class StartAgain(Exception):
+    """The body's clients are unusable for good, by no fault of the configuration (e.g. a
+    transactional producer's fatal error that is not a fencing, `mvsink.io.kafka.is_fencing`):
+    start the body again, which makes new ones (`transient`)."""
+
+
 def _chain(error: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
     current: BaseException | None = error
@@ -125,6 +133,8 @@ def transient(error: BaseException) -> bool:
     from mvsink.io.s3 import IndefiniteWrite, S3RequestError
 
     for cause in _chain(error):
+        if isinstance(cause, StartAgain):
+            return True
         if isinstance(cause, ConfigError | ContractError | FrontierError | InvalidUsage):
             return False
         if isinstance(cause, HTTPError | ConnectionError | TimeoutError | IndefiniteWrite):

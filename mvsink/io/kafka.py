@@ -41,6 +41,10 @@ from mvsink.io.config import Config, Topics
 from mvsink.io.registry import Framing
 
 COMPACTED = {"cleanup.policy": "compact"}
+#: `<sink>.desired` is deleted from, never compacted: every desired record's key is its
+#: partition, so the log cleaner would keep about one record a partition, and a fold across
+#: what it removed would retract rows whose insertions it no longer sees (`desired_refusal`).
+DELETED = {"cleanup.policy": "delete"}
 #: The shared `frontiers`: compacted within about the hour. Its followers read it from the start,
 #: and Kafka never compacts a log's active segment, which with the broker's default
 #: `segment.ms` (7 days) holds a week of every sink's progress for each start to read. The log
@@ -130,6 +134,7 @@ def sink_topics(
             topics.desired,
             config.partitions,
             {
+                **DELETED,
                 "retention.ms": str(config.desired_retention_ms),
                 "retention.bytes": "-1",
                 "segment.ms": str(config.desired_segment_ms),
@@ -244,6 +249,32 @@ def watermarks(
         consumer.close()
 
 
+def topic_configs(bootstrap: str, topic: str, timeout: float = 30.0) -> dict[str, str]:
+    """The configuration `topic` has now, as the broker describes it (its defaults included).
+
+    Raises:
+        KafkaException: the broker refused or did not answer.
+    """
+    admin = AdminClient(client_config(bootstrap))
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    described = admin.describe_configs([resource])[resource].result(timeout)
+    return {name: entry.value for name, entry in described.items()}
+
+
+def desired_refusal(topic: str, configs: Mapping[str, str]) -> str | None:
+    """Why a write service refuses to fold desired topic `topic` configured with `configs`, or
+    None: a `cleanup.policy` with `compact` (`DELETED`)."""
+    policy = configs.get("cleanup.policy", "delete")
+    if "compact" not in policy.split(","):
+        return None
+    return (
+        f"topic {topic} has cleanup.policy={policy}: the log cleaner keeps one desired record "
+        "per partition, and a fold across what it removed would retract rows; nothing is "
+        "folded or staged until it is cleanup.policy=delete (`mvsink provision` sets it); if "
+        "the cleaner ran meanwhile, publish what it removed again"
+    )
+
+
 def _enforce_configs(admin: AdminClient, specs: list[TopicSpec], timeout: float) -> None:
     """Set the configs an existing topic must have (`TopicSpec.enforced`) where they differ."""
     for spec in specs:
@@ -296,6 +327,32 @@ def _has_leaders(topic: Any) -> bool:
     )
 
 
+#: The errors a transactional producer gets once a newer one with its `transactional.id` has
+#: taken over (librdkafka's own, and the broker's two).
+FENCINGS = frozenset(
+    {KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH}
+)
+
+
+def is_fencing(error: KafkaError) -> bool:
+    """Whether `error` says a newer producer with this one's `transactional.id` took over (not
+    any fatal error: a producer's fatal state has other causes, which a new producer clears)."""
+    return error.code() in FENCINGS
+
+
+def producer_error(producer: Producer, error: KafkaError) -> KafkaError:
+    """The error behind a transactional `producer`'s failure `error`: itself, except librdkafka's
+    plain `_FATAL` (what a `produce` raises once the producer is in its fatal state), for which
+    the transaction API names the cause (`is_fencing` tells a fencing from other causes)."""
+    if error.code() != KafkaError._FATAL:
+        return error
+    try:
+        producer.abort_transaction(10)
+    except KafkaException as cause:
+        return cause.args[0]  # type: ignore[no-any-return]
+    return error
+
+
 def init_transactions(producer: Producer, timeout: float) -> None:
     """`producer.init_transactions` after one metadata round trip, both within `timeout`.
     librdkafka asks for the producer id at once, and when its first broker connection is not up
@@ -330,6 +387,17 @@ def produce(
         value=framing.encode(topic, record),
         headers=[(codec.SCHEMA_HEADER, codec.schema_header(record).encode())],
         **kwargs,
+    )
+
+
+def dead_letter(producer: Producer, topic: str, message: Message, why: object) -> None:
+    """Send `message` as it was read to dead-letter topic `topic`, with `why` in its
+    `mvsink-error` header (docs/design.md §3.1): nothing of it is lost, and nothing waits on it."""
+    producer.produce(
+        topic,
+        key=message.key(),
+        value=message.value(),
+        headers=[("mvsink-error", str(why).encode())],
     )
 
 
@@ -403,13 +471,20 @@ def last_record(
 
 
 def last_message(
-    bootstrap: str, topic: str, partition: int = 0, timeout: float = 30.0
+    bootstrap: str,
+    topic: str,
+    partition: int = 0,
+    timeout: float = 30.0,
+    accept: Callable[[Message], bool] | None = None,
+    skipped: list[Message] | None = None,
 ) -> Message | None:
-    """The last committed message of `topic[partition]` (its offset with it), or None.
+    """The last committed message of `topic[partition]` (its offset with it) that `accept`
+    takes (every one by default), or None; `skipped` gets those after it that `accept` refused.
 
     A committed transaction ends `[..., last record, commit marker]` (markers take offsets
     too), so the read starts 2 offsets before the end and widens 4x at a time until it finds a
-    record: a wider read only after aborted transactions, whose records read_committed skips.
+    record: a wider read only after aborted transactions, whose records read_committed skips,
+    or after records `accept` refuses.
 
     Raises:
         MvsinkError: the end was not read within `timeout`.
@@ -424,7 +499,7 @@ def last_message(
         while True:
             start = max(low, high - window)
             consumer.assign([TopicPartition(topic, partition, start)])
-            last: Message | None = None
+            read: list[Message] = []
             done: list[int] = []
             while not done and high > start:
                 if time.monotonic() > deadline:
@@ -433,9 +508,13 @@ def last_message(
                     )
                 message = poll_message(consumer, 0.5, on_eof=done.append)
                 if message is not None:
-                    last = message
-            if last is not None or start == low:
-                return last
+                    read.append(message)
+            taken = [i for i, m in enumerate(read) if accept is None or accept(m)]
+            if taken or start == low:
+                after = taken[-1] + 1 if taken else 0
+                if skipped is not None:
+                    skipped.extend(read[after:])
+                return read[taken[-1]] if taken else None
             window *= 4
     finally:
         consumer.close()

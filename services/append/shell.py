@@ -32,6 +32,7 @@ from mvsink.io.kafka import (
     Reader,
     client_config,
     consumer_config,
+    dead_letter,
     decode_message,
     poll_message,
     produce,
@@ -171,13 +172,7 @@ class AppendShell:
             return decode_message(message, expect, framing=self.framing)
         except DecodeError as error:
             log.error("quarantining bad record: %s", error)
-            dead = self.config.topics.dead_letter
-            self.producer.produce(
-                dead,
-                key=message.key(),
-                value=message.value(),
-                headers=[("mvsink-error", str(error).encode())],
-            )
+            dead_letter(self.producer, self.config.topics.dead_letter, message, error)
             return None
 
     def _commit(self, consumer: Consumer) -> None:

@@ -40,8 +40,12 @@ restart. A writing mint is not demoted (as in the seed).
 Failure handling
 ----------------
 Crash at any point: an uncommitted description is aborted by the next mint's fencing; a
-committed one is restored. A fenced mint exits 0 (the newer one carries on). Undecodable
-records on the followed topics are logged with topic/partition/offset and skipped.
+committed one is restored; records after the last description of this sink on `descs`
+(undecodable, of another kind or sink) are dead-lettered with why and never stop a start. A
+fenced mint exits 0 (the newer one carries on); any other fatal error of its producer starts
+the mint again with a new one (`mvsink.io.health.StartAgain`), never an exit a supervisor
+would not restart. Undecodable records on the followed topics are logged with
+topic/partition/offset and skipped.
 
 `python -m services.mint`; logic in `services.mint.state` (pure), I/O in `services.mint.shell`.
 """

@@ -4,7 +4,8 @@
 Steps of `run`:
 1. `init_transactions` with `transactional.id = mint.<sink>`: fences any previous mint;
 2. restore `last_lower`, `next_append_worker` and a new epoch from the last committed record
-   of `descs` (after fencing, so no record of the previous mint can still commit);
+   of `descs` (after fencing, so no record of the previous mint can still commit) that is a
+   description of this sink; any after it are dead-lettered, never a reason not to start;
 3. loop: absorb `frontiers` (desired progress, shard upper notifications) and `control`
    (promotion); re-read the shard's upper itself every `SHARD_POLL` seconds (the topic is a
    notification, the shard is the truth); mint and produce in a transaction.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from prometheus_client import Counter, Gauge
 
 from mvsink.core.errors import DecodeError
@@ -28,13 +29,18 @@ from mvsink.core.messages import (
     frontier_keys,
 )
 from mvsink.io.config import Config
+from mvsink.io.health import StartAgain
 from mvsink.io.kafka import (
     Reader,
     client_config,
+    dead_letter,
+    decode_message,
     drain,
     init_transactions,
-    last_record,
+    is_fencing,
+    last_message,
     produce,
+    producer_error,
     tail_consumer,
 )
 from mvsink.io.service import Stopping
@@ -85,12 +91,28 @@ class MintShell:
     def start(self) -> None:
         """Fence the previous mint, then restore from `descs`."""
         init_transactions(self.producer, 60)
-        last = last_record(
-            self.config.kafka_bootstrap, self.config.topics.descs, framing=self.framing
+        config = self.config
+        skipped: list[Message] = []
+        found = last_message(
+            config.kafka_bootstrap,
+            config.topics.descs,
+            accept=lambda message: self._unrestorable(message) is None,
+            skipped=skipped,
         )
-        if last is not None and not isinstance(last, BatchDescription):
-            raise DecodeError(f"{self.config.topics.descs} ends with a {type(last).__name__}")
-        self.state.restore(last)
+        if skipped:  # never restored from, and never a reason not to start
+            dead = Producer(client_config(config.kafka_bootstrap))
+            for message in skipped:
+                why = self._unrestorable(message)
+                log.error(
+                    "quarantining %s[0] offset %s, not restored from: %s",
+                    config.topics.descs,
+                    message.offset(),
+                    why,
+                )
+                dead_letter(dead, config.topics.dead_letter, message, why)
+            dead.flush(30)
+        last = None if found is None else decode_message(found, framing=self.framing)
+        self.state.restore(last if isinstance(last, BatchDescription) else None)
         log.info(
             "mint %s started: epoch %d, last lower %s, read_only=%s",
             self.config.sink_id,
@@ -98,6 +120,18 @@ class MintShell:
             self.state.last_lower,
             self.state.read_only,
         )
+
+    def _unrestorable(self, message: Message) -> str | None:
+        """Why a record of `descs` is no description of this sink's to restore from, or None."""
+        try:
+            record = decode_message(message, framing=self.framing)
+        except DecodeError as error:
+            return str(error.located(self.config.topics.descs, 0, int(message.offset() or 0)))
+        if not isinstance(record, BatchDescription):
+            return f"a {type(record).__name__}, not a BatchDescription"
+        if record.sink_id != self.config.sink_id:
+            return f"a description of sink {record.sink_id!r}, not {self.config.sink_id!r}"
+        return None
 
     def run(self) -> int:
         """Mint until stopped (0) or fenced (0: the newer mint carries on)."""
@@ -154,9 +188,13 @@ class MintShell:
             produce(self.producer, topic, self.config.sink_id, desc, framing=self.framing)
             self.producer.commit_transaction(60)
         except KafkaException as error:
-            kafka_error = error.args[0]
-            if kafka_error.fatal() or "fenc" in kafka_error.str().lower():
+            cause = producer_error(self.producer, error.args[0])
+            if is_fencing(cause):
                 raise Fenced() from error
+            if cause.fatal() or cause.code() == KafkaError._FATAL:
+                # The producer is unusable for good, but no newer mint took over: start again
+                # with a new one (which fences nothing but this one).
+                raise StartAgain(f"mint's producer failed for good: {cause}") from error
             raise
         MINTED.labels(self.config.sink_id).inc()
         log.info("minted %s", desc)

@@ -36,7 +36,14 @@ from mvsink.core.frontier import Frontier, advance
 from mvsink.core.messages import Progress
 from mvsink.core.rows import updates_decoder
 from mvsink.core.updates import TIME
-from mvsink.io.kafka import NO_RESET, READ_TO_END, Reader, client_config, poll_message
+from mvsink.io.kafka import (
+    NO_RESET,
+    READ_TO_END,
+    Reader,
+    client_config,
+    dead_letter,
+    poll_message,
+)
 from mvsink.io.registry import OWN, Framing
 from mvsink.shard import SelectedPart, Shard, ShardState
 from mvsink.upstream.desired import decode_desired
@@ -183,12 +190,7 @@ def fold_desired(
                 located = error.located(topic, partition, int(message.offset() or 0))
                 log.error("quarantining desired record: %s", located)
                 dead_producer = dead_producer or Producer(client_config(bootstrap))
-                dead_producer.produce(
-                    dead_letter_topic,
-                    key=message.key(),
-                    value=message.value(),
-                    headers=[("mvsink-error", str(located).encode())],
-                )
+                dead_letter(dead_producer, dead_letter_topic, message, located)
                 dead += 1
                 continue
             tables.append(table)

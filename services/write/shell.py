@@ -24,7 +24,10 @@ The desired topic's life cycle is the driver's too:
   older of its two kept checkpoints (`mvsink.io.kafka.delete_below`): nothing a driver may still
   load needs them, and the topic stays bounded. The partition's last record (its latest
   `Progress`, which a new publishing producer reads to skip a publish already committed) is
-  always kept.
+  always kept;
+* every `topic_check_interval` it checks the topic's configuration: a compacted desired topic
+  (`mvsink.io.kafka.desired_refusal`) is refused, nothing folded or staged and `/readyz` and
+  `mvsink_write_desired_refused` saying why, until it is `cleanup.policy=delete` again.
 """
 
 from __future__ import annotations
@@ -53,10 +56,12 @@ from mvsink.io.kafka import (
     client_config,
     consumer_config,
     delete_below,
+    desired_refusal,
     drain,
     last_message,
     produce,
     tail_consumer,
+    topic_configs,
 )
 from mvsink.io.service import Stopping, writer_identity
 from mvsink.io.spark import driver_host, live_executors, run_pinned, task_slots
@@ -103,6 +108,11 @@ GONE = Gauge(
     "mvsink_write_desired_gone",
     "1 while a desired partition's records its checkpoint needs are deleted (nothing staged)",
     ["sink", "partition"],
+)
+REFUSED = Gauge(
+    "mvsink_write_desired_refused",
+    "1 while the desired topic's configuration is refused (compacted: nothing folded or staged)",
+    ["sink"],
 )
 TRIMMED = Gauge(
     "mvsink_write_desired_log_start",
@@ -158,6 +168,10 @@ class WriteShell:
         self.compactor: Compactor | None = None
         #: The resident tasks the steps run in (`services.write.resident`), if enabled.
         self.crew: Crew | None = None
+        #: Why the desired topic's configuration is refused (`desired_refusal`), if it is, and
+        #: when it is next checked (`_maybe_check_topic`).
+        self.refused: str | None = None
+        self.next_topic_check = 0.0
 
     # -- ownership --------------------------------------------------------------------------
 
@@ -295,15 +309,49 @@ class WriteShell:
         """Show whether `partition`'s needed desired records are gone; readiness says why."""
         gone: dict[int, Gone] = self.chains.gone()
         GONE.labels(self.config.sink_id, str(partition)).set(1 if partition in gone else 0)
-        self.stopping.blocked(
-            "; ".join(
-                f"desired partition {p}: records from offset {g.needed} are needed but "
-                f"deleted below {g.log_start} (run `mvsink repair "
-                f"{self.config.sink_id}`)"
-                for p, g in sorted(gone.items())
-            )
-            or None
-        )
+        self._show_blocked()
+
+    def _show_blocked(self) -> None:
+        """Readiness: why nothing is staged (a refused topic, partitions whose records are
+        gone), or ready."""
+        reasons = [] if self.refused is None else [self.refused]
+        reasons += [
+            f"desired partition {p}: records from offset {g.needed} are needed but "
+            f"deleted below {g.log_start} (run `mvsink repair {self.config.sink_id}`)"
+            for p, g in sorted(self.chains.gone().items())
+        ]
+        self.stopping.blocked("; ".join(reasons) or None)
+
+    def _maybe_check_topic(self) -> None:
+        """Every `topic_check_interval`, check the desired topic's configuration
+        (`desired_refusal`): while it is refused the loop folds and stages nothing.
+
+        The check is due by this driver's clock, so a driver paused longer than the interval
+        checks before its next step. What it cannot see: the log cleaner removing records between
+        a change of the policy and the next check, read by a step already under way (a kept
+        reader reads the partition's newest records, which stay in the active segment the
+        cleaner never touches). A check that fails (Kafka unavailable) leaves the verdict as
+        it was and is tried again next loop."""
+        now = self.clock.monotonic()
+        if now < self.next_topic_check:
+            return
+        topic = self.config.topics.desired
+        try:
+            refused = desired_refusal(topic, topic_configs(self.config.kafka_bootstrap, topic, 10))
+        except Exception as error:
+            log.warning("checking the configuration of %s failed (retrying): %r", topic, error)
+            return
+        self.next_topic_check = now + self.config.topic_check_interval
+        if refused != self.refused:
+            if refused is not None:
+                log.error("%s", refused)
+            else:
+                log.warning(
+                    "topic %s is cleanup.policy=delete again: folding and staging resume", topic
+                )
+            self.refused = refused
+            REFUSED.labels(self.config.sink_id).set(0 if refused is None else 1)
+            self._show_blocked()
 
     def _recheck_gone(self) -> None:
         """A gone partition whose checkpoint version changed (repaired, or restored) is folded
@@ -406,6 +454,9 @@ class WriteShell:
                 )
                 self._maybe_restage()
                 self._maybe_trim()
+                self._maybe_check_topic()
+                if self.refused is not None:  # nothing is folded until the topic is fixed
+                    continue
                 gained = self.chains.unchecked()
                 if gained:
                     # A gained partition's first fold: checkpointed after the first append

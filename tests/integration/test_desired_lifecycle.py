@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 from sinkkit import (
     Service,
     Sink,
@@ -31,7 +32,14 @@ from mvsink.core.frontier import Frontier
 from mvsink.core.messages import Progress, SinkRepair
 from mvsink.core.rows import parse_row_schema
 from mvsink.io.config import S3Settings
-from mvsink.io.kafka import delete_below, last_record, read_compacted, watermarks
+from mvsink.io.kafka import (
+    client_config,
+    delete_below,
+    last_record,
+    read_compacted,
+    topic_configs,
+    watermarks,
+)
 from mvsink.io.registry import OWN
 from mvsink.stack.procs import free_ports
 from mvsink.upstream.producer import DesiredProducer
@@ -200,6 +208,64 @@ def test_a_sink_whose_checkpoints_need_deleted_records_stages_nothing_until_repa
     gauge = f'mvsink_write_desired_gone{{partition="0",sink="{c.sink_id}"}}'
     metrics = probe(port, "/metrics")[1]
     assert f"{gauge} 0.0" in metrics, [m for m in metrics.splitlines() if "gone" in m]
+
+
+def set_cleanup_policy(sink: Sink, policy: str) -> None:
+    """Set the sink's desired topic's `cleanup.policy` by hand, as an operator or a tool would."""
+    resource = ConfigResource(ConfigResource.Type.TOPIC, sink.config.topics.desired)
+    resource.add_incremental_config(
+        ConfigEntry("cleanup.policy", policy, incremental_operation=AlterConfigOpType.SET)
+    )
+    admin = AdminClient(client_config(sink.config.kafka_bootstrap))
+    admin.incremental_alter_configs([resource])[resource].result(30)
+
+
+def test_a_desired_topic_made_compacted_is_refused_until_provisioning_sets_it_back(
+    sink: Sink, procs: list[Service]
+) -> None:
+    """Desired switched to `cleanup.policy=compact` while the sink runs (the log cleaner would
+    keep one record a partition): the write service folds and stages nothing, is not ready and
+    says which setting and how to fix it, and the shard stays as it was while desired moves on;
+    `mvsink provision` sets the policy back, and the sink converges again."""
+    (port,) = free_ports(1)
+    c = sink.config
+    check = {"MVSINK_TOPIC_CHECK_INTERVAL": "1", "MVSINK_METRICS_PORT": str(port)}
+    write = start(procs, sink, "write", **check)
+    for name in ("mint", "append"):
+        start(procs, sink, name)
+    upstream = Upstream(sink)
+    tick_and_check(sink, upstream, 1, "the first tick")
+
+    set_cleanup_policy(sink, "compact")
+    why = wait_status(port, 503, 60, "the write service refusing a compacted desired topic")
+    print(f"/readyz 503: {why}")
+    assert f"topic {c.topics.desired} has cleanup.policy=compact" in why
+    assert "mvsink provision" in why
+    gauge = f'mvsink_write_desired_refused{{sink="{c.sink_id}"}}'
+    assert f"{gauge} 1.0" in probe(port, "/metrics")[1]
+    upper, seqno = sink.shard.upper(), sink.shard.state().seqno
+    upstream.tick()  # mint mints a description for it; nothing may be staged for it
+    wait_until(lambda: len(sink.descs()) == 2, 60, "the description of the second tick")
+    time.sleep(5)
+    assert sink.shard.upper() == upper, "the sink appended from a compacted desired topic"
+    versions = [v for v in map(sink.shard.version, range(seqno + 1, sink.shard.state().seqno + 1))]
+    assert "append" not in {v.change for v in versions if v}
+    assert write.proc is not None and write.proc.poll() is None
+
+    provisioned = subprocess.run(
+        [sys.executable, "-m", "mvsink.cli", "provision"],
+        env=sink.env(),
+        text=True,
+        capture_output=True,
+        timeout=180,
+    )
+    assert provisioned.returncode == 0, provisioned.stderr
+    assert topic_configs(c.kafka_bootstrap, c.topics.desired)["cleanup.policy"] == "delete"
+    wait_status(port, 200, 60, "the write service ready again")
+    wait_until(lambda: converged(sink, upstream), 120, "convergence once deleted from again")
+    tick_and_check(sink, upstream, 1, "after the fix")
+    assert "is cleanup.policy=delete again: folding and staging resume" in write.text()
+    assert f"{gauge} 0.0" in probe(port, "/metrics")[1]
 
 
 def test_a_write_service_away_longer_than_its_lease_continues_from_its_checkpoints(

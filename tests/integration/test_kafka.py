@@ -8,8 +8,8 @@ import logging
 import time
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from mvsink.core import codec
 from mvsink.core.frontier import Frontier
@@ -21,12 +21,16 @@ from mvsink.io.kafka import (
     TopicSpec,
     client_config,
     consumer_config,
+    desired_refusal,
     ensure_topics,
+    is_fencing,
     poll_message,
     produce,
+    producer_error,
     read_compacted,
     sink_topics,
     tail_consumer,
+    topic_configs,
 )
 from mvsink.io.registry import OWN
 from mvsink.tools.smoke import contract_samples, roundtrip
@@ -63,15 +67,8 @@ def _partition_counts(bootstrap: str) -> dict[str, int]:
     return {name: len(meta.partitions) for name, meta in topics.items()}
 
 
-def _topic_configs(bootstrap: str, topic: str) -> dict[str, str]:
-    admin = AdminClient(client_config(bootstrap))
-    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
-    configs = admin.describe_configs([resource])[resource].result(timeout=10)
-    return {name: str(entry.value) for name, entry in configs.items()}
-
-
 def _cleanup_policy(bootstrap: str, topic: str) -> str:
-    return _topic_configs(bootstrap, topic)["cleanup.policy"]
+    return topic_configs(bootstrap, topic)["cleanup.policy"]
 
 
 def test_provision_creates_contract_topics_idempotently(
@@ -96,6 +93,7 @@ def test_provision_creates_contract_topics_idempotently(
     assert counts[topics.batches] == 2  # A
     assert _cleanup_policy(kafka_bootstrap, topics.frontiers) == "compact"
     assert _cleanup_policy(kafka_bootstrap, topics.control) == "compact"
+    assert _cleanup_policy(kafka_bootstrap, topics.desired) == "delete"
     assert ensure_topics(kafka_bootstrap, sink_topics(config)) == []  # idempotent
 
 
@@ -107,12 +105,29 @@ def test_provision_bounds_an_existing_frontiers_topics_uncompacted_tail(
     config = _config(kafka_bootstrap, s3_settings, f"front-{unique}")
     topic = config.topics.frontiers
     ensure_topics(kafka_bootstrap, [TopicSpec(topic, 1, {"cleanup.policy": "compact"})])
-    before = _topic_configs(kafka_bootstrap, topic)
+    before = topic_configs(kafka_bootstrap, topic)
     assert before["segment.ms"] == "604800000"
     ensure_topics(kafka_bootstrap, sink_topics(config))
-    after = _topic_configs(kafka_bootstrap, topic)
+    after = topic_configs(kafka_bootstrap, topic)
     assert after["cleanup.policy"] == "compact"
     assert after["segment.ms"] == after["max.compaction.lag.ms"] == "3600000"
+
+
+def test_provision_makes_a_compacted_desired_topic_deleted_which_the_check_refused(
+    kafka_bootstrap: str, s3_settings: S3Settings, unique: str
+) -> None:
+    """A desired topic made compacted (by hand, or by a tool's defaults) is what the write
+    service refuses (`desired_refusal`); provisioning sets it back to `cleanup.policy=delete`."""
+    config = _config(kafka_bootstrap, s3_settings, f"compacted-{unique}")
+    topic = config.topics.desired
+    ensure_topics(
+        kafka_bootstrap, [TopicSpec(topic, config.partitions, {"cleanup.policy": "compact"})]
+    )
+    why = desired_refusal(topic, topic_configs(kafka_bootstrap, topic))
+    assert why is not None and f"topic {topic} has cleanup.policy=compact" in why
+    ensure_topics(kafka_bootstrap, sink_topics(config))
+    assert _cleanup_policy(kafka_bootstrap, topic) == "delete"
+    assert desired_refusal(topic, topic_configs(kafka_bootstrap, topic)) is None
 
 
 def test_provision_rejects_a_topic_that_breaks_the_contract(
@@ -163,7 +178,13 @@ def test_second_transactional_producer_fences_the_first(
     with pytest.raises(KafkaException) as caught:
         first.commit_transaction(30)
     error = caught.value.args[0]
-    assert error.fatal() or "fenc" in error.str().lower(), error
+    assert is_fencing(producer_error(first, error)), error
+    # Once fatal, a produce raises plain _FATAL; the transaction API names the fencing behind it.
+    with pytest.raises(KafkaException) as caught:
+        produce(first, config.topics.descs, config.sink_id, desc, framing=OWN)
+    fatal = caught.value.args[0]
+    assert fatal.code() == KafkaError._FATAL and not is_fencing(fatal), fatal
+    assert is_fencing(producer_error(first, fatal))
 
     second.begin_transaction()
     produce(second, config.topics.descs, config.sink_id, desc, framing=OWN)

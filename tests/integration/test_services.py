@@ -16,7 +16,7 @@ from sinkkit import Service, Sink, WriteRole, start, wait_until
 
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import ShardUpper
-from mvsink.io.kafka import client_config, poll_message, read_compacted, tail_consumer
+from mvsink.io.kafka import client_config, poll_message, produce, read_compacted, tail_consumer
 from mvsink.io.registry import OWN
 
 pytestmark = pytest.mark.integration
@@ -110,6 +110,42 @@ def test_a_second_mint_fences_the_first(sink: Sink, procs: list[Service]) -> Non
     assert second.proc is not None and second.proc.poll() is None
     lowers = [d.lower for d in sink.descs()]
     assert lowers == sorted(set(lowers), key=lambda f: f.time or 0)
+
+
+def test_a_mint_restarts_past_records_on_descs_that_are_no_description_of_its_sink(
+    sink: Sink, procs: list[Service]
+) -> None:
+    """A start restores from the last description of its own sink on `descs`: the records
+    after it (bytes that decode to nothing, a record of another kind) are dead-lettered with
+    why, and the mint starts and carries on from the description (its epoch the next)."""
+    c = sink.config
+    mint = start(procs, sink, "mint")
+    sink.advance_desired(F(2))
+    wait_until(lambda: len(sink.descs()) == 1, 60, "the first description")
+    assert mint.stop() == 0
+    producer = Producer(client_config(c.kafka_bootstrap))
+    producer.produce(c.topics.descs, key=b"x", value=b"not a record", partition=0)
+    produce(producer, c.topics.descs, c.shard_id, ShardUpper(c.shard_id, F(9), 1), 0, framing=OWN)
+    assert producer.flush(30) == 0
+
+    again = start(procs, sink, "mint", "-again")
+    wait_until(lambda: "started: epoch" in again.text(), 60, "the mint to start again")
+    assert "started: epoch 1, last lower {0}" in again.text(), again.text()
+    assert again.proc is not None and again.proc.poll() is None
+    consumer = tail_consumer(c.kafka_bootstrap, c.topics.dead_letter, [0])
+    dead: list[tuple[bytes | None, str]] = []
+
+    def both_dead_lettered() -> bool:
+        message = poll_message(consumer, 0.5)
+        if message is not None:
+            dead.append((message.value(), dict(message.headers() or [])["mvsink-error"].decode()))
+        return len(dead) == 2
+
+    wait_until(both_dead_lettered, 30, "the two records dead-lettered")
+    consumer.close()
+    assert dead[0][0] == b"not a record" and "cannot decode record at" in dead[0][1]
+    assert "a ShardUpper, not a BatchDescription" in dead[1][1]
+    assert again.text().count("not restored from") == 2
 
 
 def test_a_read_only_mint_mints_nothing_until_promote(sink: Sink, procs: list[Service]) -> None:

@@ -13,7 +13,7 @@ from urllib3.exceptions import MaxRetryError, NewConnectionError
 
 from mvsink.core.errors import ConfigError, ContractError, MvsinkError
 from mvsink.io import health
-from mvsink.io.health import Backoff, Health, transient
+from mvsink.io.health import Backoff, Health, StartAgain, transient
 from mvsink.io.s3 import IndefiniteWrite, S3RequestError
 
 
@@ -35,6 +35,12 @@ def _wrapped(cause: BaseException) -> MvsinkError:
             return outer
 
 
+def _caused(error: BaseException, code: int) -> BaseException:
+    """`error` raised from a fatal `KafkaException` of `code`."""
+    error.__cause__ = KafkaException(KafkaError(code, fatal=True))
+    return error
+
+
 @pytest.mark.parametrize(
     ("error", "expected"),
     [
@@ -54,6 +60,8 @@ def _wrapped(cause: BaseException) -> MvsinkError:
         (KafkaException(KafkaError(KafkaError._TIMED_OUT)), True),
         (KafkaException(KafkaError(KafkaError._DESTROY_BROKER)), True),
         (KafkaException(KafkaError(KafkaError._FENCED, fatal=True)), False),
+        # a producer lost for good but not fenced: the body starts again with a new one
+        (_caused(StartAgain("new producer"), KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER), True),
         (KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)), False),
         (_wrapped(ConnectionRefusedError(errno.ECONNREFUSED, "refused")), True),
         (_wrapped(ValueError("bad")), False),
