@@ -13,6 +13,8 @@ This module sits below `mvsink.core.messages` and `mvsink.shard` (it imports nei
 
 from __future__ import annotations
 
+import struct
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -81,15 +83,105 @@ def updates_to_ipc(table: pa.Table, compression: str | None = "lz4") -> bytes:
     return bytes(sink.getvalue())
 
 
-def updates_from_ipc(ipc: bytes, row_schema: pa.Schema) -> pa.Table:
+#: The most bytes one desired record may decode to (`[sink] max_record_bytes`): an Arrow IPC
+#: payload compresses well, and a few kilobytes of zstd can stand for gigabytes of zeros.
+MAX_RECORD_BYTES = 256 * 1024 * 1024
+
+
+def ipc_decoded_size(ipc: bytes) -> tuple[int, int]:
+    """The rows and bytes the record and dictionary batches of Arrow IPC stream `ipc` decode
+    to, read from each message's metadata and the uncompressed length Arrow writes before each
+    compressed buffer: nothing is decompressed or allocated.
+
+    Raises:
+        DecodeError: not an Arrow IPC stream, or metadata that does not parse.
+    """
+    rows = size = 0
+    try:
+        reader = pa.ipc.MessageReader.open_stream(pa.py_buffer(ipc))
+        while True:
+            try:
+                message = reader.read_next_message()
+            except StopIteration:
+                break
+            if message.type not in ("record batch", "dictionary"):
+                continue
+            body = b"" if message.body is None else message.body.to_pybytes()
+            batch_rows, batch_size = _batch_size(
+                message.metadata.to_pybytes(), body, message.type == "dictionary"
+            )
+            rows, size = rows + batch_rows, size + batch_size
+    except (pa.ArrowException, OSError, struct.error, IndexError, ValueError) as error:
+        raise DecodeError(f"UpdatesArrow payload is not an Arrow IPC stream: {error!r}") from error
+    return rows, size
+
+
+def _batch_size(meta: bytes, body: bytes, dictionary: bool) -> tuple[int, int]:
+    """Rows and decoded bytes of one IPC message (its flatbuffer `Message` `meta`, and `body`):
+    `Message.header` is a `RecordBatch` (or a `DictionaryBatch` whose `data` is one), with its
+    row count `length`, its `buffers` (offset, length) in the body and, when compressed, each
+    buffer's uncompressed length as its first 8 bytes (-1: stored uncompressed)."""
+    header = _field_table(meta, _root(meta), 2)
+    batch = _field_table(meta, header, 1) if dictionary else header
+    length = _field(meta, batch, 0)
+    rows = 0 if length is None else struct.unpack_from("<q", meta, length)[0]
+    compressed = _field(meta, batch, 3) is not None
+    vector, size = _field(meta, batch, 2), 0
+    if vector is not None:
+        vector += struct.unpack_from("<I", meta, vector)[0]
+        for i in range(struct.unpack_from("<I", meta, vector)[0]):
+            offset, stored = struct.unpack_from("<qq", meta, vector + 4 + 16 * i)
+            if compressed and stored >= 8:
+                raw = struct.unpack_from("<q", body, offset)[0]
+                size += stored - 8 if raw == -1 else raw
+            else:
+                size += stored
+    if rows < 0 or size < 0:
+        raise ValueError(f"negative rows {rows} or size {size}")
+    return rows, size
+
+
+def _root(buf: bytes) -> int:
+    """Where a flatbuffer's root table starts."""
+    return int(struct.unpack_from("<I", buf, 0)[0])
+
+
+def _field(buf: bytes, table: int, index: int) -> int | None:
+    """Where field `index` of the flatbuffer table at `table` is stored, None if absent."""
+    vtable = table - struct.unpack_from("<i", buf, table)[0]
+    slot = 4 + 2 * index
+    if slot >= struct.unpack_from("<H", buf, vtable)[0]:
+        return None
+    offset = struct.unpack_from("<H", buf, vtable + slot)[0]
+    return None if offset == 0 else table + offset
+
+
+def _field_table(buf: bytes, table: int, index: int) -> int:
+    """The table field `index` of the table at `table` refers to."""
+    at = _field(buf, table, index)
+    if at is None:
+        raise ValueError(f"flatbuffer table at {table} has no field {index}")
+    return at + int(struct.unpack_from("<I", buf, at)[0])
+
+
+def updates_from_ipc(
+    ipc: bytes, row_schema: pa.Schema, max_bytes: int = MAX_RECORD_BYTES
+) -> pa.Table:
     """The updates of an `UpdatesArrow` payload as a table of the part schema of `row_schema`.
 
     Raises:
-        DecodeError: not an Arrow IPC stream (whatever reading it raises, a decompression bomb's
-            `MemoryError` too), a column twice or a column the rows do not have (refused, not
+        DecodeError: not an Arrow IPC stream (whatever reading it raises), one that decodes to
+            more than `max_bytes` (checked before anything is decompressed,
+            `ipc_decoded_size`), a column twice or a column the rows do not have (refused, not
             trimmed: rows differing only there would merge), columns that do not fit the row
             schema, or updates `check_updates` refuses.
     """
+    rows, size = ipc_decoded_size(ipc)
+    if size > max_bytes:
+        raise DecodeError(
+            f"UpdatesArrow payload of {len(ipc):,} bytes decodes to {size:,} bytes ({rows:,} "
+            f"rows), over the limit of {max_bytes:,} (`[sink] max_record_bytes`)"
+        )
     try:
         table = pa.ipc.open_stream(ipc).read_all()
     except Exception as error:  # ArrowInvalid, OSError, MemoryError, ...: all bad input
@@ -128,6 +220,12 @@ def check_updates(table: pa.Table, row_schema: pa.Schema, what: str) -> None:
 
 def describe_ipc(ipc: bytes) -> str:
     """A one-line summary of an `UpdatesArrow` payload for humans (`mvsink inspect`)."""
+    try:
+        rows, size = ipc_decoded_size(ipc)
+    except DecodeError as error:
+        return f"<{len(ipc)} bytes, not Arrow IPC: {error}>"
+    if size > MAX_RECORD_BYTES:
+        return f"<{len(ipc):,} bytes decoding to {size:,} bytes ({rows:,} rows): not decoded>"
     try:
         table = pa.ipc.open_stream(ipc).read_all()
     except (pa.ArrowInvalid, OSError) as error:

@@ -16,7 +16,14 @@ from confluent_kafka import Consumer, Message, TopicPartition
 from mvsink.core.errors import DecodeError, MvsinkError
 from mvsink.core.messages import Progress, Updates, UpdatesArrow
 from mvsink.core.rows import updates_decoder
-from mvsink.core.updates import TIME, advance_times, consolidate, part_schema, updates_from_ipc
+from mvsink.core.updates import (
+    MAX_RECORD_BYTES,
+    TIME,
+    advance_times,
+    consolidate,
+    part_schema,
+    updates_from_ipc,
+)
 from mvsink.io.kafka import NO_RESET, READ_TO_END, consumer_config, decode_message, poll_message
 from mvsink.io.registry import Framing, RegistryError
 
@@ -27,10 +34,12 @@ def decode_desired(
     decode_rows: Callable[[Updates], pa.Table],
     partitioning: int | None,
     framing: Framing,
+    max_bytes: int = MAX_RECORD_BYTES,
 ) -> Progress | pa.Table:
     """A desired record: its `Progress`, or its updates as a table (Arrow IPC or Avro rows,
     decoded by `decode_rows = updates_decoder(row_schema)`); a registry-framed record's schema
-    id looked up through `framing`.
+    id looked up through `framing`; Arrow IPC that decodes to more than `max_bytes` refused
+    before it is decompressed (`updates_from_ipc`).
 
     Raises:
         DecodeError: a record that does not decode, whatever decoding it raises (a record that
@@ -39,7 +48,7 @@ def decode_desired(
             they are in the wrong partition for it.
     """
     try:
-        return _decode_desired(message, row_schema, decode_rows, partitioning, framing)
+        return _decode_desired(message, row_schema, decode_rows, partitioning, framing, max_bytes)
     except (DecodeError, RegistryError):  # a registry out of reach is not the record's fault
         raise
     except Exception as error:  # any other failure to decode is the record's
@@ -52,6 +61,7 @@ def _decode_desired(
     decode_rows: Callable[[Updates], pa.Table],
     partitioning: int | None,
     framing: Framing,
+    max_bytes: int,
 ) -> Progress | pa.Table:
     record = decode_message(message, (UpdatesArrow, Updates, Progress), framing=framing)
     if isinstance(record, Progress):
@@ -64,7 +74,7 @@ def _decode_desired(
             "a desired topic written that way (schemas/README.md)"
         )
     if isinstance(record, UpdatesArrow):
-        return updates_from_ipc(record.ipc, row_schema)
+        return updates_from_ipc(record.ipc, row_schema, max_bytes)
     return decode_rows(cast(Updates, record))
 
 

@@ -35,7 +35,7 @@ from mvsink.core.errors import DecodeError, DesiredGone, MvsinkError
 from mvsink.core.frontier import Frontier, advance
 from mvsink.core.messages import Progress
 from mvsink.core.rows import updates_decoder
-from mvsink.core.updates import TIME
+from mvsink.core.updates import MAX_RECORD_BYTES, TIME
 from mvsink.io.kafka import (
     NO_RESET,
     READ_TO_END,
@@ -114,13 +114,15 @@ def fold_desired(
     why: str = "where its corrections folded to",
     readers: Readers | None = None,
     framing: Framing = OWN,
+    max_bytes: int = MAX_RECORD_BYTES,
 ) -> int:
     """Read the partition from `folded_offset` to its end, or until its progress reaches
     `until`; the number of records quarantined (undecodable, below the partition's progress,
     or hashed by another function than `partitioning`). The reader comes from `readers` if it
     kept one that reads on from there, and is kept there after a read until `until` if
     `readers.keep` (None: a new reader, closed after the read). A registry-framed record's
-    schema id is looked up through `framing` (the sink's Schema Registry, if it has one).
+    schema id is looked up through `framing` (the sink's Schema Registry, if it has one). A
+    record that decodes to more than `max_bytes` is quarantined too, before it is decoded.
 
     Raises `DesiredGone` (module docs; `sink_id` and `why` the offset is needed name it) and
     folds nothing when records from `folded_offset` on are gone.
@@ -171,7 +173,9 @@ def fold_desired(
                     )
                 continue
             try:
-                table = decode_desired(message, row_schema, decode_rows, partitioning, framing)
+                table = decode_desired(
+                    message, row_schema, decode_rows, partitioning, framing, max_bytes
+                )
                 if isinstance(table, Progress):
                     state.desired_frontier = advance(
                         state.desired_frontier, table.frontier

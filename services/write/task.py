@@ -65,6 +65,7 @@ from mvsink.core.errors import DesiredGone, MvsinkError
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import BatchDescription
 from mvsink.core.settings import S3Settings
+from mvsink.core.updates import MAX_RECORD_BYTES
 from mvsink.io.registry import Framings
 from mvsink.io.service import quiet_retries
 from mvsink.io.spark import each_on_a_thread, executor_id, trim_worker_path
@@ -118,6 +119,8 @@ class SinkSpec:
     #: The Schema Registry the driver's configuration names ("" for none): the executor looks
     #: registry-framed desired records' schema ids up in it (`mvsink.io.registry`).
     schema_registry_url: str = ""
+    #: The most bytes one desired record may decode to (`[sink] max_record_bytes`).
+    max_record_bytes: int = MAX_RECORD_BYTES
 
 
 @dataclass(frozen=True)
@@ -366,6 +369,7 @@ def _step(spec: StepSpec, worker: WriteWorker, shard_state: ShardState | None) -
             why=start.why,
             readers=worker.readers,
             framing=worker.framings.of(sink.schema_registry_url),
+            max_bytes=sink.max_record_bytes,
         )
     except DesiredGone as error:
         worker.states.drop(sink.sink_id, spec.partition)  # folded nothing, but unsure

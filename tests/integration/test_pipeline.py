@@ -34,7 +34,7 @@ from mvsink.bench.rss import tree
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import BatchDescription, BatchId, Update, Updates, UpdatesArrow
 from mvsink.core.rows import parse_row_schema, row_encoder
-from mvsink.core.updates import normalize_updates, updates_to_ipc
+from mvsink.core.updates import ipc_decoded_size, normalize_updates, updates_to_ipc
 from mvsink.io.config import S3Settings
 from mvsink.io.kafka import client_config, poll_message, produce, read_compacted, tail_consumer
 from mvsink.io.registry import OWN
@@ -378,12 +378,12 @@ def test_invalid_desired_records_are_quarantined_and_a_foreign_writers_junk_is_c
     sink: Sink, procs: list[Service]
 ) -> None:
     """One pipeline, two checks in turn: invalid desired records (undecodable, below their
-    partition's progress, in the wrong partition for the sink's partitioning) are quarantined to
-    the dead-letter topic and never reach the shard; then junk a foreign writer appends to the
-    shard (a row the view never had, a wrong value three times, a key's row retracted) is
-    corrected on the next tick."""
+    partition's progress, in the wrong partition for the sink's partitioning, decoding to more
+    than `[sink] max_record_bytes`) are quarantined to the dead-letter topic and never reach the
+    shard; then junk a foreign writer appends to the shard (a row the view never had, a wrong
+    value three times, a key's row retracted) is corrected on the next tick."""
     for name in ("mint", "write", "append"):
-        start(procs, sink, name)
+        start(procs, sink, name, MVSINK_MAX_RECORD_BYTES="100000")
     upstream = Upstream(sink)
     upstream.tick()
     bad = Producer(client_config(sink.config.kafka_bootstrap))
@@ -397,14 +397,21 @@ def test_invalid_desired_records_are_quarantined_and_a_foreign_writers_junk_is_c
     # The v1 wire form is hashed with partitioning 1: in the wrong partition for this sink.
     other = Updates((Update.ok(row_encoder(schema)({"k": "other", "v": 1}), 5, 1),))
     produce(bad, sink.config.topics.desired, "x", other, partition=0, framing=OWN)
+    # A few kilobytes of zstd that decode to over 100 kB (the limit set above): valid otherwise.
+    n = 20_000
+    many = {"k": ["big"] * n, "v": [0] * n, "_time": [5] * n, "_diff": [1] * n}
+    big = UpdatesArrow(updates_to_ipc(normalize_updates(pa.table(many), schema), "zstd"), 2)
+    assert len(big.ipc) < 100_000 < ipc_decoded_size(big.ipc)[1]  # decoded, not sent, counts
+    produce(bad, sink.config.topics.desired, "x", big, partition=0, framing=OWN)
     assert bad.flush(30) == 0
     upstream.tick()
     wait_until(lambda: converged(sink, upstream), 120, "convergence past the bad records")
     write = procs[1]
-    wait_until(lambda: write.text().count("quarantining desired record") >= 3, 60, "the reports")
+    wait_until(lambda: write.text().count("quarantining desired record") >= 4, 60, "the reports")
     assert f"topic={sink.config.topics.desired} partition=0" in write.text()
     assert "below the partition's progress" in write.text()
     assert "partitioned with function 1, but the sink uses 2" in write.text()
+    assert "over the limit of 100,000 (`[sink] max_record_bytes`)" in write.text()
     consumer = tail_consumer(sink.config.kafka_bootstrap, sink.config.topics.dead_letter, [0])
     quarantined: list[bytes | None] = []
 
@@ -412,12 +419,12 @@ def test_invalid_desired_records_are_quarantined_and_a_foreign_writers_junk_is_c
         message = poll_message(consumer, 0.5)
         if message is not None:
             quarantined.append(message.value())
-        return len(quarantined) >= 3
+        return len(quarantined) >= 4
 
-    wait_until(both_arrived, 30, "three dead letters")
+    wait_until(both_arrived, 30, "four dead letters")
     consumer.close()
     rows = contents(sink, upstream.frontier)
-    assert ("late", 1) not in rows and ("other", 1) not in rows
+    assert ("late", 1) not in rows and ("other", 1) not in rows and ("big", 0) not in rows
 
     # A foreign writer's junk, appended at the shard's upper, is corrected on the next tick.
     upper = sink.shard.upper().time or 0

@@ -10,7 +10,14 @@ from mvsink.core import codec
 from mvsink.core.errors import ContractError, DecodeError
 from mvsink.core.messages import UpdatesArrow
 from mvsink.core.rows import parse_row_schema
-from mvsink.core.updates import describe_ipc, normalize_updates, updates_from_ipc, updates_to_ipc
+from mvsink.core.updates import (
+    MAX_RECORD_BYTES,
+    describe_ipc,
+    ipc_decoded_size,
+    normalize_updates,
+    updates_from_ipc,
+    updates_to_ipc,
+)
 
 SCHEMA = parse_row_schema("key string not null, value long")
 
@@ -99,9 +106,10 @@ def test_whatever_reading_a_payload_raises_is_a_decode_error(
     def bomb(_: object) -> object:
         raise MemoryError("a decompression bomb")
 
+    payload = updates_to_ipc(normalize_updates(_table(), SCHEMA))
     monkeypatch.setattr(pa.ipc, "open_stream", bomb)
     with pytest.raises(DecodeError, match="decompression bomb"):
-        updates_from_ipc(b"anything", SCHEMA)
+        updates_from_ipc(payload, SCHEMA)
 
 
 def test_every_failure_to_decode_a_desired_record_is_a_decode_error(
@@ -123,3 +131,68 @@ def test_every_failure_to_decode_a_desired_record_is_a_decode_error(
     monkeypatch.setattr(desired, "updates_from_ipc", broken)
     with pytest.raises(DecodeError, match="does not decode: KeyError"):
         desired.decode_desired(Message(), SCHEMA, updates_decoder(SCHEMA), None, OWN)  # type: ignore[arg-type]
+
+
+def _stream(table: pa.Table, compression: str | None, batches: int = 1) -> bytes:
+    sink = pa.BufferOutputStream()
+    options = pa.ipc.IpcWriteOptions(compression=compression)
+    with pa.ipc.new_stream(sink, table.schema, options=options) as writer:
+        step = -(-table.num_rows // batches)
+        for start in range(0, table.num_rows, step):
+            writer.write_table(table.slice(start, step))
+    return bytes(sink.getvalue())
+
+
+@pytest.mark.parametrize("compression", [None, "lz4", "zstd"])
+@pytest.mark.parametrize("batches", [1, 3])
+def test_the_decoded_size_is_read_from_the_metadata_without_decoding(
+    compression: str | None, batches: int
+) -> None:
+    """Rows and bytes from the messages' metadata, dictionary batches and nulls included, as
+    large as the batches Arrow then decodes (their buffers, padded to 8 bytes)."""
+    n = 30_000
+    table = pa.table(
+        {
+            "key": pa.array([f"k{i % 7}" for i in range(n)]).dictionary_encode(),
+            "value": pa.array([None if i % 3 else i for i in range(n)], pa.int64()),
+            "_time": pa.array([5] * n, pa.int64()),
+        }
+    )
+    payload = _stream(table, compression, batches)
+    rows, size = ipc_decoded_size(payload)
+    decoded = pa.ipc.open_stream(payload).read_all()
+    assert rows == n + 7  # the dictionary's rows count too
+    # each chunk of the table counts the dictionary again; the stream holds it once
+    assert abs(size - decoded.nbytes) <= 0.001 * decoded.nbytes, (size, decoded.nbytes)
+
+
+def test_a_decompression_bomb_is_refused_before_anything_is_decompressed() -> None:
+    """A few kilobytes of zstd standing for 320 MB of zeros: refused naming its sizes and the
+    setting, with nothing allocated for it; the same payload under a larger limit decodes."""
+    import numpy as np
+
+    zeros = pa.table({"_time": pa.array(np.zeros(40_000_000, dtype=np.int64))})
+    bomb = _stream(zeros, "zstd")
+    del zeros
+    assert len(bomb) < 100_000
+    before = pa.total_allocated_bytes()
+    with pytest.raises(DecodeError, match=r"decodes to 320,000,000 bytes \(40,000,000 rows\)"):
+        updates_from_ipc(bomb, SCHEMA)
+    assert pa.total_allocated_bytes() - before < 1_000_000
+    assert describe_ipc(bomb) == (
+        f"<{len(bomb):,} bytes decoding to 320,000,000 bytes (40,000,000 rows): not decoded>"
+    )
+    assert MAX_RECORD_BYTES < 320_000_000
+    with pytest.raises(DecodeError, match="max_record_bytes"):
+        updates_from_ipc(bomb, SCHEMA, max_bytes=100)
+    # under a limit it passes the size check, and fails only on what it is (no key column)
+    with pytest.raises(DecodeError, match="does not fit the sink's rows"):
+        updates_from_ipc(bomb, SCHEMA, max_bytes=400_000_000)
+
+
+@pytest.mark.parametrize("cut", ["truncated", "garbage"])
+def test_metadata_that_does_not_parse_is_a_decode_error(cut: str) -> None:
+    payload = updates_to_ipc(normalize_updates(_table(), SCHEMA))
+    payload = payload[: len(payload) // 2] if cut == "truncated" else b"\xff" * 4 + b"\x10" * 20
+    with pytest.raises(DecodeError, match="not an Arrow IPC stream"):
+        ipc_decoded_size(payload)
