@@ -40,6 +40,7 @@ from typing import Any
 from mvsink.core.errors import ConfigError, ContractError
 from mvsink.core.partitioning import KNOWN as KNOWN_PARTITIONINGS
 from mvsink.core.settings import CompactionPolicy, S3Settings, Secret, Timing
+from mvsink.core.updates import MAX_RECORD_BYTES
 from mvsink.io import registry
 
 __all__ = [
@@ -293,6 +294,9 @@ class Config:
     retain_history: int                     = _row("sink",    "retain_history",      "MVSINK_RETAIN_HISTORY",        0, _int,
             "times (not seconds) of history the shard keeps: `since` trails the upper by this (or a "
             "reader lease); >= 0", _at_least(0))
+    max_record_bytes: int                   = _row("sink",    "max_record_bytes",    "MVSINK_MAX_RECORD_BYTES",      MAX_RECORD_BYTES, _int,
+            "the most bytes one desired record may decode to; a larger one is dead-lettered with "
+            "its size, checked before it is decompressed (Arrow IPC); >= 1", _at_least(1))
     desired_trim_interval: float            = _row("sink",   "trim_interval",       "MVSINK_DESIRED_TRIM_INTERVAL", 30.0, float,
             "s, how often the write service deletes the desired records below its partitions' older "
             "kept checkpoint (0: never)")
@@ -370,7 +374,8 @@ class Config:
     shard_request_timeout: float            = _row("shard",  "request_timeout",     "MVSINK_SHARD_REQUEST_TIMEOUT", _TIMING.request_timeout, float,
             "s, the read timeout of a conditional create on S3")
     compaction: bool                        = _row("shard",   "compaction",          "MVSINK_SHARD_COMPACTION",      True, _bool,
-            "whether the write service compacts the shard and collects its garbage")
+            "whether the write service merges the shard's batches (its garbage is collected "
+            "either way, by read-only replicas too)")
     compaction_max_batches: int             = _row("shard", "max_batches",         "MVSINK_SHARD_MAX_BATCHES",     _POLICY.max_batches, _int,
             "merge when the shard has more live batches than this; >= 2")
     compaction_max_amplification: float     = _row("shard", "max_amplification", "MVSINK_SHARD_MAX_AMPLIFICATION", _POLICY.max_amplification, float,

@@ -9,9 +9,13 @@
                                                                   sweep every min_grace
 ```
 
-Only the driver owning desired partition 0 compacts, so one compactor runs per sink replica;
-two replicas on one shard (or an operator's `mvsink shard compact`) are safe: a merge whose
-inputs another one took is refused and its outputs deleted. Merging and collecting garbage fail
+Only the driver owning desired partition 0 runs it, so one compactor runs per sink replica. It
+collects garbage in every replica, read-only ones and those with `[shard] compaction` off
+included: the state log's bound (each lease renewal and hold move is a version) must not depend
+on which replica merges, nor on whether any does. It merges only in a writing replica with
+compaction on (`merging`). Two replicas on one shard (or an operator's `mvsink shard compact`)
+are safe: a merge whose inputs another one took is refused and its outputs deleted, and a
+version another collector pruned meanwhile ends a collection early. Merging and collecting garbage fail
 apart (a merge that keeps failing, e.g. a lost Spark job, does not stop the deletion of what
 earlier merges replaced). The thread never stops the driver: an unavailable S3 is logged once
 when it starts failing and once when it recovers.
@@ -69,8 +73,10 @@ class Compactor:
         # wait behind it; the driver's idle-priority threads give the cores up at once instead.
         local = spark is None or str(spark.sparkContext.master).startswith("local")
         self.large = None if local else spark_runner(spark)
-        #: Set while this driver owns desired partition 0.
+        #: Set while this driver owns desired partition 0: garbage is collected.
         self.enabled = threading.Event()
+        #: Set while the replica writes and `[shard] compaction` is on: batches are merged too.
+        self.merging = threading.Event()
         self._kick = threading.Event()
         self._stopping = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="compactor", daemon=True)
@@ -98,7 +104,8 @@ class Compactor:
             self._kick.clear()
             if not self.enabled.is_set() or self._stopping.is_set():
                 continue
-            self._attempt("compaction", self.merge)
+            if self.merging.is_set():
+                self._attempt("compaction", self.merge)
             self._attempt("garbage collection", self.collect)
 
     def _attempt(self, what: str, step: Callable[[], None]) -> None:

@@ -158,7 +158,9 @@ def plan(
             if message is None:
                 continue
             try:
-                decoded = decode_desired(message, row_schema, decode_rows, None, framing)
+                decoded = decode_desired(
+                    message, row_schema, decode_rows, None, framing, config.max_record_bytes
+                )
             except DecodeError:
                 continue  # the write tasks quarantine it too
             offset = int(message.offset() or 0)

@@ -82,7 +82,17 @@ from services.write.chain import (
 )
 from services.write.compactor import Compactor
 from services.write.resident import Crew
-from services.write.state import Gone, Keep, Outdated, Ran, StageJob, WriteState, is_stale
+from services.write.state import (
+    Gone,
+    HoldTarget,
+    Keep,
+    Outdated,
+    Ran,
+    StageJob,
+    WriteState,
+    is_stale,
+    lease_due,
+)
 from services.write.task import SinkSpec, StepResult, StepSpec, one_shot, warm_up
 
 log = logging.getLogger("mvsink.write")
@@ -159,10 +169,11 @@ class WriteShell:
             as_of=config.as_of,
             writer_id=self.writer_id,
             schema_registry_url=config.schema_registry_url,
+            max_record_bytes=config.max_record_bytes,
         )
         #: The lease keeper's own handle, and what it holds (`_hold_target`, set by the loop).
         self.lease_shard = open_shard(config.shard_id, None, config.s3, config.shard_timing())
-        self.target: tuple[Frontier | None, dict[str, Frontier]] = (None, {})
+        self.target: HoldTarget = (None, {})
         self.lease_stop = threading.Event()
         self.spark: Any = None
         self.compactor: Compactor | None = None
@@ -208,18 +219,23 @@ class WriteShell:
         log.info("desired partitions revoked: %s", sorted(tp.partition for tp in partitions))
 
     def _lead_compaction(self) -> None:
-        """The driver owning desired partition 0 compacts the shard (one per sink replica),
-        unless read-only: merges write data."""
+        """The driver owning desired partition 0 collects the shard's garbage (one per sink
+        replica, read-only or not), and merges its batches unless read-only (merges write
+        data) or `[shard] compaction` is off."""
         if self.compactor is None:
             return
-        if 0 in self.chains.owned and not self.state.read_only:
-            self.compactor.enabled.set()
-        else:
-            self.compactor.enabled.clear()
+        for event, on in (
+            (self.compactor.enabled, 0 in self.chains.owned),
+            (self.compactor.merging, self.config.compaction and not self.state.read_only),
+        ):
+            if on:
+                event.set()
+            else:
+                event.clear()
 
     # -- the reader lease ---------------------------------------------------------------------
 
-    def _hold_target(self) -> tuple[Frontier | None, dict[str, Frontier]]:
+    def _hold_target(self) -> HoldTarget:
         """Where this driver's lease holds `since`: the least upper its partitions' durable
         checkpoints have folded (the tasks read the shard's changes from there, or from a fold
         in memory past it, which merges keep distinct only at or after `since`), None (where it
@@ -230,11 +246,11 @@ class WriteShell:
         hold, holds = self.chains.hold_target()
         return hold, {checkpoint.holder_id(self.config.sink_id, p): f for p, f in holds.items()}
 
-    def _hold(self) -> bool:
-        """Renew the lease and move the holds to `self.target` (one version); whether it
-        worked. Runs on the lease keeper's thread with its own shard handle, never waiting
-        for a step: a step that runs longer than the lease must not let it lapse."""
-        hold, holds = self.target
+    def _hold(self, target: HoldTarget | None = None) -> bool:
+        """Renew the lease and move the holds to `target` (default `self.target`; one version);
+        whether it worked. Runs on the lease keeper's thread with its own shard handle, never
+        waiting for a step: a step that runs longer than the lease must not let it lapse."""
+        hold, holds = self.target if target is None else target
         try:
             try:
                 self.lease_shard.lease(self.writer_id, hold, holds=holds)
@@ -249,12 +265,21 @@ class WriteShell:
         return True
 
     def _keep_lease(self) -> None:
-        """The lease keeper: `_hold` every `HOLD_INTERVAL` (at most a third of the lease), every
-        second after a failure, until the driver stops."""
-        interval = min(HOLD_INTERVAL, self.config.shard_reader_lease / 3)
-        delay = interval
+        """The lease keeper: every `HOLD_INTERVAL` (at most a third of the lease) it `_hold`s
+        when `lease_due` (the target moved, or a third of the lease passed since the last
+        version it wrote), every second after a failure, until the driver stops. An idle
+        driver writes a version a third of a lease, not a second."""
+        lease = self.config.shard_reader_lease
+        interval = min(HOLD_INTERVAL, lease / 3)
+        delay, last = interval, None
         while not self.lease_stop.wait(delay):
-            delay = interval if self._hold() else 1.0
+            target, now = self.target, self.clock.monotonic()
+            if not lease_due(last, target, now, lease):
+                delay = interval
+            elif self._hold(target):
+                delay, last = interval, (target, now)
+            else:
+                delay = 1.0
 
     def _latest_checkpoint(self, partition: int) -> int:
         return self.checkpoints.latest(self.config.sink_id, partition)
@@ -401,9 +426,8 @@ class WriteShell:
         owner: Consumer | None = None
         follow: list[Reader] = []
         try:  # everything from here is released on the way out, however it fails
-            if self.config.compaction:
-                self.compactor = Compactor(self.config, self.writer_id, self.spark)
-                self.compactor.start()
+            self.compactor = Compactor(self.config, self.writer_id, self.spark)
+            self.compactor.start()
             self._warm_up()
             if self.config.spark_residents:
                 self.crew = Crew(self.spark, driver_host(self.config.spark_driver_host))

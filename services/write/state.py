@@ -344,3 +344,19 @@ class WriteState:
         if self.batch_description == job.desc:
             self.staged |= set(partitions)
             self.trace(f"staged partitions {list(partitions)} for {job.desc}")
+
+
+#: Where a driver's reader lease holds `since` (None: where it is) and each owned partition's
+#: critical hold, by holder id (`WriteShell._hold_target`).
+HoldTarget = tuple[Frontier | None, dict[str, Frontier]]
+
+
+def lease_due(
+    last: tuple[HoldTarget, float] | None, target: HoldTarget, now: float, lease: float
+) -> bool:
+    """Whether the lease keeper writes a version now, given the `target` and time of the last
+    one it wrote (`last`, None before the first): when the target moved, or when a third of
+    the `lease` has passed since (renewed with two thirds to spare). A keeper paused for longer
+    than those two thirds lets the lease lapse; the critical holds never lapse, and the next
+    version takes the lease again (`WriteShell._hold`)."""
+    return last is None or last[0] != target or now - last[1] >= lease / 3

@@ -364,6 +364,7 @@ def test_the_compactor_collects_garbage_while_its_merges_fail(
     )
     thread = module.Compactor(config, "w", None)
     thread.enabled.set()
+    thread.merging.set()
     thread.start()
     try:
         deadline = time.monotonic() + 20

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import BatchDescription, BatchId
-from services.write.state import StageJob, WriteState
+from services.write.state import HoldTarget, StageJob, WriteState, lease_due
 
 F = Frontier.at
 
@@ -106,3 +108,21 @@ def test_maybe_restage_stages_again_once_the_batch_outlived_the_bound_unappended
     state.batch_staged(job, (0, 1), now=221.0)
     state.advance_persist_frontier(F(5))  # appended: the description is done
     assert state.maybe_restage(300.0, 10.0) is False and state.staged_at == 221.0
+
+
+@pytest.mark.parametrize(
+    ("last", "target", "now", "due"),
+    [
+        (None, (None, {}), 0.0, True),  # the first version
+        (((F(3), {"h": F(3)}), 10.0), (F(3), {"h": F(3)}), 11.0, False),  # unchanged, renewed
+        (((F(3), {"h": F(3)}), 10.0), (F(4), {"h": F(3)}), 11.0, True),  # the lease moved
+        (((F(3), {"h": F(3)}), 10.0), (F(3), {"h": F(4)}), 10.5, True),  # a hold moved
+        (((F(3), {"h": F(3)}), 10.0), (F(3), {"h": F(3), "i": F(0)}), 10.5, True),  # a new hold
+        (((F(3), {"h": F(3)}), 10.0), (F(3), {"h": F(3)}), 39.9, False),  # within a third
+        (((F(3), {"h": F(3)}), 10.0), (F(3), {"h": F(3)}), 40.0, True),  # a third of 90 s
+    ],
+)
+def test_the_lease_is_written_when_it_moves_or_a_third_of_it_passed(
+    last: tuple[HoldTarget, float] | None, target: HoldTarget, now: float, due: bool
+) -> None:
+    assert lease_due(last, target, now, 90.0) is due

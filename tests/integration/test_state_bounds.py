@@ -1,0 +1,75 @@
+"""The shard's state log stays bounded whichever replica runs: a writing replica with
+`[shard] compaction = false` and a read-only standby on its shard (the two setups where nothing
+collected garbage), under ticks and then the standby alone, idle. Bounds compressed to seconds
+(`Timing`), so the minute here stands for hours of the defaults."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from sinkkit import Service, Sink, Upstream, converged, start, wait_until
+
+from mvsink.io.config import S3Settings
+
+pytestmark = pytest.mark.integration
+
+#: Versions pruned 6 s after their successor, leases renewed every 2 s when idle.
+BOUNDS = {
+    "MVSINK_SHARD_MAX_ATTEMPT_AGE": "2",
+    "MVSINK_SHARD_MAX_PART_AGE": "4",
+    "MVSINK_SHARD_MIN_GRACE": "8",
+    "MVSINK_SHARD_PART_GRACE": "2",
+    "MVSINK_SHARD_VERSION_GRACE": "6",
+    "MVSINK_SHARD_REQUEST_TIMEOUT": "2",
+    "MVSINK_SHARD_READER_LEASE": "6",
+}
+
+
+def retained(sink: Sink) -> int:
+    """How many state versions the shard's log holds now (as `mvsink shard show` counts)."""
+    return len(sink.shard.retained_seqnos())
+
+
+def test_a_standby_and_a_sink_without_compaction_keep_the_state_log_flat(
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, procs: list[Service]
+) -> None:
+    writing = Sink.create(kafka_bootstrap, s3_settings, tmp_path / "writing")
+    standby = Sink.create(
+        kafka_bootstrap,
+        s3_settings,
+        tmp_path / "standby",
+        shard_id=writing.config.shard_id,
+        frontiers=writing.config.topics.frontiers,
+    )
+    off = {**BOUNDS, "MVSINK_SHARD_COMPACTION": "false"}
+    services = [start(procs, writing, name, **off) for name in ("mint", "write", "append")]
+    start(procs, standby, "write", "-standby", **BOUNDS, MVSINK_READ_ONLY="true")
+    upstreams = [Upstream(writing), Upstream(standby)]
+    samples = []
+    for _ in range(30):
+        for upstream in upstreams:
+            upstream.tick()
+        wait_until(lambda: converged(writing, upstreams[0]), 120, "convergence")
+        samples.append(retained(writing))
+    written = writing.shard.state().seqno + 1
+    print(f"ticking: {written} versions written, retained after each tick {samples}")
+    # Without a collector every version written stays; here the log holds about what
+    # `version_grace` of ticks writes, and stops growing with the ticks.
+    assert samples[-1] <= written / 2, (samples, written)
+    assert max(samples[20:]) <= max(samples[10:20]) + 8, samples
+
+    for service in services:
+        assert service.stop() == 0
+    # The standby alone and idle: its lease renewed every third of the lease (2 s), not every
+    # second, and what it writes pruned by its own collector.
+    seqno, before, idle = writing.shard.state().seqno, retained(writing), []
+    started = time.monotonic()
+    for _ in range(8):
+        time.sleep(2)
+        idle.append(retained(writing))
+    renewals, elapsed = writing.shard.state().seqno - seqno, time.monotonic() - started
+    print(f"standby alone {elapsed:.0f}s: {renewals} versions written, retained {before} {idle}")
+    assert 2 <= renewals <= elapsed / 2 + 2, renewals
+    assert max(idle[4:]) <= before + 2, (before, idle)
