@@ -59,6 +59,18 @@ SCRIPTS = {
 }
 
 
+#: Shard bounds of seconds, short enough to pause past or to see many of pass in a test, in
+#: the order `mvsink.core.settings.Timing` checks.
+SHORT_BOUNDS = {
+    "MVSINK_SHARD_MAX_ATTEMPT_AGE": "2",
+    "MVSINK_SHARD_MAX_PART_AGE": "4",
+    "MVSINK_SHARD_MIN_GRACE": "8",
+    "MVSINK_SHARD_PART_GRACE": "2",
+    "MVSINK_SHARD_VERSION_GRACE": "6",
+    "MVSINK_SHARD_REQUEST_TIMEOUT": "2",
+}
+
+
 def compose_check(service: str) -> list[str]:
     """The healthcheck command of `service` in the compose file, without its `CMD`."""
     compose = yaml.safe_load((REPO_ROOT / "docker-compose.yaml").read_text())
@@ -164,6 +176,13 @@ class Sink:
         )
         provision(config)
         return cls(config, open_shard(config.shard_id, None, s3), logs)
+
+    def replica(self, logs: Path) -> Sink:
+        """Another replica of this sink: its own topics, on this one's shard and `frontiers`."""
+        c = self.config
+        return Sink.create(
+            c.kafka_bootstrap, c.s3, logs, shard_id=c.shard_id, frontiers=c.topics.frontiers
+        )
 
     def env(self, **extra: str) -> dict[str, str]:
         """The environment of a service process of this sink."""

@@ -277,13 +277,7 @@ def test_a_write_service_away_longer_than_its_lease_continues_from_its_checkpoin
     a rebuild would need deleted records) and the shard equals both replicas' desired."""
     lease = {"MVSINK_SHARD_READER_LEASE": "4"}
     first = Sink.create(kafka_bootstrap, s3_settings, tmp_path / "a")
-    second = Sink.create(
-        kafka_bootstrap,
-        s3_settings,
-        tmp_path / "b",
-        shard_id=first.config.shard_id,
-        frontiers=first.config.topics.frontiers,
-    )
+    second = first.replica(tmp_path / "b")
     writes = {}
     for replica in (first, second):
         for name in ("mint", "write", "append"):

@@ -19,6 +19,7 @@ import pytest
 from confluent_kafka import Producer
 from sinkkit import (
     BENCH,
+    SHORT_BOUNDS,
     Service,
     Sink,
     Upstream,
@@ -120,13 +121,7 @@ def test_two_complete_replicas_racing_on_one_shard(
     kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, procs: list[Service]
 ) -> None:
     first = Sink.create(kafka_bootstrap, s3_settings, tmp_path / "a")
-    second = Sink.create(
-        kafka_bootstrap,
-        s3_settings,
-        tmp_path / "b",
-        shard_id=first.config.shard_id,
-        frontiers=first.config.topics.frontiers,
-    )
+    second = first.replica(tmp_path / "b")
     for replica in (first, second):
         for name in ("mint", "write", "append"):
             start(procs, replica, name, f"-{replica.config.sink_id}")
@@ -190,17 +185,6 @@ def test_kill_9_of_each_service_then_restart_converges_without_leaks(
     assert merges > 0, "compaction never ran"
 
 
-#: Bounds short enough to pause past (`mvsink.core.settings.Timing` checks their order).
-PAUSE_SHARD = {
-    "MVSINK_SHARD_MAX_ATTEMPT_AGE": "2",
-    "MVSINK_SHARD_MAX_PART_AGE": "4",
-    "MVSINK_SHARD_MIN_GRACE": "8",
-    "MVSINK_SHARD_PART_GRACE": "2",
-    "MVSINK_SHARD_VERSION_GRACE": "6",
-    "MVSINK_SHARD_REQUEST_TIMEOUT": "2",
-}
-
-
 def _stop_inside(
     service: Service, inside: Callable[[str], bool], tick: Callable[[], object], attempts: int = 400
 ) -> str:
@@ -236,8 +220,8 @@ def test_append_paused_between_its_age_check_and_its_commit_while_the_sweeper_ru
     resumed, its commit is refused (the state's sweep horizon), the batch is staged again,
     and the sink converges: nothing lost, no live part missing, the upper not stuck."""
     for name in ("mint", "write"):
-        start(procs, sink, name, **PAUSE_SHARD)
-    append = start(procs, sink, "append", **PAUSE_SHARD)
+        start(procs, sink, name, **SHORT_BOUNDS)
+    append = start(procs, sink, "append", **SHORT_BOUNDS)
     upstream = Upstream(sink)
     upstream.tick()
     wait_until(lambda: converged(sink, upstream), 120, "convergence")

@@ -9,22 +9,13 @@ import time
 from pathlib import Path
 
 import pytest
-from sinkkit import Service, Sink, Upstream, converged, start, wait_until
+from sinkkit import SHORT_BOUNDS, Service, Sink, Upstream, converged, start, wait_until
 
 from mvsink.io.config import S3Settings
 
 pytestmark = pytest.mark.integration
-
-#: Versions pruned 6 s after their successor, leases renewed every 2 s when idle.
-BOUNDS = {
-    "MVSINK_SHARD_MAX_ATTEMPT_AGE": "2",
-    "MVSINK_SHARD_MAX_PART_AGE": "4",
-    "MVSINK_SHARD_MIN_GRACE": "8",
-    "MVSINK_SHARD_PART_GRACE": "2",
-    "MVSINK_SHARD_VERSION_GRACE": "6",
-    "MVSINK_SHARD_REQUEST_TIMEOUT": "2",
-    "MVSINK_SHARD_READER_LEASE": "6",
-}
+#: `SHORT_BOUNDS`, and a reader lease renewed every 2 s when idle.
+BOUNDS = {**SHORT_BOUNDS, "MVSINK_SHARD_READER_LEASE": "6"}
 
 
 def retained(sink: Sink) -> int:
@@ -36,13 +27,7 @@ def test_a_standby_and_a_sink_without_compaction_keep_the_state_log_flat(
     kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, procs: list[Service]
 ) -> None:
     writing = Sink.create(kafka_bootstrap, s3_settings, tmp_path / "writing")
-    standby = Sink.create(
-        kafka_bootstrap,
-        s3_settings,
-        tmp_path / "standby",
-        shard_id=writing.config.shard_id,
-        frontiers=writing.config.topics.frontiers,
-    )
+    standby = writing.replica(tmp_path / "standby")
     off = {**BOUNDS, "MVSINK_SHARD_COMPACTION": "false"}
     services = [start(procs, writing, name, **off) for name in ("mint", "write", "append")]
     start(procs, standby, "write", "-standby", **BOUNDS, MVSINK_READ_ONLY="true")
