@@ -227,19 +227,28 @@ def _summary(doc: str) -> str:
     return head
 
 
+def probe_store(config: Config, name: str) -> None:
+    """What a service that writes to object storage does first, once its own configuration
+    checked out: make sure the store honours conditional writes (`probe_conditional_writes`
+    at `probes/<name>-<nonce>`), which its compare-and-sets rest on. Run at every start of
+    the body: an unavailable store is an outage like any other.
+
+    Raises:
+        ConditionalWritesIgnored: the store wrote where a condition should have refused (exit 2).
+    """
+    probe_conditional_writes(config.s3, f"probes/{name}-{uuid.uuid4().hex}")
+
+
 def run_service(
     name: str,
     body: Callable[[Config, Stopping], int],
     doc: str | None = None,
     argv: list[str] | None = None,
     endpoints: Callable[[], Mapping[str, Any]] | None = None,
-    writes: bool = False,
 ) -> int:
     """Parse the command line (`service_parser`), load the configuration (with the values
     `endpoints` gives, `load_config`'s source 2: the entry point passes the embedded stack's),
-    set up logging, signals and metrics, run `body`. A service that `writes` to object storage
-    first checks that it honours conditional writes (`probe_conditional_writes` at
-    `probes/<name>-<nonce>`; exit 2 if not)."""
+    set up logging, signals and metrics, run `body`."""
     args = service_parser(name, doc).parse_args(argv)
     try:
         config = load_config(args.config, endpoints=endpoints() if endpoints else None)
@@ -252,16 +261,12 @@ def run_service(
     stopping.install()
     log = logging.getLogger("mvsink")
     backoff = Backoff()
-    probed = not writes
     try:
         serve_metrics(config, health)
         health.start()
         while True:
             started = time.monotonic()
             try:
-                if not probed:  # an unavailable store is an outage like any other
-                    probe_conditional_writes(config.s3, f"probes/{name}-{uuid.uuid4().hex}")
-                    probed = True
                 return body(config, stopping)
             except Exception as error:
                 if not transient(error):

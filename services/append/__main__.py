@@ -7,6 +7,4 @@ from mvsink.io.service import run_service
 from mvsink.stack.state import stack_endpoints
 from services.append.shell import run
 
-sys.exit(
-    run_service("append", run, services.append.__doc__, endpoints=stack_endpoints, writes=True)
-)
+sys.exit(run_service("append", run, services.append.__doc__, endpoints=stack_endpoints))

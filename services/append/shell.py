@@ -38,7 +38,7 @@ from mvsink.io.kafka import (
     produce,
     tail_consumer,
 )
-from mvsink.io.service import Stopping
+from mvsink.io.service import Stopping, probe_store
 from mvsink.shard import Appended, IndefiniteAppend, PartTooOld, Shard, UpperMismatch, open_shard
 from mvsink.tools.provision import ensure_retention
 from services.append.state import Append, AppendOutcome, AppendState, Command, DeleteStaged, TooOld
@@ -281,4 +281,5 @@ class AppendShell:
 
 def run(config: Config, stopping: Stopping) -> int:
     """Entry point body for `python -m services.append`."""
+    probe_store(config, "append")
     return AppendShell(config, stopping).run()

@@ -40,7 +40,7 @@ from mvsink.io.config import Config, Topics
 from mvsink.io.ct_definition import Definition, load_definition
 from mvsink.io.kafka import Reader, TopicSpec, drain, ensure_topics, tail_consumer
 from mvsink.io.registry import Framing
-from mvsink.io.service import Stopping, writer_identity
+from mvsink.io.service import Stopping, probe_store, writer_identity
 from mvsink.shard import AsOfBeforeSince, IndefiniteAppend, PartGone, Shard, open_shard
 from services.ct.logic import consolidate, run_logic
 from services.ct.sink import truncating_compare_and_append
@@ -425,6 +425,7 @@ def run(config: Config, stopping: Stopping) -> int:
     if not config.ct_task:
         raise ConfigError("no continual task: set [ct] task or MVSINK_CT_TASK to its definition")
     definition = load_definition(config.ct_task)
+    probe_store(config, "ct")
     spark = spark_session(f"mvsink-ct-{definition.name}", shuffle_partitions=2, config=config)
     task = ContinualTask(
         definition,

@@ -7,4 +7,4 @@ from mvsink.io.service import run_service
 from mvsink.stack.state import stack_endpoints
 from services.write.shell import run
 
-sys.exit(run_service("write", run, services.write.__doc__, endpoints=stack_endpoints, writes=True))
+sys.exit(run_service("write", run, services.write.__doc__, endpoints=stack_endpoints))

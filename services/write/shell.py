@@ -63,7 +63,7 @@ from mvsink.io.kafka import (
     tail_consumer,
     topic_configs,
 )
-from mvsink.io.service import Stopping, writer_identity
+from mvsink.io.service import Stopping, probe_store, writer_identity
 from mvsink.io.spark import driver_host, live_executors, run_pinned, task_slots
 from mvsink.shard import AsOfBeforeSince, Shard, open_shard
 from mvsink.shard.blob import SYSTEM, Clock
@@ -748,4 +748,5 @@ def slowest_steps(results: list[StepResult]) -> dict[str, float]:
 
 def run(config: Config, stopping: Stopping) -> int:
     """Entry point body for `python -m services.write`."""
+    probe_store(config, "write")
     return WriteShell(config, stopping).run()

@@ -170,6 +170,7 @@ def fold_desired(
         why: str = "",
         readers: Any = None,
         framing: Any = None,
+        max_bytes: int = 0,
     ) -> int:
         if until is not None and until.less_equal(state.desired_frontier):
             return 0
