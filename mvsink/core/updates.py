@@ -88,6 +88,10 @@ def updates_to_ipc(table: pa.Table, compression: str | None = "lz4") -> bytes:
 MAX_RECORD_BYTES = 256 * 1024 * 1024
 
 
+#: What the flatbuffer readers below read from: bytes, or a view of an Arrow buffer.
+Bytes = bytes | memoryview
+
+
 def ipc_decoded_size(ipc: bytes) -> tuple[int, int]:
     """The rows and bytes the record and dictionary batches of Arrow IPC stream `ipc` decode
     to, read from each message's metadata and the uncompressed length Arrow writes before each
@@ -106,9 +110,10 @@ def ipc_decoded_size(ipc: bytes) -> tuple[int, int]:
                 break
             if message.type not in ("record batch", "dictionary"):
                 continue
-            body = b"" if message.body is None else message.body.to_pybytes()
+            # Read in place: the body is most of the record, and this runs on every one.
+            body = b"" if message.body is None else memoryview(message.body)
             batch_rows, batch_size = _batch_size(
-                message.metadata.to_pybytes(), body, message.type == "dictionary"
+                memoryview(message.metadata), body, message.type == "dictionary"
             )
             rows, size = rows + batch_rows, size + batch_size
     except (pa.ArrowException, OSError, struct.error, IndexError, ValueError) as error:
@@ -116,7 +121,7 @@ def ipc_decoded_size(ipc: bytes) -> tuple[int, int]:
     return rows, size
 
 
-def _batch_size(meta: bytes, body: bytes, dictionary: bool) -> tuple[int, int]:
+def _batch_size(meta: Bytes, body: Bytes, dictionary: bool) -> tuple[int, int]:
     """Rows and decoded bytes of one IPC message (its flatbuffer `Message` `meta`, and `body`):
     `Message.header` is a `RecordBatch` (or a `DictionaryBatch` whose `data` is one), with its
     row count `length`, its `buffers` (offset, length) in the body and, when compressed, each
@@ -141,12 +146,12 @@ def _batch_size(meta: bytes, body: bytes, dictionary: bool) -> tuple[int, int]:
     return rows, size
 
 
-def _root(buf: bytes) -> int:
+def _root(buf: Bytes) -> int:
     """Where a flatbuffer's root table starts."""
     return int(struct.unpack_from("<I", buf, 0)[0])
 
 
-def _field(buf: bytes, table: int, index: int) -> int | None:
+def _field(buf: Bytes, table: int, index: int) -> int | None:
     """Where field `index` of the flatbuffer table at `table` is stored, None if absent."""
     vtable = table - struct.unpack_from("<i", buf, table)[0]
     slot = 4 + 2 * index
@@ -156,7 +161,7 @@ def _field(buf: bytes, table: int, index: int) -> int | None:
     return None if offset == 0 else table + offset
 
 
-def _field_table(buf: bytes, table: int, index: int) -> int:
+def _field_table(buf: Bytes, table: int, index: int) -> int:
     """The table field `index` of the table at `table` refers to."""
     at = _field(buf, table, index)
     if at is None:

@@ -255,7 +255,11 @@ def topic_configs(bootstrap: str, topic: str, timeout: float = 30.0) -> dict[str
     Raises:
         KafkaException: the broker refused or did not answer.
     """
-    admin = AdminClient(client_config(bootstrap))
+    return _described(AdminClient(client_config(bootstrap)), topic, timeout)
+
+
+def _described(admin: AdminClient, topic: str, timeout: float) -> dict[str, str]:
+    """`topic`'s configuration, each setting's value by name, as `admin` is told it."""
     resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
     described = admin.describe_configs([resource])[resource].result(timeout)
     return {name: entry.value for name, entry in described.items()}
@@ -280,11 +284,11 @@ def _enforce_configs(admin: AdminClient, specs: list[TopicSpec], timeout: float)
     for spec in specs:
         if not spec.enforced or not spec.config:
             continue
-        resource = ConfigResource(ConfigResource.Type.TOPIC, spec.name)
-        current = admin.describe_configs([resource])[resource].result(timeout)
-        differ = {k: v for k, v in spec.config.items() if k not in current or current[k].value != v}
+        current = _described(admin, spec.name, timeout)
+        differ = {k: v for k, v in spec.config.items() if current.get(k) != v}
         if not differ:
             continue
+        resource = ConfigResource(ConfigResource.Type.TOPIC, spec.name)
         for key, value in differ.items():
             resource.add_incremental_config(
                 ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)
@@ -294,7 +298,7 @@ def _enforce_configs(admin: AdminClient, specs: list[TopicSpec], timeout: float)
             "topic %s: set %s (was %s)",
             spec.name,
             differ,
-            {k: current[k].value if k in current else None for k in differ},
+            {k: current.get(k) for k in differ},
         )
 
 

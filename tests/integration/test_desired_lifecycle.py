@@ -223,9 +223,10 @@ def set_cleanup_policy(sink: Sink, policy: str) -> None:
 def test_a_desired_topic_made_compacted_is_refused_until_provisioning_sets_it_back(
     sink: Sink, procs: list[Service]
 ) -> None:
-    """Desired switched to `cleanup.policy=compact` while the sink runs (the log cleaner would
-    keep one record a partition): the write service folds and stages nothing, is not ready and
-    says which setting and how to fix it, and the shard stays as it was while desired moves on;
+    """Desired switched to `cleanup.policy=compact` while the sink's write service is paused for
+    longer than its check interval (the log cleaner would keep one record a partition): resumed,
+    it folds and stages nothing, is not ready and says which setting and how to fix it, and the
+    shard stays as it was while desired moves on;
     `mvsink provision` sets the policy back, and the sink converges again."""
     (port,) = free_ports(1)
     c = sink.config
@@ -236,16 +237,24 @@ def test_a_desired_topic_made_compacted_is_refused_until_provisioning_sets_it_ba
     upstream = Upstream(sink)
     tick_and_check(sink, upstream, 1, "the first tick")
 
-    set_cleanup_policy(sink, "compact")
+    # The driver is paused (SIGSTOP) while the policy changes and the next tick's description
+    # is minted, for longer than its check interval: resumed, it checks before it stages.
+    upper, seqno = sink.shard.upper(), sink.shard.state().seqno
+    assert write.proc is not None
+    write.proc.send_signal(signal.SIGSTOP)
+    try:
+        set_cleanup_policy(sink, "compact")
+        upstream.tick()  # mint mints a description for it; nothing may be staged for it
+        wait_until(lambda: len(sink.descs()) == 2, 60, "the description of the second tick")
+        time.sleep(3)  # three check intervals
+    finally:
+        write.proc.send_signal(signal.SIGCONT)
     why = wait_status(port, 503, 60, "the write service refusing a compacted desired topic")
     print(f"/readyz 503: {why}")
     assert f"topic {c.topics.desired} has cleanup.policy=compact" in why
     assert "mvsink provision" in why
     gauge = f'mvsink_write_desired_refused{{sink="{c.sink_id}"}}'
     assert f"{gauge} 1.0" in probe(port, "/metrics")[1]
-    upper, seqno = sink.shard.upper(), sink.shard.state().seqno
-    upstream.tick()  # mint mints a description for it; nothing may be staged for it
-    wait_until(lambda: len(sink.descs()) == 2, 60, "the description of the second tick")
     time.sleep(5)
     assert sink.shard.upper() == upper, "the sink appended from a compacted desired topic"
     versions = [v for v in map(sink.shard.version, range(seqno + 1, sink.shard.state().seqno + 1))]
