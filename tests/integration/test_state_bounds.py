@@ -16,6 +16,8 @@ from mvsink.io.config import S3Settings
 pytestmark = pytest.mark.integration
 #: `SHORT_BOUNDS`, and a reader lease renewed every 2 s when idle.
 BOUNDS = {**SHORT_BOUNDS, "MVSINK_SHARD_READER_LEASE": "6"}
+#: The least time between two ticks, in seconds: 30 ticks span five `version_grace`s.
+PACE = 1.0
 
 
 def retained(sink: Sink) -> int:
@@ -34,10 +36,14 @@ def test_a_standby_and_a_sink_without_compaction_keep_the_state_log_flat(
     upstreams = [Upstream(writing), Upstream(standby)]
     samples = []
     for _ in range(30):
+        # One tick a second at most, so the ticking lasts several `version_grace`s whatever
+        # the machine's speed: a faster one would otherwise end before anything is collectable.
+        paced = time.monotonic() + PACE
         for upstream in upstreams:
             upstream.tick()
         wait_until(lambda: converged(writing, upstreams[0]), 120, "convergence")
         samples.append(retained(writing))
+        time.sleep(max(0.0, paced - time.monotonic()))
     written = writing.shard.state().seqno + 1
     print(f"ticking: {written} versions written, retained after each tick {samples}")
     # Without a collector every version written stays; here the log holds about what
