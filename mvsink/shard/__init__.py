@@ -84,7 +84,9 @@ What a reader may assume: versions are gap-free from the oldest retained one of 
 (`snapshot(as_of)` is repeatable while a lease holds `as_of`); a part referenced by the latest
 version is never deleted, and one a merge replaced lives `Timing.part_grace` more, after which a
 reader of the old version gets `PartGone` and reads the latest version instead (`snapshot` does
-that itself). Deleting is `mvsink.shard.gc`.
+that itself), unless a live lease pins that version (`Shard.lease(..., pin=True)`,
+`mvsink.shard.pin`: for reads that cannot start over midway, such as a Spark job). Deleting is
+`mvsink.shard.gc`.
 """
 
 from __future__ import annotations

@@ -5,9 +5,11 @@ something is worth deleting, never whether deleting it is safe):
 
 1. **Parts a merge replaced** (referenced by version `n`, not by `n+1`): such a key never returns
    (appends and merges take only fresh keys whose bounds the upper has not passed), so it is
-   deleted once version `n+1` is older than `part_grace`. A reader still reading version `n`
-   after that finds a part gone (`PartGone`) and starts over from the latest version, which
-   holds the same contents at every frontier `>= since`.
+   deleted once version `n+1` is older than `part_grace`, unless a live reader lease pins
+   version `n` or an older one (`ReaderLease.seqno`, read from the newest version). A reader
+   still reading an unpinned version `n` after that finds a part gone (`PartGone`) and starts
+   over from the latest version, which holds the same contents at every frontier `>= since`;
+   a pinning reader paused longer than its lease loses its pin the same way.
 2. **Superseded state versions**: version `n` is pruned once `n+1` is older than
    `version_grace`, oldest first, one key after the other, never the latest. A writer that
    read `n` and paused may still create `n+1` after both were pruned; it cannot prove that
@@ -125,6 +127,8 @@ class Seen:
     keys: frozenset[str]
     nonce: str
     prev: str
+    #: `(seqno, expires_at)` of the leases pinning a version's parts (`ShardState.pins`).
+    pins: tuple[tuple[int, float], ...] = ()
 
 
 def _seen(shard: Shard, seqno: int, listed: Listed) -> Seen | None:
@@ -135,8 +139,18 @@ def _seen(shard: Shard, seqno: int, listed: Listed) -> Seen | None:
         state = shard.version(seqno, listed.etag, cache=False)
         if state is None:
             return None
-        seen = shard.seen[key] = Seen(state.part_keys, state.nonce, state.prev)
+        seen = shard.seen[key] = Seen(state.part_keys, state.nonce, state.prev, state.pins())
     return seen
+
+
+def _pinned(shard: Shard, seqnos: list[int], listed: dict[int, Listed], now: float) -> float:
+    """The oldest version a live lease of the newest version pins (`ReaderLease.seqno`), or
+    infinity: rule 1 deletes no part that version or a later one references. A lease expired
+    by this collector's clock pins nothing (its reader paused longer than its lease and finds
+    a part gone: `PartGone`)."""
+    newest = _seen(shard, seqnos[-1], listed[seqnos[-1]]) if seqnos else None
+    live = [seqno for seqno, expires_at in newest.pins if expires_at > now] if newest else []
+    return min(live, default=float("inf"))
 
 
 def referenced_keys(shard: Shard) -> frozenset[str]:
@@ -206,8 +220,9 @@ def collect_garbage(shard: Shard) -> GcResult:
     timing = shard.timing
     replaced: set[str] = set()
     through = shard.collected_through
+    pinned = _pinned(shard, seqnos, listed, now)
     for older, newer in itertools.pairwise(seqnos):
-        if now - created[newer] <= timing.part_grace:
+        if now - created[newer] <= timing.part_grace or older >= pinned:
             break
         if newer <= shard.collected_through:
             continue

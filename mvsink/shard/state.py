@@ -203,24 +203,36 @@ class BatchRecord:
 @dataclass(frozen=True, slots=True)
 class ReaderLease:
     """A reader's hold: `since` does not pass `since` while the lease lives (until
-    `expires_at`, unix seconds). Renewed and moved forward by `apply_lease`."""
+    `expires_at`, unix seconds). Renewed and moved forward by `apply_lease`. A lease with a
+    `seqno` (persist's seqno hold) also pins the parts of that version: while it lives, the
+    collector deletes no part that version references (`gc.collect_garbage`), so a reader that
+    reads those parts over a long job (`mvsink.shard.spark`) never finds one gone."""
 
     reader_id: str
     since: Frontier
     expires_at: float
+    seqno: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """JSON form inside a state version."""
-        return {
+        """JSON form inside a state version (`seqno` only when pinned: older readers skip it)."""
+        document: dict[str, Any] = {
             "reader_id": self.reader_id,
             "since": self.since.elements(),
             "expires_at": self.expires_at,
         }
+        if self.seqno is not None:
+            document["seqno"] = self.seqno
+        return document
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> ReaderLease:
         """Inverse of `to_json`."""
-        return cls(raw["reader_id"], Frontier.from_elements(raw["since"]), raw["expires_at"])
+        return cls(
+            raw["reader_id"],
+            Frontier.from_elements(raw["since"]),
+            raw["expires_at"],
+            raw.get("seqno"),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +361,10 @@ class ShardState:
     def lease(self, reader_id: str) -> ReaderLease | None:
         """The lease of `reader_id`, if it holds one."""
         return next((r for r in self.readers if r.reader_id == reader_id), None)
+
+    def pins(self) -> tuple[tuple[int, float], ...]:
+        """`(seqno, expires_at)` of each lease that pins a version's parts."""
+        return tuple((r.seqno, r.expires_at) for r in self.readers if r.seqno is not None)
 
     def hold(self, holder_id: str) -> CriticalHold | None:
         """The critical hold of `holder_id`, if it has one."""
@@ -601,12 +617,16 @@ def apply_lease(
     nonce: str,
     now: float,
     holds: Mapping[str, Frontier] | None = None,
+    pin: bool = False,
 ) -> ShardState:
     """Take or renew `reader_id`'s lease until `expires_at`, holding `since` at `hold` (at the
     current `since` if `None`; a renewal never moves a hold backwards), and in the same version
     move the critical holds named in `holds` forward to their frontiers (a new one is taken at
     `since` or later: history before `since` is gone, and its holder finds that out by reading
-    `since`; one never moves backwards).
+    `since`; one never moves backwards). With `pin`, a lease taken now pins the parts of the
+    version this change writes (`ReaderLease.seqno`), and a renewal keeps the seqno it pinned;
+    a lease that expired is a new one, pinning the new version (its reader compares seqnos to
+    tell that its own pin lapsed).
 
     Raises:
         AsOfBeforeSince: `hold` is before `since` (that history is gone) or the lease expired
@@ -627,9 +647,12 @@ def apply_lease(
             f"reader {reader_id} cannot hold {wanted}: shard {state.shard_id} "
             f"is compacted to since {settled.since}"
         )
+    pinned = None
+    if pin:
+        pinned = current.seqno if current and current.seqno is not None else settled.seqno + 1
     readers = (
         *(r for r in settled.readers if r.reader_id != reader_id),
-        ReaderLease(reader_id, wanted, expires_at),
+        ReaderLease(reader_id, wanted, expires_at, pinned),
     )
     return _successor(
         settled, "lease", nonce, now, readers=readers, holds=_moved_holds(settled, holds or {})

@@ -323,11 +323,14 @@ class Shard:
         hold: Frontier | None = None,
         duration: float | None = None,
         holds: Mapping[str, Frontier] | None = None,
+        pin: bool = False,
     ) -> ReaderLease:
         """Take or renew a reader lease: `since` will not pass `hold` (the current `since` if
         `None`; never moved backwards) for `duration` seconds (`Timing.reader_lease`). Renew
         before it expires; `release` when done. `holds` moves critical holds forward in the
-        same version (`mvsink.shard.state.apply_lease`): they never expire.
+        same version (`mvsink.shard.state.apply_lease`): they never expire. With `pin`, the
+        lease also keeps the parts of version `lease.seqno` (read it with `version`) while it
+        lives; a renewal keeps that seqno.
 
         Raises:
             AsOfBeforeSince: `since` is already past `hold` (or past an expired lease's hold).
@@ -335,7 +338,7 @@ class Shard:
         expiry = duration if duration is not None else self.timing.reader_lease
 
         def change(state: ShardState, nonce: str, now: float) -> ShardState:
-            return apply_lease(state, reader_id, hold, now + expiry, nonce, now, holds)
+            return apply_lease(state, reader_id, hold, now + expiry, nonce, now, holds, pin)
 
         outcome = self._compare_and_set(change)
         assert isinstance(outcome, ShardState)

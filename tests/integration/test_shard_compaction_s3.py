@@ -208,8 +208,44 @@ def test_spark_merges_equal_local_merges(spark: Any, s3_settings: S3Settings) ->
     assert outcome is not None and isinstance(outcome.result, Merged)
     assert len(shard.state().batches) == 1 and outcome.updates_out <= 30 * 3
     assert contents(shard, 6) == model(history, 6)
-    got = sorted(tuple(r) for r in read_shard(spark, shard.shard_id, 6, s3_settings).collect())
+    with read_shard(spark, shard.shard_id, 6, s3_settings) as frame:
+        got = sorted(tuple(r) for r in frame.collect())
     assert got == sorted(tuple(r.values()) for r in shard.snapshot(6).to_pylist())
+
+
+def test_a_spark_read_keeps_its_parts_through_merges_and_refuses_a_read_below_since(
+    spark: Any, s3_settings: S3Settings
+) -> None:
+    """Inside `read_shard`'s block a merge replaces every part the DataFrame names and the
+    collector runs past `part_grace`: the parts stay (the lease pins their version) and a
+    second action reads the same rows; after the block the lease is gone and they are deleted.
+    A read below `since` is refused."""
+    shard = open_shard(f"s-{uuid.uuid4().hex[:10]}", ROWS, s3_settings, FAST, retain_history=1)
+    history: list[tuple[str, int, int, int]] = []
+    churn(shard, 6, 30, history)
+    expected = sorted((k, v, 5, d, None) for (k, v), d in model(history, 6).items())
+    read = read_shard(spark, shard.shard_id, 6, s3_settings, FAST)
+    with read as frame:
+        pinned = set(shard.state().part_keys)
+        assert sorted(tuple(r) for r in frame.collect()) == expected
+        churn(shard, 2, 30, history)  # since passes 6 only once the lease is gone
+        assert compact_once(shard, CompactionPolicy(), "sc", force=True) is not None
+        assert not pinned & shard.state().part_keys  # every part it reads was merged away
+        time.sleep(FAST.version_grace + 0.5)
+        shard.collect_garbage()
+        assert all(shard.blob.get(key) is not None for key in pinned)
+        assert sorted(tuple(r) for r in frame.collect()) == expected
+        assert shard.state().since == F(6)
+    assert not read.lapsed and shard.state().lease(read.reader_id) is None
+    time.sleep(FAST.version_grace + 0.5)
+    shard.lease("tick")  # a version after the release, old enough for the collector
+    time.sleep(FAST.version_grace + 0.5)
+    shard.collect_garbage()
+    assert all(shard.blob.get(key) is None for key in pinned)
+    churn(shard, 1, 30, history)
+    refused = read_shard(spark, shard.shard_id, 6, s3_settings, FAST)
+    with pytest.raises(AsOfBeforeSince, match="before the since"), refused:
+        pass
 
 
 def test_appends_racing_compactors_stay_linearizable(s3_settings: S3Settings) -> None:

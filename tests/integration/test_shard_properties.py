@@ -172,6 +172,6 @@ def test_spark_reader_equals_snapshot(spark: Any, s3_settings: S3Settings) -> No
         shard.compare_and_append([shard.stage(table, F(t), F(t + 1), f"w{t % 2}")], F(t), F(t + 1))
     for as_of in (0, 2, 4):
         expected = sorted(tuple(r.values()) for r in shard.snapshot(as_of).to_pylist())
-        frame = read_shard(spark, shard.shard_id, as_of, s3_settings)
-        got = sorted(tuple(r) for r in frame.collect())
+        with read_shard(spark, shard.shard_id, as_of, s3_settings) as frame:
+            got = sorted(tuple(r) for r in frame.collect())
         assert got == expected, as_of

@@ -13,6 +13,8 @@ Checks (`Checker`), from what is actually in the store:
 * every `Appended` a writer was told is the version that appended its parts;
 * a retained version whose parts are all there has the model's contents at a frontier in
   `[since, upper]`; every reader's snapshot equals the model at its `as_of`;
+* a pinned reader (`PinnedRead`) reading its parts slowly never finds one gone while its
+  lease lives, and its read equals the model at its `as_of`;
 * every fold's corrections equal desired (nothing) minus the shard's contents at its upper;
 * at the end, after the collector and the sweeper ran with every grace passed: no pruned seqno
   written again is left, no part is left that no version references, few versions are left.
@@ -30,7 +32,7 @@ from simworld import START, Actor, Faults, SimBlob, World
 from mvsink.core.frontier import Frontier
 from mvsink.core.partitioning import CURRENT
 from mvsink.core.settings import CompactionPolicy, S3Settings, Secret, Timing
-from mvsink.core.updates import DIFF, TIME
+from mvsink.core.updates import DIFF, TIME, part_schema
 from mvsink.shard import (
     Appended,
     AsOfBeforeSince,
@@ -41,7 +43,8 @@ from mvsink.shard import (
     ShardState,
 )
 from mvsink.shard.compact import compact_once, merge_on
-from mvsink.shard.parts import decode_part
+from mvsink.shard.parts import consolidate_at, decode_part
+from mvsink.shard.pin import PinnedRead
 from services.write import checkpoint
 from services.write.fold import SincePassed, fold_persist
 
@@ -104,6 +107,7 @@ class Checker:
         self.folds = 0
         self.appends = 0
         self.reads = 0
+        self.pinned_reads = 0
 
     def __call__(self) -> None:
         world = self.world
@@ -239,6 +243,7 @@ class Sim:
         self.spawn("gc1", collector)
         self.spawn("fold", folder)
         self.spawn("reader", reader)
+        self.spawn("pinned", pinned_reader)
         self.spawn("lease", leaser)
         return self
 
@@ -406,6 +411,38 @@ def reader(sim: Sim, actor: Actor) -> None:
             continue
         sim.checker.read(_rows(table), as_of)
         actor.sleep(rng.uniform(0, 2.0))
+
+
+def pinned_reader(sim: Sim, actor: Actor) -> None:
+    """A long read, as a Spark job over many parts (`mvsink.shard.spark`): a `PinnedRead` at a
+    frontier between `since` and the upper, then its parts one at a time with a wait between
+    (past `part_grace`, so a merge's collector would delete unpinned ones under it), the lease
+    renewed between parts. A part gone is a failure unless the pin lapsed (a pause past the
+    lease, which `renew` must then report)."""
+    shard, rng = sim.shard(actor), sim.world.rng
+    while True:
+        state = shard.state()
+        as_of = Frontier.at(rng.randint(state.since.time or 0, state.upper.time or 0))
+        try:  # a fresh reader id (a crash restarts this actor, whose old lease may still live)
+            read = PinnedRead(shard, f"{actor.name}.{rng.getrandbits(32):08x}", as_of)
+        except (AsOfBeforeSince, PartGone):  # since moved on, or paused past the lease
+            continue
+        parts = [p for b in read.state.batches if b.lower.less_than(as_of) for p in b.parts]
+        tables = [part_schema(ROWS).empty_table()]
+        try:
+            for part in parts:
+                tables.append(shard.read_part(part))
+                actor.sleep(rng.uniform(0, 4 * TIMING.part_grace))
+                if not read.renew():
+                    raise PartGone("lapsed")
+        except PartGone as error:
+            assert not read.renew(), f"{error} while pinned by a live lease at {read.seqno}"
+            sim.world.note(f"{actor.name}: pin {read.seqno} lapsed")
+            continue
+        read.release()
+        table = consolidate_at(pa.concat_tables(tables), ROWS, as_of)
+        sim.checker.read(_rows(table), as_of.time or 0)
+        sim.checker.pinned_reads += 1
 
 
 def replay(seed: int, steps: int, scenario: str = "standard") -> str:

@@ -23,6 +23,7 @@ from simshard import (
     compactor,
     folder,
     leaser,
+    pinned_reader,
     replay,
 )
 from simworld import Faults, SimBlob, World, run_seed, sweep
@@ -47,7 +48,7 @@ def test_seed_sweep(request: pytest.FixtureRequest) -> None:
     """Every seed of the sweep keeps every check (`simshard`), with the fault mix `FAULTS`."""
     option = request.config.getoption
     seeds, steps = sweep(option, BUDGET_SEEDS, BUDGET_STEPS)
-    started, calls, folds, appends, reads = time.monotonic(), 0, 0, 0, 0
+    started, calls, folds, appends, reads, pinned = time.monotonic(), 0, 0, 0, 0, 0
     fenced: Counter[str] = Counter()
     scenario = option("--sim-scenario")
     for n, seed in enumerate(seeds, 1):
@@ -56,20 +57,22 @@ def test_seed_sweep(request: pytest.FixtureRequest) -> None:
         folds += sim.checker.folds
         appends += sim.checker.appends
         reads += sim.checker.reads
+        pinned += sim.checker.pinned_reads
         fenced["pruned seqnos written again"] += len(sim.checker.rewritten)
         fenced["late parts refused"] += sum("PartTooOld" in line for line in sim.world.trace)
         fenced["folds rebuilt"] += sum("rebuilding" in line for line in sim.world.trace)
+        fenced["pins lapsed"] += sum("lapsed" in line for line in sim.world.trace)
         if n % 100 == 0 or n == len(seeds):
             took = time.monotonic() - started
             print(
                 f"[sim] {n}/{len(seeds)} seeds, {calls} store calls, {appends} appends, "
-                f"{folds} folds, {reads} snapshots checked in {took:.0f}s ({n / took:.1f} seeds/s, "
+                f"{folds} folds, {reads} snapshots and {pinned} pinned reads checked in {took:.0f}s ({n / took:.1f} seeds/s, "
                 f"{calls / took:.0f} calls/s); fences met: {dict(fenced)}",
                 flush=True,
             )
     assert appends > 0, "the sweep appended nothing: it checked nothing"
     if scenario == "standard" and len(seeds) >= 10:
-        assert folds > 0 and reads > 0, "the sweep folded or read nothing"
+        assert folds > 0 and reads > 0 and pinned > 0, "the sweep folded or read nothing"
 
 
 # -- the named interleavings ----------------------------------------------------------------
@@ -118,20 +121,35 @@ def _stray_below(seed: int) -> Sim:
     return sim
 
 
+def _pinned_read(seed: int) -> Sim:
+    """A slow pinned read (a Spark job over the parts of one version) while merges replace
+    those parts and collectors run; rare pauses let a pin lapse now and then."""
+    sim = Sim(seed, Faults(pause_p=0.005, pause=40.0, slow_p=0.1, slow=1.0))
+    sim.spawn("append0", appender)
+    sim.spawn("append1", appender)
+    sim.spawn("compactor", compactor)
+    sim.spawn("gc", collector)
+    sim.spawn("pinned", pinned_reader)
+    return sim
+
+
 SCENARIOS = {
     "late-append": _late_append,
     "fold-after-merge": _fold_after_merge,
     "stale-latest": _stale_latest,
     "stray-below": _stray_below,
+    "pinned-read": _pinned_read,
 }
 #: Each scenario's seed, and its steps, that loses data with the scenario's fence taken out (the
 #: sweep horizon; the since check in every fold; the LIST read and the proven create; the prev
-#: links), so the fence is what makes it pass.
+#: links; the collector keeping a live lease's pinned version), so the fence is what makes it
+#: pass.
 REGRESSIONS = {
     "late-append": (0, 3000),
     "fold-after-merge": (5, 3000),
     "stale-latest": (5, 3000),
     "stray-below": (21, 3000),
+    "pinned-read": (4, 3000),
 }
 
 

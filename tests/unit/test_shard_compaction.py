@@ -126,6 +126,33 @@ def test_a_lease_holds_since_until_it_expires() -> None:
     assert released.readers == ()
 
 
+@pytest.mark.parametrize(
+    ("steps", "expected"),
+    [
+        # (lease-change times, pin?) per step; the seqno each lease pins after it
+        ([(0.0, True)], [2]),  # a new pin names the version the lease writes
+        ([(0.0, True), (50.0, True), (90.0, True)], [2, 2, 2]),  # renewals keep it
+        ([(0.0, True), (150.0, True)], [2, 3]),  # an expired lease is a new one: a new pin
+        ([(0.0, False), (50.0, True)], [None, 3]),  # pinning a plain lease pins from then on
+        ([(0.0, True), (50.0, False)], [2, None]),  # a plain renewal drops the pin
+    ],
+)
+def test_a_pinning_lease_names_its_version_until_it_expires(
+    steps: list[tuple[float, bool]], expected: list[int | None]
+) -> None:
+    state = chain(1, retain=0)  # version 1
+    pinned = []
+    for n, (now, pin) in enumerate(steps):
+        state = apply_lease(state, "reader", None, now + 100.0, f"n{n}", now, pin=pin)
+        pinned.append(state.lease("reader").seqno)  # type: ignore[union-attr]
+    assert pinned == expected
+    again = ShardState.from_bytes(state.to_bytes())
+    assert again.readers == state.readers
+    assert again.pins() == (() if expected[-1] is None else ((expected[-1], steps[-1][0] + 100),))
+    if expected[-1] is None:
+        assert "seqno" not in json.loads(state.to_bytes())["readers"][0]  # older readers' form
+
+
 def test_a_critical_hold_holds_since_after_every_lease_expired() -> None:
     """A checkpoint's hold (persist's critical since handle) never lapses: a driver away for
     longer than any lease still finds `since` at its checkpoint. It moves forward only, with
