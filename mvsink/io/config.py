@@ -284,7 +284,7 @@ class Config:
             "Producers and write services of a sink must agree; write tasks quarantine records hashed "
             "otherwise", _partitioning)
     as_of: int                              = _row("sink",    "as_of",               "MVSINK_AS_OF",                 0, _int,
-            "the first time the sink writes (mint's initial persist frontier); >= 0", _at_least(0))
+            "the first time the sink writes: mint's and write's initial persist frontier; desired updates before it are advanced to it, and append moves a shard upper before it there first; >= 0", _at_least(0))
     read_only: bool                         = _row("sink",    "read_only",           "MVSINK_READ_ONLY",             False, _bool,
             "start read-only: fold and hold a lease, write nothing until promoted "
             "(docs/operations.md §3)")

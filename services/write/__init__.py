@@ -31,6 +31,9 @@ Invariants
    rebuilds from all of desired.)
 1. A batch is staged only when the shard's upper equals the description's lower (the
    read-back is folded up to it) and every owned partition's desired progress is `>= upper`.
+   A shard whose upper is still before the sink's `as_of` counts as at `as_of` (the seed's
+   `advance_persist_frontiers_at_startup`): the first batch's lower is `as_of`, everything
+   desired before it advanced into that batch, and append moves the upper there first.
 2. A partition is staged at most once per lower by a driver; a partition gained in a
    rebalance is staged for the current lower too.
 3. Written updates stay in the corrections until the read-back cancels them

@@ -150,8 +150,15 @@ class WriteShell:
         self.producer = Producer(client_config(config.kafka_bootstrap))
         #: The sink's checkpoints in object storage (`services.write.checkpoint`).
         self.checkpoints = checkpoint.Checkpoints.of(config.s3)
+        # The persist frontier starts at the sink's `as_of` (the seed's
+        # `advance_persist_frontiers_at_startup`): the first description's lower is `as_of`, and
+        # on a shard whose upper is still before it, append moves the upper there first.
         self.state = WriteState(
-            config.sink_id, config.partitions, config.read_only, staged_at=clock.monotonic()
+            config.sink_id,
+            config.partitions,
+            config.read_only,
+            persist_frontier=Frontier.at(config.as_of),
+            staged_at=clock.monotonic(),
         )
         #: Each owned partition's checkpoint chain (`services.write.chain`).
         self.chains = Chains.starting(config.desired_trim_interval, clock.monotonic())

@@ -26,7 +26,8 @@ of `run_task` apply them:
    not read back: the task kept what it wrote (`PartitionState.staged`) and negates that, so in
    steady state the read-back costs no object reads. Every other part (a racing replica's, a
    foreign writer's, ours after a restart or a move to another executor) is read;
-4. for a batch description whose lower is the shard's upper (`Stage`; else `Outdated`, or
+4. for a batch description whose lower is the shard's upper, or the sink's `as_of` while the
+   upper is before it (`Stage`; else `Outdated`, or
    `FoldOnly` without one): stage the corrections with time `< upper` as one part (none if
    there are none); written updates stay in the corrections until the read-back cancels them;
 5. checkpoint the state as `StepSpec.mode` says (`services.write.state.CheckpointMode`):
@@ -381,10 +382,15 @@ def _step(spec: StepSpec, worker: WriteWorker, shard_state: ShardState | None) -
     shard_state, read_back = _fold_persist(spec, state, shard, shard_state)
     bytes_read += read_back
     lap("persist")
-    state.correction.advance_since(shard_state.upper)
+    # The seed's `advance_persist_frontiers_at_startup`: a shard whose upper is still before
+    # the sink's `as_of` counts as at `as_of` (append brings it there before the first batch,
+    # `Shard.advance_upper`), and the corrections are advanced to it, so the first batch's
+    # lower is `as_of` and everything desired before it is advanced into that batch.
+    persist = shard_state.upper.join(Frontier.at(sink.as_of))
+    state.correction.advance_since(persist)
     state.correction.consolidate()
     lap("consolidate")
-    batch = plan_batch(spec.desc, shard_state.upper)
+    batch = plan_batch(spec.desc, persist)
     part = _stage(spec, state, shard, batch)
     lap("stage")
     made = _checkpoint(spec, state, worker)
