@@ -11,6 +11,7 @@
     mvsink sink show SINK             each desired partition: log start, checkpoint, hold
     mvsink sink release SINK --yes    drop a dropped sink's holds on the shard's since
     mvsink repair SINK [--yes]        re-seed checkpoints whose desired records were deleted
+    mvsink dead-letters list|replay SINK   what the services quarantined; send it back
     mvsink inspect TOPIC [-f]         decode and print any of mvsink's topics
     mvsink provision                  create the configured sink's topics, bucket, shard
     mvsink demo                       stack up, then the whole pipeline on a demo view
@@ -22,7 +23,7 @@ running embedded stack). Errors are printed as one clear line and exit with stat
 
 The command groups live in this package's modules, each a group's parsers next to its command
 functions: `stack` (stack, compose, provision, demo, view, smoke), `shard`, `bench`, `sink`
-(desired, promote, sink, repair, inspect), `ct`; `common` holds what they share. Command functions
+(desired, promote, sink, repair, dead-letters, inspect), `ct`; `common` holds what they share. Command functions
 import what they need when they run, so `mvsink --help` starts fast.
 """
 
@@ -44,6 +45,7 @@ _COMMANDS = (
     sink.add_promote,
     sink.add_sink,
     sink.add_repair,
+    sink.add_dead_letters,
     sink.add_inspect,
     stack.add_provision,
     stack.add_demo,

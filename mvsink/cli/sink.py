@@ -1,8 +1,10 @@
-"""`mvsink desired`, `promote`, `sink`, `repair`, `inspect`: a sink's topics and replicas.
+"""`mvsink desired`, `promote`, `sink`, `repair`, `dead-letters`, `inspect`: a sink's topics
+and replicas.
 
 Publishing desired updates and progress as the upstream does, switching a read-only replica to
 writing, a replica's desired partitions and the holds its checkpoints keep on the shard's since,
-re-seeding checkpoints whose desired records were deleted, and decoding any of mvsink's topics.
+re-seeding checkpoints whose desired records were deleted, listing and replaying what the
+services quarantined, and decoding any of mvsink's topics.
 """
 
 from __future__ import annotations
@@ -175,6 +177,66 @@ def add_repair(commands: Commands) -> None:
 def cmd_repair(args: argparse.Namespace) -> int:
     partitions = [f"--partition={p}" for p in args.partition or []]
     return _write_tool(args, "repair", *partitions, *(["--yes"] if args.yes else []))
+
+
+def add_dead_letters(commands: Commands) -> None:
+    """`mvsink dead-letters list|replay SINK`."""
+    letters = commands.add_parser(
+        "dead-letters", help="list a sink's quarantined records, or send them back"
+    )
+    actions = letters.add_subparsers(dest="letters_command", required=True, metavar="ACTION")
+    listing = actions.add_parser("list", help="one line per dead letter: offset, when, from, why")
+    listing.add_argument("sink", help="sink id")
+    listing.set_defaults(func=cmd_dead_letters_list)
+    again = actions.add_parser(
+        "replay", help="send dead letters back to the topic they were read from, checked again"
+    )
+    again.add_argument("sink", help="sink id")
+    again.add_argument("--from", dest="first", type=int, default=0, help="first letter offset")
+    again.add_argument("--to", dest="last", type=int, default=None, help="last letter offset")
+    again.add_argument("--yes", action="store_true", help="send, not only show the plan")
+    again.set_defaults(func=cmd_dead_letters_replay)
+
+
+def cmd_dead_letters_list(args: argparse.Namespace) -> int:
+    from mvsink.tools.dead_letters import read_letters
+
+    topics = Topics.for_sink(args.sink)
+    letters = read_letters(stack_config(args.config).kafka_bootstrap, topics.dead_letter)
+    for letter in letters:
+        print(letter.line(), flush=True)
+    say(f"{len(letters)} dead letters on {topics.dead_letter}")
+    return 0
+
+
+def cmd_dead_letters_replay(args: argparse.Namespace) -> int:
+    from mvsink.tools import dead_letters as tool
+
+    config = stack_config(args.config)
+    topics = Topics.for_sink(args.sink, config.topics.frontiers)
+    bootstrap = config.kafka_bootstrap
+    chosen = [
+        letter
+        for letter in tool.read_letters(bootstrap, topics.dead_letter)
+        if args.first <= letter.offset and (args.last is None or letter.offset <= args.last)
+    ]
+    counts = tool.partition_counts(bootstrap, (topics.desired, topics.batches, topics.descs))
+    plans = [tool.plan_replay(letter, topics, counts, config.framing().lookup) for letter in chosen]
+    for plan in plans:
+        if isinstance(plan, tool.Send):
+            say(f"{plan.letter.offset}: to {plan.topic}[{plan.partition}]")
+        else:
+            say(f"{plan.letter.offset}: back to {topics.dead_letter}: {plan.reason}")
+    sent = sum(isinstance(plan, tool.Send) for plan in plans)
+    if not args.yes:
+        say(f"{sent} of {len(plans)} letters would be sent back: run it again with --yes")
+        return 0
+    tool.replay(bootstrap, args.sink, topics, plans)
+    say(
+        f"replayed {sent} of {len(plans)} letters; {len(plans) - sent} went back to "
+        f"{topics.dead_letter} with their reason"
+    )
+    return 0
 
 
 def add_inspect(commands: Commands) -> None:

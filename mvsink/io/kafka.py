@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -394,15 +394,48 @@ def produce(
     )
 
 
+#: The headers a dead letter gets (docs/design.md §3.1): why, and where it was read.
+DEAD_LETTER_HEADERS = ("mvsink-error", "mvsink-topic", "mvsink-partition", "mvsink-offset")
+#: The header of a record `mvsink dead-letters replay` sent back: the letter's offset (its
+#: original's place stays in the `DEAD_LETTER_HEADERS` it kept).
+REPLAYED_FROM = "mvsink-replayed-from"
+
+
 def dead_letter(producer: Producer, topic: str, message: Message, why: object) -> None:
-    """Send `message` as it was read to dead-letter topic `topic`, with `why` in its
-    `mvsink-error` header (docs/design.md §3.1): nothing of it is lost, and nothing waits on it."""
-    producer.produce(
-        topic,
-        key=message.key(),
-        value=message.value(),
-        headers=[("mvsink-error", str(why).encode())],
-    )
+    """Send `message` as it was read (key, value, headers) to dead-letter topic `topic`, with
+    `why` and where it was read in the `DEAD_LETTER_HEADERS` (docs/design.md §3.1): nothing of
+    it is lost, nothing waits on it, and `mvsink dead-letters replay` can send it back."""
+    place = (message.topic(), message.partition(), message.offset())
+    headers: list[tuple[str, str | bytes | None]] = [
+        (n, v) for n, v in message_headers(message) if n not in DEAD_LETTER_HEADERS
+    ]
+    headers += [
+        (n, str(v).encode()) for n, v in zip(DEAD_LETTER_HEADERS, (why, *place), strict=True)
+    ]
+    producer.produce(topic, key=message.key(), value=message.value(), headers=headers)
+
+
+def replayed_from(message: Message) -> tuple[str, int, int] | None:
+    """The place (topic, partition, offset) a replayed record was first read at; None for a
+    record that is no replay.
+
+    Raises:
+        DecodeError: a replay whose headers do not name a place.
+    """
+    headers = dict(message_headers(message))
+    if REPLAYED_FROM not in headers:
+        return None
+    try:
+        topic = headers["mvsink-topic"].decode()
+        return topic, int(headers["mvsink-partition"]), int(headers["mvsink-offset"])
+    except (KeyError, ValueError, UnicodeDecodeError) as error:
+        raise DecodeError(f"a replayed record without its original's place: {error!r}") from error
+
+
+def message_headers(message: Message) -> list[tuple[str, bytes]]:
+    """`message`'s headers in order, each value as bytes (a header without one as empty)."""
+    found = cast(list[tuple[str, Any]], message.headers() or [])
+    return [(n, v if isinstance(v, bytes) else str(v or "").encode()) for n, v in found]
 
 
 def decode_message(

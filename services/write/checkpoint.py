@@ -79,6 +79,10 @@ class PartitionState:
     staged: dict[str, tuple[Frontier, pa.Table]] = field(default_factory=dict)
     #: Loaded from a Parquet checkpoint (written before checkpoints were Arrow IPC).
     legacy: bool = False
+    #: Offsets of the desired records this state's folds quarantined and no replay has brought
+    #: back yet (`services.write.fold`: a replayed copy is folded only if its original's offset
+    #: is here, then removed, so it is folded once, and never beside its original).
+    quarantined: set[int] = field(default_factory=set)
 
 
 def executor_warm_dir() -> Path:
@@ -367,6 +371,7 @@ class Checkpoints:
             Frontier.from_elements(meta["desired_frontier"]),
             Frontier.from_elements(meta["persist_folded"]),
             legacy=legacy,
+            quarantined=set(meta.get("quarantined", ())),
         )
         return state, size
 
@@ -561,6 +566,8 @@ def snapshot(sink_id: str, partition: int, writer_id: str, state: PartitionState
         "persist_folded": state.persist_folded.elements(),
         "writer_id": writer_id,
     }
+    if state.quarantined:  # absent when empty, as in checkpoints written before it existed
+        meta["quarantined"] = sorted(state.quarantined)
     garbage = []
     if version >= 2:  # keep the previous version for a driver that has not seen this one
         garbage.append(checkpoint_key(sink_id, partition, version - 2))

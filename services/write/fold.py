@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from mvsink.core.errors import DecodeError, DesiredGone, MvsinkError
 from mvsink.core.frontier import Frontier, advance
@@ -43,6 +43,7 @@ from mvsink.io.kafka import (
     client_config,
     dead_letter,
     poll_message,
+    replayed_from,
 )
 from mvsink.io.registry import OWN, Framing
 from mvsink.shard import SelectedPart, Shard, ShardState
@@ -143,6 +144,7 @@ def fold_desired(
     consumer = _reader(readers, key, state.folded_offset, keep, sink_id, why)
     decode_rows = updates_decoder(row_schema)
     dead, tables, kept = 0, [], False
+    quarantined = set(state.quarantined)  # the state's only once the read is done
     dead_producer: Producer | None = None
     deadline = time.monotonic() + wait
     try:
@@ -172,10 +174,13 @@ def fold_desired(
                         f", progress {state.desired_frontier})"
                     )
                 continue
+            offset = int(message.offset() or 0)
             try:
+                original = _replay_of(message, topic, partition, quarantined)
                 table = decode_desired(
                     message, row_schema, decode_rows, partitioning, framing, max_bytes
                 )
+                quarantined.discard(original)  # folded, or quarantined again as itself below
                 if isinstance(table, Progress):
                     state.desired_frontier = advance(
                         state.desired_frontier, table.frontier
@@ -191,14 +196,16 @@ def fold_desired(
                             f"progress {state.desired_frontier}"
                         )
             except DecodeError as error:
-                located = error.located(topic, partition, int(message.offset() or 0))
+                located = error.located(topic, partition, offset)
                 log.error("quarantining desired record: %s", located)
                 dead_producer = dead_producer or Producer(client_config(bootstrap))
                 dead_letter(dead_producer, dead_letter_topic, message, located)
+                quarantined.add(offset)
                 dead += 1
                 continue
             tables.append(table)
         position = consumer.position([TopicPartition(topic, partition)])[0].offset
+        state.quarantined = quarantined
         if position >= 0:
             state.folded_offset = position
         if keep and position >= 0:
@@ -211,6 +218,28 @@ def fold_desired(
     if tables:
         state.correction.insert(pa.concat_tables(tables))
     return dead
+
+
+def _replay_of(message: Message, topic: str, partition: int, quarantined: set[int]) -> int:
+    """For a record `mvsink dead-letters replay` sent back, its original's offset, which this
+    state's folds quarantined (-1 for any other record): a replay is folded only in place of a
+    record this state never folded, and once.
+
+    Raises:
+        DecodeError: a replay of a record of another partition, or of one this state folded
+            (read again under settings that took it, as by a rebuild) or whose replay it
+            folded already.
+    """
+    place = replayed_from(message)
+    if place is None:
+        return -1
+    if place[:2] != (topic, partition):
+        raise DecodeError(f"a replay of a record of {place[0]}[{place[1]}], not of this partition")
+    if place[2] not in quarantined:
+        raise DecodeError(
+            f"a replay of offset {place[2]}, which this partition folded or replayed already"
+        )
+    return place[2]
 
 
 def _log_start(consumer: Reader, topic: str, partition: int) -> int:
