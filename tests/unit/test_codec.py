@@ -279,3 +279,33 @@ def _from_json(value: Any) -> Any:
     if isinstance(value, list):
         return [_from_json(v) for v in value]
     return value
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        StagedBatch(
+            BatchId(0, 1), Frontier.at(1), Frontier.at(2), (0, 1), (Part("k", 0, 2, 1, 10, 2),), "w"
+        ),
+        BatchDescription("s", BatchId(0, 1), Frontier.at(1), Frontier.at(2), 0),
+        Updates((Update(b"\x02a", None, 3, 1), Update(None, "bad", 3, -1))),
+    ],
+)
+def test_a_forged_length_allocates_nothing_before_the_record_ends(record: Any) -> None:
+    """Avro-framed records carry no compression: a length or block count forged to 2^62 at any
+    position ends in `DecodeError` once the bytes run out, without allocating for it, so what
+    such a record decodes to is bounded by its own size (the broker's `message.max.bytes`);
+    only `UpdatesArrow`, which is compressed, needs `max_record_bytes`."""
+    import tracemalloc
+
+    data, huge = codec.encode(record), bytes([0xFE, *[0xFF] * 8, 0x7F])
+    for position in range(codec.HEADER_LEN, len(data)):
+        tracemalloc.start()
+        try:
+            codec.decode(data[:position] + huge + data[position + 1 :])
+        except DecodeError:
+            pass
+        finally:
+            peak = tracemalloc.get_traced_memory()[1]
+            tracemalloc.stop()
+        assert peak < 1 << 20, (position, peak)
