@@ -275,6 +275,7 @@ def drive(
         run.sustained_updates = sum(t.updates for t in ticks[fed : len(sent)])
         run.sustained_freshness = [reached[t] - sent[t] for t in range(fed, len(sent))]
     run.ticks = len(sent)
+    run.tick_times = [(sent[t], reached[t]) for t in range(len(sent))]
     return run
 
 

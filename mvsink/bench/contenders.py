@@ -52,6 +52,8 @@ class Run:
     steady_s: float = 0.0
     steady_updates: int = 0
     freshness: list[float] = field(default_factory=list)
+    #: Each tick's (published, durable) times (`time.monotonic`), in tick order.
+    tick_times: list[tuple[float, float]] = field(default_factory=list)
     batch_seconds: list[float] = field(default_factory=list)
     peak_rss_mib: dict[str, float] = field(default_factory=dict)
     #: CPU seconds per second of the steady window: the system's process trees by label, and

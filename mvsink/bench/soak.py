@@ -18,6 +18,11 @@ ratio and targets (met or missed, never asserted):
   window a fast pipeline passed between two samples is topped up to a few when its drive ends);
 * compare-and-append p50/p99 of the window's appends (the append service logs each latency);
 * snapshot time (`Shard.snapshot` at the upper, at each sample), median over the window;
+* state versions the shard's log retains (at each sample), median over the window;
+* S3 requests per hour of the writing replica (mint, write with its Spark executors, append),
+  over the window (from its first tick published to its last one durable): the services reach
+  the store through a counting proxy in this process (`mvsink.bench.s3proxy`; `soak.json`
+  has the run's requests by method and kind), the sampler directly;
 * freshness p50/p99 of the window's ticks: published -> the shard's upper past them;
 * the desired topic, at the window's last tick: its bytes on the broker (the partitions'
   segments, Kafka's DescribeLogDirs) and the records it retains (end - log start). The write
@@ -48,7 +53,7 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +61,7 @@ from mvsink import Say
 from mvsink.bench.compare import drive, percentile, save_figures, sink_config
 from mvsink.bench.contenders import MvsinkSystem, Run
 from mvsink.bench.cycle import APPENDED
+from mvsink.bench.s3proxy import S3Proxy
 from mvsink.bench.steady import empty_tick, first_job, read_once, wait_upper
 from mvsink.bench.workload import BenchError, EncodedTick, Feeder, Workload, encode_ticks
 from mvsink.io.config import Config, cache_dir, state_dir
@@ -99,6 +105,8 @@ FIGURES = (
     ("snapshot_s", "snapshot at the upper", "s"),
     ("freshness_p50_s", "freshness p50", "s"),
     ("freshness_p99_s", "freshness p99", "s"),
+    ("retained_versions", "state versions retained", ""),
+    ("s3_requests_per_hour", "S3 requests per hour", ""),
     ("desired_bytes", "desired on the broker", "B"),
     ("desired_records", "desired records kept", ""),
     ("cold_restart_s", "cold restart: first job", "s"),
@@ -124,6 +132,8 @@ class Sample:
     #: Everything else the sink keeps: retained state versions and the write checkpoints.
     metadata_bytes: int
     snapshot_s: float | None
+    #: State versions the shard's log holds (`Shard.retained_seqnos`).
+    retained: int = 0
 
     @property
     def tick(self) -> int:
@@ -243,6 +253,7 @@ class Sampler:
             parts,
             metadata,
             snapshot_s,
+            len(self.shard.retained_seqnos()),
         )
 
 
@@ -273,7 +284,10 @@ def run_soak(
     say(f"encoding {workload.ticks + 1} ticks (untimed) ...")
     ticks, final = encode_ticks(sink, workload, say)
     feeder, logs = Feeder(config.kafka_bootstrap), state_dir() / "bench" / run_id
-    system, sampler = MvsinkSystem(sink, logs), Sampler(sink, say)
+    # The services reach the store through a counting proxy (the sampler does not).
+    proxy = S3Proxy(sink.s3.endpoint).__enter__()
+    counted = replace(sink, s3=replace(sink.s3, endpoint=proxy.endpoint))
+    system, sampler = MvsinkSystem(counted, logs), Sampler(sink, say)
     shard = open_shard(sink.shard_id, None, sink.s3)
     windows = {
         "early": (early - window + 1, early),
@@ -303,13 +317,22 @@ def run_soak(
     finally:
         sampler.stop()
         system.stop()
+        proxy.__exit__(None, None, None)
     view = _consolidated_view(sink, shard)
+    # A window's requests: from its first tick published to its last one durable.
+    rates = {
+        name: proxy.per_hour(run.tick_times[-window][0], run.tick_times[-1][1]) or math.nan
+        for name, run in (("early", first), ("end", rest))
+    }
     figures = _figures(
         sampler.samples,
         windows,
         logs / "append.log",
         {"early": first.freshness[-window:], "end": rest.freshness[-window:]},
-        {"early": {**restart_early, **desired_early}, "end": {**restart_end, **desired_end}},
+        {
+            "early": {**restart_early, **desired_early, "s3_requests_per_hour": rates["early"]},
+            "end": {**restart_end, **desired_end, "s3_requests_per_hour": rates["end"]},
+        },
     )
     figures.update(
         view_bytes=view["bytes"],
@@ -319,6 +342,7 @@ def run_soak(
         correct_before_restart=checked.correct,
         correct_after_restart=rechecked.correct,
         sampler_errors=sampler.errors,
+        s3_requests=proxy.snapshot(),
         shard_timing=SOAK_SHARD,
         workload={
             "keys": workload.keys,
@@ -485,11 +509,13 @@ def _figures(
             "cas_p50_ms": _finite(percentile(latencies, 50)),
             "cas_p99_ms": _finite(percentile(latencies, 99)),
             "snapshot_s": _median([s.snapshot_s for s in chosen if s.snapshot_s is not None]),
+            "retained_versions": _median([s.retained for s in chosen]),
             "freshness_p50_s": _finite(percentile(freshness[name], 50)),
             "freshness_p99_s": _finite(percentile(freshness[name], 99)),
             **{
                 key: _finite(restarts[name][key])
                 for key in (
+                    "s3_requests_per_hour",
                     "desired_bytes",
                     "desired_records",
                     "cold_restart_s",

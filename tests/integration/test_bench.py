@@ -319,6 +319,8 @@ def test_bench_soak_keeps_the_shard_small(
             "cas_p50_ms",
             "cas_p99_ms",
             "snapshot_s",
+            "retained_versions",
+            "s3_requests_per_hour",
             "freshness_p50_s",
             "freshness_p99_s",
             "desired_bytes",

@@ -3,19 +3,17 @@ on, including a retried create and a race of concurrent creators."""
 
 from __future__ import annotations
 
-import http.client
 import subprocess
-import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 from sinkkit import cli_env
 
+from mvsink.bench.s3proxy import S3Proxy
 from mvsink.io.config import S3Settings
 from mvsink.io.s3 import (
     ConditionalWritesIgnored,
@@ -106,52 +104,12 @@ def test_unreachable_endpoint_is_an_indefinite_write(s3_settings: S3Settings) ->
         conditional_put(s3_client(nowhere), nowhere.bucket, _key("x"), b"x")
 
 
-class _Forgetful(BaseHTTPRequestHandler):
-    """A reverse proxy to MinIO that drops the conditions of every request (`If-None-Match`,
-    `If-Match`): an S3 API that ignores conditional writes, as some do."""
-
-    upstream = ""
-    protocol_version = "HTTP/1.1"
-
-    def _forward(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else None
-        dropped = {"if-none-match", "if-match"}
-        headers = {k: v for k, v in self.headers.items() if k.lower() not in dropped}
-        connection = http.client.HTTPConnection(self.upstream, timeout=30)
-        try:
-            connection.request(self.command, self.path, body=body, headers=headers)
-            response = connection.getresponse()
-            data = response.read()
-        finally:
-            connection.close()
-        self.send_response(response.status)
-        for key, value in response.getheaders():
-            if key.lower() not in ("content-length", "transfer-encoding", "connection"):
-                self.send_header(key, value)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    do_GET = do_PUT = do_HEAD = do_DELETE = do_POST = _forward
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def forgetful(s3_settings: S3Settings) -> Iterator[S3Settings]:
-    """`s3_settings` through a `_Forgetful` proxy on a free port of 127.0.0.1."""
-    (port,) = free_ports(1)
-    handler = type("Handler", (_Forgetful,), {"upstream": s3_settings.endpoint})
-    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield replace(s3_settings, endpoint=f"127.0.0.1:{port}")
-    finally:
-        server.shutdown()
-        server.server_close()
+    """`s3_settings` through a proxy that drops the conditions of every request
+    (`If-None-Match`, `If-Match`): an S3 API that ignores conditional writes, as some do."""
+    with S3Proxy(s3_settings.endpoint, frozenset({"If-None-Match", "If-Match"})) as proxy:
+        yield replace(s3_settings, endpoint=proxy.endpoint)
 
 
 def test_the_probe_passes_on_minio_and_leaves_nothing(s3_settings: S3Settings) -> None:
