@@ -10,13 +10,17 @@ every part); and the part bytes written by the resume, whose goal is 0 (nothing 
 `mvsink bench readonly`: a writing replica and a read-only replica of one sink on one shard,
 fed the same ticks at a fixed pace for `minutes`; the read-only replica's correction state
 (its `mvsink_write_corrections` gauge, summed over partitions) is sampled against the updates
-in flight (published but not yet under the shard's upper). Goal: flat, <= 2x in flight.
+in flight (published but not yet under the shard's upper). Goal: flat, <= 2x in flight. Each
+sample also holds the state versions the shard's log retains and each replica's S3 requests
+per hour since the sample before (each replica reaches the store through its own counting
+proxy, `mvsink.bench.s3proxy`), the first steady sample next to the last.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +28,7 @@ from mvsink import Say
 from mvsink.bench.compare import BLOCK, save_figures, sink_config
 from mvsink.bench.contenders import MvsinkSystem, scrape
 from mvsink.bench.cycle import STAGED
+from mvsink.bench.s3proxy import S3Proxy
 from mvsink.bench.workload import (
     BenchError,
     EncodedTick,
@@ -178,7 +183,13 @@ def run_readonly(
     ticks, _ = encode_ticks(leader, workload, say)
     feeder = Feeder(config.kafka_bootstrap)
     logs = state_dir() / "bench" / run_id
-    systems = [MvsinkSystem(leader, logs / "leader"), MvsinkSystem(follower, logs / "ro")]
+    # Each replica reaches the store through its own counting proxy (`mvsink.bench.s3proxy`).
+    proxies = [S3Proxy(c.s3.endpoint).__enter__() for c in (leader, follower)]
+    systems = [
+        MvsinkSystem(replace(c, s3=replace(c.s3, endpoint=proxy.endpoint)), logs / name)
+        for c, proxy, name in zip((leader, follower), proxies, ("leader", "ro"), strict=True)
+    ]
+    shard = open_shard(run_id, None, leader.s3)
     for system in systems:
         system.start()
     samples: list[dict[str, float]] = []
@@ -192,7 +203,7 @@ def run_readonly(
         for system in systems:
             system.ends[0] = feeder.feed(system.config, ticks[0])
         wait_upper(systems[0], 1, "the writing replica's first tick")
-        started = time.monotonic()
+        started = last = time.monotonic()
         say("  the writing replica appended tick 0; pacing the rest")
         for tick in ticks[1:]:
             due = started + tick.time * interval
@@ -206,21 +217,30 @@ def run_readonly(
             if tick.time % max(1, int(10 / interval)) == 0:
                 gauge = scrape(logs / "ro" / "write.log").get("mvsink_write_corrections", 0.0)
                 in_flight = sum(t.updates for t in ticks[upper : tick.time + 1])
+                now = time.monotonic()
+                rates = [proxy.per_hour(last, now) or 0.0 for proxy in proxies]
                 sample = {
-                    "t_s": round(time.monotonic() - started, 1),
+                    "t_s": round(now - started, 1),
                     "corrections": gauge,
                     "in_flight": float(in_flight),
                     "tick": float(tick.time),
                     "upper": float(upper),
+                    "retained_versions": float(len(shard.retained_seqnos())),
+                    "leader_s3_per_hour": round(rates[0]),
+                    "standby_s3_per_hour": round(rates[1]),
                 }
                 samples.append(sample)
+                last = now
                 say(
                     f"  {sample['t_s']:>6.0f}s tick {tick.time:>5} upper {upper:>5}: read-only corrections "
-                    f"{gauge:>10,.0f}, updates in flight {in_flight:>10,}"
+                    f"{gauge:>10,.0f}, updates in flight {in_flight:>10,}; {sample['retained_versions']:.0f} "
+                    f"versions retained; S3 requests/h writing {rates[0]:,.0f}, standby {rates[1]:,.0f}"
                 )
     finally:
         for system in systems:
             system.stop()
+        for proxy in proxies:
+            proxy.__exit__(None, None, None)
     steady = [s for s in samples if s["t_s"] >= 30] or samples
     ratio = max(s["corrections"] / max(s["in_flight"], 2 * workload.changed) for s in steady)
     figures = {
@@ -231,12 +251,25 @@ def run_readonly(
         "corrections_last": steady[-1]["corrections"],
         "corrections_max": max(s["corrections"] for s in steady),
         "max_ratio_to_in_flight": round(ratio, 2),
+        **{
+            f"{key}_{name}": sample[key]
+            for name, sample in (("first", steady[0]), ("last", steady[-1]))
+            for key in ("retained_versions", "leader_s3_per_hour", "standby_s3_per_hour")
+        },
         "samples": samples,
     }
     say(
         f"read-only corrections after warm-up: first {figures['corrections_first']:,.0f}, "
         f"last {figures['corrections_last']:,.0f}, max {figures['corrections_max']:,.0f}; "
         f"max ratio to the updates in flight x{ratio:.2f} (goal <= x2)"
+    )
+    say(
+        "state versions retained, first -> last sample: "
+        f"{figures['retained_versions_first']:.0f} -> {figures['retained_versions_last']:.0f}; "
+        "S3 requests/h writing replica "
+        f"{figures['leader_s3_per_hour_first']:,.0f} -> {figures['leader_s3_per_hour_last']:,.0f}, "
+        "read-only replica "
+        f"{figures['standby_s3_per_hour_first']:,.0f} -> {figures['standby_s3_per_hour_last']:,.0f}"
     )
     save_figures(out, "readonly", figures, say, logs)
     return figures

@@ -279,6 +279,9 @@ def test_bench_readonly_samples_the_replicas_corrections(
     figures = json.loads((out / "readonly.json").read_text())
     assert len(figures["samples"]) >= 3
     assert figures["samples"][-1]["upper"] > 0  # the writing replica kept appending
+    last = figures["samples"][-1]
+    assert last["retained_versions"] > 0 and last["leader_s3_per_hour"] > 0
+    assert last["standby_s3_per_hour"] > 0  # a standby folds the shard, renews its lease
 
 
 def test_bench_soak_keeps_the_shard_small(
