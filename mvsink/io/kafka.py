@@ -51,6 +51,19 @@ DELETED = {"cleanup.policy": "delete"}
 #: cleaner only drops a key's older values, never its latest, so how late it runs changes what
 #: a follower reads, not what it learns.
 FRONTIERS = {**COMPACTED, "segment.ms": "3600000", "max.compaction.lag.ms": "3600000"}
+#: For a group consumer that decides ownership (write's desired partitions, append's workers).
+#: librdkafka's heartbeat thread keeps the membership: a replica that dies or pauses longer
+#: than the session (10 s) loses its partitions to the others, which its conditional writes
+#: fence (write's checkpoint chain, append's compare-and-append). The poll interval is
+#: librdkafka's maximum (24 h): the replicas poll between steps, and a step (a hydration, a
+#: repair) can outlast the 300 s default, which would move the partitions off a replica
+#: working on them and make its work stale, again and again. A step hung longer than 24 h
+#: loses them too; `/healthz` reports a loop that stopped long before.
+OWNERSHIP = {
+    "session.timeout.ms": 10000,
+    "heartbeat.interval.ms": 2000,
+    "max.poll.interval.ms": 86_400_000,
+}
 #: For a consumer that reads to the end *now*: report the end, and don't let a fetch there wait
 #: `fetch.wait.max.ms` (500 ms by default) for data that is not coming: a write task's staging
 #: job reads desired to its end, so that wait would add to every job.

@@ -28,6 +28,7 @@ from mvsink.core.frontier import Frontier
 from mvsink.core.messages import BatchDescription, ShardUpper, StagedBatch
 from mvsink.io.config import Config
 from mvsink.io.kafka import (
+    OWNERSHIP,
     SEND_AT_ONCE,
     Reader,
     client_config,
@@ -105,7 +106,7 @@ class AppendShell:
             consumer_config(
                 self.config.kafka_bootstrap,
                 group_id=f"{self.config.sink_id}.append",
-                extra={"session.timeout.ms": 10000, "heartbeat.interval.ms": 2000},
+                extra=OWNERSHIP,
             )
         )
         batches.subscribe([topics.batches], on_assign=self._on_assign, on_revoke=self._on_revoke)

@@ -52,6 +52,7 @@ from mvsink.core.rows import parse_row_schema
 from mvsink.core.settings import FOLD_INTERVAL
 from mvsink.io.config import Config
 from mvsink.io.kafka import (
+    OWNERSHIP,
     Reader,
     client_config,
     consumer_config,
@@ -446,7 +447,7 @@ class WriteShell:
                 consumer_config(
                     self.config.kafka_bootstrap,
                     group_id=f"{self.config.sink_id}.write",
-                    extra={"session.timeout.ms": 10000, "heartbeat.interval.ms": 2000},
+                    extra=OWNERSHIP,
                 )
             )
             owner.subscribe([topics.desired], on_assign=self._on_assign, on_revoke=self._on_revoke)
