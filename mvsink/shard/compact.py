@@ -43,7 +43,14 @@ from typing import Any
 from mvsink.core.errors import InvalidUsage
 from mvsink.core.settings import CompactionPolicy, S3Settings, Timing
 from mvsink.shard.parts import merge_updates
-from mvsink.shard.state import MergeRequest, PartRef, maybe_merge, merge_all, select_parts
+from mvsink.shard.state import (
+    MergeRequest,
+    PartRef,
+    maybe_merge,
+    merge_all,
+    select_parts,
+    staged_at,
+)
 from mvsink.shard.store import Merged, MergeRefused, MergeResult, PartGone, Shard
 
 
@@ -207,12 +214,25 @@ def compact_once(
         shard.delete_staged(parts)
         result: MergeResult = MergeRefused(shard.state().seqno)
     else:
+        parts = _fresh(shard, parts)
         result = shard.compare_and_merge(request, parts)
     bytes_out = sum(p.bytes for p in parts) if isinstance(result, Merged) else 0
     updates_out = sum(p.updates for p in parts) if isinstance(result, Merged) else 0
     return CompactionOutcome(
         request, result, request.bytes, bytes_out, updates_out, time.monotonic() - started, where
     )
+
+
+def _fresh(shard: Shard, parts: tuple[PartRef, ...]) -> tuple[PartRef, ...]:
+    """A merge's outputs, those staged more than half of `max_part_age` ago staged again
+    (`Shard.restage`: a copy, not the merge again). A merge's tasks may run one after another
+    (two at a time in this process, a task a core on Spark), so its first outputs can age past
+    `max_part_age` before the last is staged; compare-and-merge would refuse them, and the
+    merge planned again would meet the same: compaction would never commit on a shard that
+    large. What is left: copying the old outputs must take less than half the bound, and a
+    compactor paused past it here is refused once and plans again."""
+    bound, now = shard.timing.max_part_age / 2, shard.clock.time()
+    return tuple(shard.restage(p) if now - staged_at(p.key) > bound else p for p in parts)
 
 
 def shard_table_bytes(shard: Shard) -> tuple[int, int]:

@@ -11,7 +11,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 import pyarrow as pa
@@ -261,6 +261,22 @@ class Shard:
         )  # checked before anything is written
         self.blob.put(part.key, data, PARQUET)
         return part
+
+    def restage(self, part: PartRef) -> PartRef:
+        """`part` staged again under a fresh key (the same bytes, so its footer's bounds still
+        hold), the old key deleted: for a writer whose part aged past `max_part_age` before it
+        could add it, while staging the rest (a long merge's first outputs).
+
+        Raises:
+            PartGone: the part is gone already (the sweeper took it).
+        """
+        found = self.blob.get(part.key)
+        if found is None:
+            raise PartGone(f"part {part.key} of shard {self.shard_id} is gone")
+        fresh = replace(part, key=self._part_key(part.writer_id))
+        self.blob.put(fresh.key, found[0], PARQUET)
+        self.blob.remove([part.key])
+        return fresh
 
     def compare_and_append(
         self, parts: Iterable[PartRef], expected_upper: Frontier, new_upper: Frontier

@@ -10,11 +10,16 @@ from __future__ import annotations
 import time
 from collections import Counter
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from simshard import (
     FAULTS,
+    POLICY,
+    PREFIX,
     ROWS,
     SHARD,
+    SIM_S3,
     TIMING,
     FixedClock,
     Sim,
@@ -29,7 +34,10 @@ from simshard import (
 from simworld import Faults, SimBlob, World, run_seed, sweep
 
 from mvsink.core.frontier import Frontier
-from mvsink.shard import Shard, ShardState, UpperMismatch
+from mvsink.core.partitioning import partitions_of
+from mvsink.core.updates import DIFF, TIME, normalize_updates
+from mvsink.shard import Appended, Merged, Shard, ShardState, UpperMismatch
+from mvsink.shard.compact import MergeTask, MergeTaskResult, compact_once, merge_on
 
 #: The sweep `./run test` runs: seeds and store calls per seed (under a minute on 2 cores).
 BUDGET_SEEDS = 50
@@ -209,3 +217,49 @@ def test_a_retry_that_writes_a_pruned_version_again_byte_for_byte_proves_nothing
     assert shard.state().seqno == 5
     shard.collect_garbage()
     assert shard.retained_seqnos() == [4, 5]  # both strays deleted
+
+
+def test_a_merge_whose_tasks_outlast_max_part_age_is_not_refused_every_time() -> None:
+    """A merge of P = 4 partitions whose tasks run one after another for 8 s each (a large
+    shard merged two tasks at a time): its first outputs are 32 s old when it commits, past
+    `max_part_age` (20 s). Planned again, the same happens: compaction would never commit.
+    The merge stages its too old outputs again (same bytes, fresh keys) and commits."""
+    world = World(0)
+    blob, clock = SimBlob(world), FixedClock(world)
+    shard = Shard.create_or_open(
+        None,
+        "sim",
+        SHARD,
+        ROWS,
+        TIMING,
+        0,
+        blob=blob,
+        clock=clock,  # type: ignore[arg-type]
+    )
+    shard.s3 = SIM_S3
+    for t in range(3):
+        rows = normalize_updates(
+            pa.table({"k": pa.array(range(8), pa.int64()), TIME: [t] * 8, DIFF: [1] * 8}), ROWS
+        )
+        hashes = partitions_of(rows, ROWS, 4)
+        parts = [
+            shard.stage(
+                rows.filter(pc.equal(hashes, p)), Frontier.at(t), Frontier.at(t + 1), "w", p, 4
+            )
+            for p in range(4)
+        ]
+        appended = shard.compare_and_append(parts, Frontier.at(t), Frontier.at(t + 1))
+        assert isinstance(appended, Appended)
+
+    def slow(tasks: list[MergeTask], _: Shard | None = None) -> list[MergeTaskResult]:
+        results = []
+        for task in tasks:
+            results.append(merge_on(shard, task))
+            world.now += 8.0
+        return results
+
+    outcome = compact_once(shard, POLICY, "merger", slow, force=True)
+    assert outcome is not None and isinstance(outcome.result, Merged), outcome
+    assert len(shard.state().batches) == 1
+    staged = {k for k in world.objects if k.startswith(f"{PREFIX}/parts/merger/")}
+    assert staged == shard.state().part_keys  # the too old outputs were not left behind
