@@ -26,7 +26,7 @@ from mvsink.core.updates import normalize_updates, part_schema
 from mvsink.io.s3 import IndefiniteWrite, PreconditionFailed, Written
 from mvsink.shard import gc
 from mvsink.shard import parts as partio
-from mvsink.shard.blob import SYSTEM, Blob, Clock, MinioBlob, unquoted
+from mvsink.shard.blob import SYSTEM, Blob, Clock, Listed, MinioBlob, unquoted
 from mvsink.shard.gc import DeleteResult, GcResult, SweepResult
 from mvsink.shard.state import (
     Appended,
@@ -472,9 +472,9 @@ class Shard:
             if isinstance(outcome, PreconditionFailed):
                 return False
             assert isinstance(outcome, Written)
-            etag = unquoted(outcome.etag)
             try:
-                if not self._proven(state, etag):
+                etag = self._proven(state, unquoted(outcome.etag), data)
+                if etag is None:
                     return False
             except Exception as error:
                 raise IndefiniteAppend(
@@ -485,10 +485,15 @@ class Shard:
             return True
         raise IndefiniteAppend(f"creating {key} stayed indefinite; read the state to settle it")
 
-    def _proven(self, state: ShardState, etag: str) -> bool:
-        """Whether the object `state` (etag `etag`; one we created, or one `listen` read) is
-        the successor of the version it was computed from: one LIST of the state keys after
-        that version.
+    def _proven(self, state: ShardState, etag: str, data: bytes | None = None) -> str | None:
+        """The etag the LIST shows for the object `state` (etag `etag`; one we created, with
+        our `data`, or one `listen` read) if it is the successor of the version it was
+        computed from, else None: one LIST of the state keys after that version.
+
+        The object listed at our key is ours when its etag is the create reply's, or, on a
+        store whose create replies carry other etags than its LISTs, when its bytes are our
+        `data` (one GET; unique to our attempt by its nonce, and a retry of it writes the same
+        bytes with the same meaning).
 
         A create can succeed at a seqno the collector pruned (the key is absent: S3 cannot
         refuse it), if we paused between reading `n` and creating `n+1` while `n+1` and more
@@ -503,14 +508,22 @@ class Shard:
         listed = self.blob.list(
             f"{self.prefix}/state/", start_after=self.state_key(state.seqno - 1)
         )
-        if not listed or (listed[0].key, listed[0].etag) != (self.state_key(state.seqno), etag):
-            return False
-        if len(listed) == 1:
-            return True
-        if listed[1].key != self.state_key(state.seqno + 1):
-            return False
-        following = self.version(state.seqno + 1, listed[1].etag)
-        return following is not None and following.prev == state.nonce
+        if not listed or listed[0].key != self.state_key(state.seqno):
+            return None
+        if listed[0].etag != etag and not self._holds(listed[0], data):
+            return None
+        if len(listed) > 1:
+            if listed[1].key != self.state_key(state.seqno + 1):
+                return None
+            following = self.version(state.seqno + 1, listed[1].etag)
+            if following is None or following.prev != state.nonce:
+                return None
+        return listed[0].etag
+
+    def _holds(self, listed: Listed, data: bytes | None) -> bool:
+        """Whether the object `listed` (as the LIST showed it) holds exactly `data`."""
+        found = None if data is None else self.blob.get(listed.key)
+        return found is not None and found[1] == listed.etag and found[0] == data
 
     @classmethod
     def create_or_open(
@@ -577,7 +590,7 @@ class Shard:
             if state is not None:
                 # The object there is the version, not a pruned seqno a paused writer wrote
                 # again, only if `_proven` says so (as for a writer's own create).
-                if not self._proven(state, self._etag(seqno + 1) or ""):
+                if self._proven(state, self._etag(seqno + 1) or "") is None:
                     raise MvsinkError(f"shard {self.shard_id}: version {seqno + 1} was pruned")
                 seqno, idle_since = seqno + 1, self.clock.monotonic()
                 yield state

@@ -36,6 +36,7 @@ from simworld import Faults, SimBlob, World, run_seed, sweep
 from mvsink.core.frontier import Frontier
 from mvsink.core.partitioning import partitions_of
 from mvsink.core.updates import DIFF, TIME, normalize_updates
+from mvsink.io.s3 import ConditionalResult, Written
 from mvsink.shard import Appended, Merged, Shard, ShardState, UpperMismatch
 from mvsink.shard.compact import MergeTask, MergeTaskResult, compact_once, merge_on
 
@@ -263,3 +264,35 @@ def test_a_merge_whose_tasks_outlast_max_part_age_is_not_refused_every_time() ->
     assert len(shard.state().batches) == 1
     staged = {k for k in world.objects if k.startswith(f"{PREFIX}/parts/merger/")}
     assert staged == shard.state().part_keys  # the too old outputs were not left behind
+
+
+class _OtherPutEtags(SimBlob):
+    """A store whose create replies carry another entity tag than its LISTs and GETs show for
+    the same object (some S3-compatible stores: encryption, their own etag schemes)."""
+
+    def create(self, key: str, data: bytes, timeout: float | None = None) -> ConditionalResult:
+        outcome = super().create(key, data, timeout)
+        return Written(f'"put-{outcome.etag}"') if isinstance(outcome, Written) else outcome
+
+
+def test_a_store_whose_put_etags_differ_from_its_list_etags_still_proves_creates() -> None:
+    """`_proven` matched the create reply's etag to the LIST's: on such a store no create was
+    ever proven, and every change started over and created one more version, forever. A
+    create whose etags differ is proven by its bytes (unique to the attempt by its nonce)."""
+    world = World(0)
+    blob, clock = _OtherPutEtags(world), FixedClock(world)
+    shard = Shard.create_or_open(
+        None,
+        "sim",
+        SHARD,
+        ROWS,
+        TIMING,
+        3,
+        blob=blob,
+        clock=clock,  # type: ignore[arg-type]
+    )
+    assert shard.state().seqno == 0
+    shard.lease("reader")
+    shard.advance_upper(Frontier.at(3))
+    assert shard.state().seqno == 2 and shard.upper() == Frontier.at(3)
+    assert shard.retained_seqnos() == [0, 1, 2]  # one version per change, no more
