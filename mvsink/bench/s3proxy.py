@@ -11,18 +11,23 @@ test makes a store that ignores conditional writes.
 
 It listens on a free port of 127.0.0.1, one thread per client connection, each with one
 upstream connection kept open; bodies are read whole (parts and checkpoints are a few MB).
+`ProxyProcess` runs one in a process of its own, for the benchmarks.
 """
 
 from __future__ import annotations
 
 import bisect
 import http.client
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
-from urllib.parse import unquote, urlsplit
+from typing import Any, cast
+from urllib.parse import parse_qs, unquote, urlsplit
 
 #: Response headers the proxy sets itself.
 _HOP = frozenset({"content-length", "transfer-encoding", "connection"})
@@ -98,12 +103,86 @@ class S3Proxy:
         self._server.server_close()
 
 
+#: The proxy's own path: `?start=S&end=E` (`time.monotonic`) answers its counts as JSON.
+COUNTS_PATH = "/_mvsink/counts"
+
+
+class ProxyProcess:
+    """An `S3Proxy` in a process of its own (`python -m mvsink.bench.s3proxy UPSTREAM`), so
+    that forwarding a replica's requests takes no turns from the benchmark's own threads (its
+    feeder and sampler): the same `endpoint`, `per_hour` and `snapshot`, asked over HTTP.
+    `time.monotonic` is the system's monotonic clock, the same in both processes."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.endpoint = ""
+        self._process: subprocess.Popen[str] | None = None
+
+    def __enter__(self) -> ProxyProcess:
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "mvsink.bench.s3proxy", self.upstream],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self._process.stdout is not None
+        line = self._process.stdout.readline().strip()
+        if not line.startswith("listening on "):
+            self._process.kill()
+            raise RuntimeError(f"the S3 proxy did not start: {line!r}")
+        self.endpoint = line.removeprefix("listening on ")
+        return self
+
+    def _ask(self, start: float = 0.0, end: float = 0.0) -> dict[str, Any]:
+        connection = http.client.HTTPConnection(self.endpoint, timeout=30)
+        try:
+            connection.request("GET", f"{COUNTS_PATH}?start={start!r}&end={end!r}")
+            return cast(dict[str, Any], json.loads(connection.getresponse().read()))
+        finally:
+            connection.close()
+
+    def per_hour(self, start: float, end: float) -> float | None:
+        """As `S3Proxy.per_hour`."""
+        return float(self._ask(start, end)["per_hour"]) if end > start else None
+
+    def snapshot(self) -> dict[str, int]:
+        """As `S3Proxy.snapshot`."""
+        return cast(dict[str, int], self._ask()["counts"])
+
+    def __exit__(
+        self,
+        kind_: type[BaseException] | None,
+        error: BaseException | None,
+        trace: TracebackType | None,
+    ) -> None:
+        if self._process is not None:
+            self._process.terminate()
+            self._process.wait(30)
+
+
 def _handler(proxy: S3Proxy) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # A reply's headers and body go out in two writes: with Nagle's algorithm on, the
+        # second waits for the client's delayed ACK (40 ms a request on a kept connection).
+        disable_nagle_algorithm = True
         upstream: http.client.HTTPConnection | None = None
 
+        def _counts(self) -> None:
+            query = parse_qs(urlsplit(self.path).query)
+            start, end = (float(query.get(k, ["0"])[0]) for k in ("start", "end"))
+            body = json.dumps(
+                {"per_hour": proxy.per_hour(start, end), "counts": proxy.snapshot()}
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
         def _forward(self) -> None:
+            if self.path.startswith(COUNTS_PATH):
+                self._counts()
+                return
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None
             headers = {k: v for k, v in self.headers.items() if k.lower() not in proxy.drop}
@@ -135,3 +214,20 @@ def _handler(proxy: S3Proxy) -> type[BaseHTTPRequestHandler]:
             pass
 
     return Handler
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m mvsink.bench.s3proxy UPSTREAM`: serve until terminated (`ProxyProcess`)."""
+    import signal
+
+    args = sys.argv[1:] if argv is None else argv
+    with S3Proxy(args[0]) as proxy:
+        print(f"listening on {proxy.endpoint}", flush=True)
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        stop.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

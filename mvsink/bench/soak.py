@@ -21,7 +21,7 @@ ratio and targets (met or missed, never asserted):
 * state versions the shard's log retains (at each sample), median over the window;
 * S3 requests per hour of the writing replica (mint, write with its Spark executors, append),
   over the window (from its first tick published to its last one durable): the services reach
-  the store through a counting proxy in this process (`mvsink.bench.s3proxy`; `soak.json`
+  the store through a counting proxy in a process of its own (`mvsink.bench.s3proxy`; `soak.json`
   has the run's requests by method and kind), the sampler directly;
 * freshness p50/p99 of the window's ticks: published -> the shard's upper past them;
 * the desired topic, at the window's last tick: its bytes on the broker (the partitions'
@@ -61,7 +61,7 @@ from mvsink import Say
 from mvsink.bench.compare import drive, percentile, save_figures, sink_config
 from mvsink.bench.contenders import MvsinkSystem, Run
 from mvsink.bench.cycle import APPENDED
-from mvsink.bench.s3proxy import S3Proxy
+from mvsink.bench.s3proxy import ProxyProcess
 from mvsink.bench.steady import empty_tick, first_job, read_once, wait_upper
 from mvsink.bench.workload import BenchError, EncodedTick, Feeder, Workload, encode_ticks
 from mvsink.io.config import Config, cache_dir, state_dir
@@ -285,7 +285,7 @@ def run_soak(
     ticks, final = encode_ticks(sink, workload, say)
     feeder, logs = Feeder(config.kafka_bootstrap), state_dir() / "bench" / run_id
     # The services reach the store through a counting proxy (the sampler does not).
-    proxy = S3Proxy(sink.s3.endpoint).__enter__()
+    proxy = ProxyProcess(sink.s3.endpoint).__enter__()
     counted = replace(sink, s3=replace(sink.s3, endpoint=proxy.endpoint))
     system, sampler = MvsinkSystem(counted, logs), Sampler(sink, say)
     shard = open_shard(sink.shard_id, None, sink.s3)

@@ -28,7 +28,7 @@ from mvsink import Say
 from mvsink.bench.compare import BLOCK, save_figures, sink_config
 from mvsink.bench.contenders import MvsinkSystem, scrape
 from mvsink.bench.cycle import STAGED
-from mvsink.bench.s3proxy import S3Proxy
+from mvsink.bench.s3proxy import ProxyProcess
 from mvsink.bench.workload import (
     BenchError,
     EncodedTick,
@@ -184,7 +184,7 @@ def run_readonly(
     feeder = Feeder(config.kafka_bootstrap)
     logs = state_dir() / "bench" / run_id
     # Each replica reaches the store through its own counting proxy (`mvsink.bench.s3proxy`).
-    proxies = [S3Proxy(c.s3.endpoint).__enter__() for c in (leader, follower)]
+    proxies = [ProxyProcess(c.s3.endpoint).__enter__() for c in (leader, follower)]
     systems = [
         MvsinkSystem(replace(c, s3=replace(c.s3, endpoint=proxy.endpoint)), logs / name)
         for c, proxy, name in zip((leader, follower), proxies, ("leader", "ro"), strict=True)

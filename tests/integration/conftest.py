@@ -11,6 +11,25 @@ from sinkkit import Service, Sink
 from mvsink.io.config import S3Settings
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("bounds", "the state-log bounds soak (test_state_bounds)")
+    group.addoption(
+        "--bounds-seconds",
+        type=float,
+        default=None,
+        help="seconds of ticks, one a second (default: a fixed budget for ./run test)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A bounds soak longer than the budget gets its length and 10 minutes as its timeout."""
+    seconds = config.getoption("--bounds-seconds", default=None)
+    if seconds:
+        for item in items:
+            if item.name.startswith("test_a_standby_and_a_sink_without_compaction"):
+                item.add_marker(pytest.mark.timeout(max(600, seconds + 600)))
+
+
 @pytest.fixture
 def sink(kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path) -> Sink:
     """A freshly provisioned sink (topics + shard) with a unique id."""
