@@ -301,12 +301,14 @@ def run_soak(
     checked, rechecked = Run("mvsink"), Run("mvsink")
     try:
         first = _drive(system, feeder, ticks[: early + 1], say, "early part")
+        rates = {"early": _requests(proxy, first, window)}
         sampler.fill(windows["early"], WINDOW_SAMPLES)
         sampler.pause()  # the pipeline idles now: samples would show its compacted state
         desired_early = _desired_size(sink, say)
         restart_early = _restarts(system, feeder, shard, ticks[early + 1 : early + 3], say)
         sampler.resume()
         rest = _drive(system, feeder, ticks[early + 3 :], say, "long part")
+        rates["end"] = _requests(proxy, rest, window)
         sampler.fill(windows["end"], WINDOW_SAMPLES)
         sampler.pause()  # the pipeline idles now: samples would show its compacted state
         desired_end = _desired_size(sink, say)
@@ -314,16 +316,12 @@ def run_soak(
         ends = [empty_tick(workload.ticks + 1), empty_tick(workload.ticks + 2)]
         restart_end = _restarts(system, feeder, shard, ends, say)
         system.finish(rechecked, final)
+        requests = proxy.snapshot()
     finally:
         sampler.stop()
         system.stop()
         proxy.__exit__(None, None, None)
     view = _consolidated_view(sink, shard)
-    # A window's requests: from its first tick published to its last one durable.
-    rates = {
-        name: proxy.per_hour(run.tick_times[-window][0], run.tick_times[-1][1]) or math.nan
-        for name, run in (("early", first), ("end", rest))
-    }
     figures = _figures(
         sampler.samples,
         windows,
@@ -342,7 +340,7 @@ def run_soak(
         correct_before_restart=checked.correct,
         correct_after_restart=rechecked.correct,
         sampler_errors=sampler.errors,
-        s3_requests=proxy.snapshot(),
+        s3_requests=requests,
         shard_timing=SOAK_SHARD,
         workload={
             "keys": workload.keys,
@@ -362,6 +360,13 @@ def run_soak(
     _chart(figures, save_figures(out, "soak", figures, say, logs).with_suffix(".png"))
     say(f"wrote {out / 'soak.png'}")
     return figures
+
+
+def _requests(proxy: ProxyProcess, run: Run, window: int) -> float:
+    """The replica's S3 requests per hour over a drive's last `window` ticks: from the first
+    one published to the last one durable."""
+    rate = proxy.per_hour(run.tick_times[-window][0], run.tick_times[-1][1])
+    return math.nan if rate is None else rate
 
 
 def _drive(
