@@ -56,6 +56,10 @@ log = logging.getLogger("mvsink.write.task")
 
 #: How long a fold until a batch's upper waits for the partition's progress to reach it.
 PROGRESS_WAIT = 60.0
+#: The most quarantined offsets a partition's state keeps for replays (`_replay_of`): the
+#: newest. A replay of an older one is refused as folded already, so it is never folded twice;
+#: the bound keeps a checkpoint's metadata small under an upstream that sends only bad records.
+QUARANTINE_KEPT = 100_000
 #: The most a kept reader prefetches (librdkafka's default is 64 MiB a partition).
 KEPT_QUEUE_KBYTES = 16384
 #: A kept reader's consumer settings. It only ever reads until a batch's upper (a `Progress`
@@ -205,7 +209,7 @@ def fold_desired(
                 continue
             tables.append(table)
         position = consumer.position([TopicPartition(topic, partition)])[0].offset
-        state.quarantined = quarantined
+        state.quarantined = newest(quarantined, QUARANTINE_KEPT)
         if position >= 0:
             state.folded_offset = position
         if keep and position >= 0:
@@ -218,6 +222,11 @@ def fold_desired(
     if tables:
         state.correction.insert(pa.concat_tables(tables))
     return dead
+
+
+def newest(offsets: set[int], kept: int) -> set[int]:
+    """The `kept` largest of `offsets` (all of them if there are no more)."""
+    return offsets if len(offsets) <= kept else set(sorted(offsets)[-kept:])
 
 
 def _replay_of(message: Message, topic: str, partition: int, quarantined: set[int]) -> int:

@@ -1,5 +1,6 @@
 """Where `mvsink dead-letters replay` sends a dead letter back, or why it cannot
-(`mvsink.tools.dead_letters.plan_replay`): pure, from the letter's bytes and headers."""
+(`mvsink.tools.dead_letters.plan_replay`): pure, from the letter's bytes and headers; and the
+quarantined offsets a write state keeps for replays (`services.write.fold.newest`)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from mvsink.core.messages import (
 )
 from mvsink.io.config import Topics
 from mvsink.tools.dead_letters import DeadLetter, Send, StillBad, plan_replay
+from services.write.fold import newest
 
 TOPICS = Topics.for_sink("s")
 COUNTS = {TOPICS.desired: 2, TOPICS.batches: 2, TOPICS.descs: 1}
@@ -65,3 +67,18 @@ def test_a_letter_line_says_where_from_and_why() -> None:
     line = letter(b"abc", source=(TOPICS.desired, 1)).line()
     assert line.split("\t") == ["3", "1970-01-01T00:00:00Z", f"{TOPICS.desired}[1]@7", "3B", "why"]
     assert "\t?\t" in letter(b"abc").line()
+
+
+@pytest.mark.parametrize(
+    ("offsets", "kept", "expected"),
+    [
+        ({3, 1, 2}, 5, {1, 2, 3}),
+        ({3, 1, 2}, 3, {1, 2, 3}),
+        ({7, 1, 5, 3}, 2, {5, 7}),  # the newest stay: a replay of 1 or 3 is refused
+        (set(), 2, set()),
+    ],
+)
+def test_a_state_keeps_the_newest_quarantined_offsets(
+    offsets: set[int], kept: int, expected: set[int]
+) -> None:
+    assert newest(offsets, kept) == expected
