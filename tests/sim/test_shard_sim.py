@@ -176,23 +176,31 @@ def test_faults_are_injected() -> None:
     assert any(a.restarts for a in sim.world.actors) or "reply lost" in " ".join(sim.world.trace)
 
 
-def test_a_retry_that_writes_a_pruned_version_again_byte_for_byte_proves_nothing() -> None:
-    """Writer A's create of version 1 lands, its reply is lost, and its retry (the same bytes)
-    lands only after versions 1-3 were pruned; writer C read version 1 before and paused. C's
-    create of "version 2" succeeds at the pruned key, and version 1 is there with the etag C
-    read it with: that must not count as proof (C starts over and sees the upper moved)."""
+def _fresh_shard(
+    retain: int, store: type[SimBlob] = SimBlob
+) -> tuple[World, SimBlob, FixedClock, Shard]:
+    """A world at seed 0 holding a new shard `SHARD` (`retain_history` `retain`) in `store`."""
     world = World(0)
-    blob, clock = SimBlob(world), FixedClock(world)
+    blob, clock = store(world), FixedClock(world)
     shard = Shard.create_or_open(
         None,
         "sim",
         SHARD,
         ROWS,
         TIMING,
-        3,
-        blob=blob,  # type: ignore[arg-type]
-        clock=clock,
+        retain,
+        blob=blob,
+        clock=clock,  # type: ignore[arg-type]
     )
+    return world, blob, clock, shard
+
+
+def test_a_retry_that_writes_a_pruned_version_again_byte_for_byte_proves_nothing() -> None:
+    """Writer A's create of version 1 lands, its reply is lost, and its retry (the same bytes)
+    lands only after versions 1-3 were pruned; writer C read version 1 before and paused. C's
+    create of "version 2" succeeds at the pruned key, and version 1 is there with the etag C
+    read it with: that must not count as proof (C starts over and sees the upper moved)."""
+    world, blob, clock, shard = _fresh_shard(3)
     writer_a = Shard(None, "sim", SHARD, ROWS, TIMING, blob=blob, clock=clock)
     writer_c = Shard(None, "sim", SHARD, ROWS, TIMING, blob=blob, clock=clock)
     writer_a.advance_upper(Frontier.at(1))
@@ -225,18 +233,7 @@ def test_a_merge_whose_tasks_outlast_max_part_age_is_not_refused_every_time() ->
     shard merged two tasks at a time): its first outputs are 32 s old when it commits, past
     `max_part_age` (20 s). Planned again, the same happens: compaction would never commit.
     The merge stages its too old outputs again (same bytes, fresh keys) and commits."""
-    world = World(0)
-    blob, clock = SimBlob(world), FixedClock(world)
-    shard = Shard.create_or_open(
-        None,
-        "sim",
-        SHARD,
-        ROWS,
-        TIMING,
-        0,
-        blob=blob,
-        clock=clock,  # type: ignore[arg-type]
-    )
+    world, _, _, shard = _fresh_shard(0)
     shard.s3 = SIM_S3
     for t in range(3):
         rows = normalize_updates(
@@ -279,18 +276,7 @@ def test_a_store_whose_put_etags_differ_from_its_list_etags_still_proves_creates
     """`_proven` matched the create reply's etag to the LIST's: on such a store no create was
     ever proven, and every change started over and created one more version, forever. A
     create whose etags differ is proven by its bytes (unique to the attempt by its nonce)."""
-    world = World(0)
-    blob, clock = _OtherPutEtags(world), FixedClock(world)
-    shard = Shard.create_or_open(
-        None,
-        "sim",
-        SHARD,
-        ROWS,
-        TIMING,
-        3,
-        blob=blob,
-        clock=clock,  # type: ignore[arg-type]
-    )
+    _, _, _, shard = _fresh_shard(3, _OtherPutEtags)
     assert shard.state().seqno == 0
     shard.lease("reader")
     shard.advance_upper(Frontier.at(3))
