@@ -19,10 +19,13 @@ ratio and targets (met or missed, never asserted):
 * compare-and-append p50/p99 of the window's appends (the append service logs each latency);
 * snapshot time (`Shard.snapshot` at the upper, at each sample), median over the window;
 * state versions the shard's log retains (at each sample), median over the window;
-* S3 requests per hour of the writing replica (mint, write with its Spark executors, append),
-  over the window (from its first tick published to its last one durable): the services reach
-  the store through a counting proxy in a process of its own (`mvsink.bench.s3proxy`; `soak.json`
-  has the run's requests by method and kind), the sampler directly;
+* S3 requests per hour of the writing replica (mint, write with its Spark executors, append)
+  and of a read-only standby beside it (the same services with `read_only`, a sink of their own
+  on the same shard, fed every tick the writer is), over the window (from its first tick
+  published to its last one durable): each replica reaches the store through a counting proxy
+  in a process of its own (`mvsink.bench.s3proxy`; `soak.json` has the run's requests by
+  replica, method and kind), the sampler directly. The standby's checkpoints are not in the
+  bucket figures, and the restarts stop the writing replica's write service only;
 * freshness p50/p99 of the window's ticks: published -> the shard's upper past them;
 * the desired topic, at the window's last tick: its bytes on the broker (the partitions'
   segments, Kafka's DescribeLogDirs) and the records it retains (end - log start). The write
@@ -106,7 +109,8 @@ FIGURES = (
     ("freshness_p50_s", "freshness p50", "s"),
     ("freshness_p99_s", "freshness p99", "s"),
     ("retained_versions", "state versions retained", ""),
-    ("s3_requests_per_hour", "S3 requests per hour", ""),
+    ("s3_requests_per_hour", "S3 requests/h, writing", ""),
+    ("standby_s3_requests_per_hour", "S3 requests/h, standby", ""),
     ("desired_bytes", "desired on the broker", "B"),
     ("desired_records", "desired records kept", ""),
     ("cold_restart_s", "cold restart: first job", "s"),
@@ -280,14 +284,26 @@ def run_soak(
         raise BenchError(f"soak with --window {window} needs --ticks >= {2 * window + 4}")
     run_id = f"soak-{uuid.uuid4().hex[:6]}"
     sink = sink_config(config, run_id, workload.partitions, **SOAK_SHARD)
-    provision(sink)
+    beside = sink_config(
+        config,
+        f"{run_id}-ro",
+        workload.partitions,
+        shard_id=sink.shard_id,
+        read_only=True,
+        **SOAK_SHARD,
+    )
+    for each in (sink, beside):
+        provision(each)
     say(f"encoding {workload.ticks + 1} ticks (untimed) ...")
     ticks, final = encode_ticks(sink, workload, say)
-    feeder, logs = Feeder(config.kafka_bootstrap), state_dir() / "bench" / run_id
-    # The services reach the store through a counting proxy (the sampler does not).
-    proxy = ProxyProcess(sink.s3.endpoint).__enter__()
-    counted = replace(sink, s3=replace(sink.s3, endpoint=proxy.endpoint))
-    system, sampler = MvsinkSystem(counted, logs), Sampler(sink, say)
+    logs = state_dir() / "bench" / run_id
+    # Each replica reaches the store through its own counting proxy (the sampler does not).
+    proxy, standby_proxy = (ProxyProcess(sink.s3.endpoint).__enter__() for _ in range(2))
+    system, standby = (
+        MvsinkSystem(replace(c, s3=replace(c.s3, endpoint=p.endpoint)), path)
+        for c, p, path in ((sink, proxy, logs), (beside, standby_proxy, logs / "standby"))
+    )
+    feeder, sampler = Tee(config.kafka_bootstrap, standby), Sampler(sink, say)
     shard = open_shard(sink.shard_id, None, sink.s3)
     windows = {
         "early": (early - window + 1, early),
@@ -297,18 +313,19 @@ def run_soak(
         f"soak {run_id}: {workload.ticks} ticks; windows ticks {windows['early']} and {windows['end']}"
     )
     system.start()
+    standby.start()
     sampler.start()
     checked, rechecked = Run("mvsink"), Run("mvsink")
     try:
         first = _drive(system, feeder, ticks[: early + 1], say, "early part")
-        rates = {"early": _requests(proxy, first, window)}
+        rates = {"early": _requests((proxy, standby_proxy), first, window)}
         sampler.fill(windows["early"], WINDOW_SAMPLES)
         sampler.pause()  # the pipeline idles now: samples would show its compacted state
         desired_early = _desired_size(sink, say)
         restart_early = _restarts(system, feeder, shard, ticks[early + 1 : early + 3], say)
         sampler.resume()
         rest = _drive(system, feeder, ticks[early + 3 :], say, "long part")
-        rates["end"] = _requests(proxy, rest, window)
+        rates["end"] = _requests((proxy, standby_proxy), rest, window)
         sampler.fill(windows["end"], WINDOW_SAMPLES)
         sampler.pause()  # the pipeline idles now: samples would show its compacted state
         desired_end = _desired_size(sink, say)
@@ -316,11 +333,13 @@ def run_soak(
         ends = [empty_tick(workload.ticks + 1), empty_tick(workload.ticks + 2)]
         restart_end = _restarts(system, feeder, shard, ends, say)
         system.finish(rechecked, final)
-        requests = proxy.snapshot()
+        requests = {"writing": proxy.snapshot(), "standby": standby_proxy.snapshot()}
     finally:
         sampler.stop()
-        system.stop()
-        proxy.__exit__(None, None, None)
+        for replica in (system, standby):
+            replica.stop()
+        for counting in (proxy, standby_proxy):
+            counting.__exit__(None, None, None)
     view = _consolidated_view(sink, shard)
     figures = _figures(
         sampler.samples,
@@ -328,8 +347,8 @@ def run_soak(
         logs / "append.log",
         {"early": first.freshness[-window:], "end": rest.freshness[-window:]},
         {
-            "early": {**restart_early, **desired_early, "s3_requests_per_hour": rates["early"]},
-            "end": {**restart_end, **desired_end, "s3_requests_per_hour": rates["end"]},
+            "early": {**restart_early, **desired_early, **rates["early"]},
+            "end": {**restart_end, **desired_end, **rates["end"]},
         },
     )
     figures.update(
@@ -362,11 +381,33 @@ def run_soak(
     return figures
 
 
-def _requests(proxy: ProxyProcess, run: Run, window: int) -> float:
-    """The replica's S3 requests per hour over a drive's last `window` ticks: from the first
-    one published to the last one durable."""
-    rate = proxy.per_hour(run.tick_times[-window][0], run.tick_times[-1][1])
-    return math.nan if rate is None else rate
+class Tee(Feeder):
+    """Feeds each tick to the standby's sink too, before the writer's (whose ends it returns),
+    and checks that the standby's services still run."""
+
+    def __init__(self, bootstrap: str, standby: MvsinkSystem) -> None:
+        super().__init__(bootstrap)
+        self.standby = standby
+
+    def feed(self, config: Config, tick: EncodedTick) -> dict[int, int]:
+        self.standby.ends[tick.time] = super().feed(self.standby.config, tick)
+        self.standby.check_alive()
+        return super().feed(config, tick)
+
+
+def _requests(
+    proxies: tuple[ProxyProcess, ProxyProcess], run: Run, window: int
+) -> dict[str, float]:
+    """The writing replica's and the standby's S3 requests per hour over a drive's last
+    `window` ticks: from the first one published to the last one durable."""
+    since, until = run.tick_times[-window][0], run.tick_times[-1][1]
+    rates = [proxy.per_hour(since, until) for proxy in proxies]
+    return {
+        key: math.nan if rate is None else rate
+        for key, rate in zip(
+            ("s3_requests_per_hour", "standby_s3_requests_per_hour"), rates, strict=True
+        )
+    }
 
 
 def _drive(
@@ -521,6 +562,7 @@ def _figures(
                 key: _finite(restarts[name][key])
                 for key in (
                     "s3_requests_per_hour",
+                    "standby_s3_requests_per_hour",
                     "desired_bytes",
                     "desired_records",
                     "cold_restart_s",

@@ -324,6 +324,7 @@ def test_bench_soak_keeps_the_shard_small(
             "snapshot_s",
             "retained_versions",
             "s3_requests_per_hour",
+            "standby_s3_requests_per_hour",
             "freshness_p50_s",
             "freshness_p99_s",
             "desired_bytes",
