@@ -262,13 +262,17 @@ def watermarks(
         consumer.close()
 
 
-def topic_configs(bootstrap: str, topic: str, timeout: float = 30.0) -> dict[str, str]:
-    """The configuration `topic` has now, as the broker describes it (its defaults included).
+def topic_configs(client: str | AdminClient, topic: str, timeout: float = 30.0) -> dict[str, str]:
+    """The configuration `topic` has now, as the broker describes it (its defaults included),
+    asked through `client`: a bootstrap address, or an admin client of the caller's (a service
+    that checks every interval keeps one, rather than a client's threads and connections a
+    check).
 
     Raises:
         KafkaException: the broker refused or did not answer.
     """
-    return _described(AdminClient(client_config(bootstrap)), topic, timeout)
+    admin = AdminClient(client_config(client)) if isinstance(client, str) else client
+    return _described(admin, topic, timeout)
 
 
 def _described(admin: AdminClient, topic: str, timeout: float) -> dict[str, str]:

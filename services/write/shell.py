@@ -37,6 +37,7 @@ import threading
 from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 from prometheus_client import Counter, Gauge
 
 from mvsink.core.frontier import Frontier
@@ -191,6 +192,8 @@ class WriteShell:
         #: when it is next checked (`_maybe_check_topic`).
         self.refused: str | None = None
         self.next_topic_check = 0.0
+        #: The admin client the topic checks ask through (made at the first).
+        self.admin: AdminClient | None = None
 
     # -- ownership --------------------------------------------------------------------------
 
@@ -370,7 +373,9 @@ class WriteShell:
             return
         topic = self.config.topics.desired
         try:
-            refused = desired_refusal(topic, topic_configs(self.config.kafka_bootstrap, topic, 10))
+            if self.admin is None:
+                self.admin = AdminClient(client_config(self.config.kafka_bootstrap))
+            refused = desired_refusal(topic, topic_configs(self.admin, topic, 10))
         except Exception as error:
             log.warning("checking the configuration of %s failed (retrying): %r", topic, error)
             return
