@@ -219,6 +219,22 @@ def _port(setting: Setting, value: int) -> str | None:
     return None if 0 <= value <= 65535 else f"{setting.name} {value} is not a TCP port"
 
 
+#: Seconds a write or append replica's group session lasts without a heartbeat
+#: (`mvsink.io.kafka.ownership`), the least its poll bound may be.
+GROUP_SESSION = 10.0
+#: librdkafka's largest `max.poll.interval.ms`, in seconds.
+MOST_POLL_INTERVAL = 86_400.0
+
+
+def _poll_interval(setting: Setting, value: float) -> str | None:
+    if GROUP_SESSION <= value <= MOST_POLL_INTERVAL:
+        return None
+    return (
+        f"{setting.name} must be between the group session ({GROUP_SESSION:g} s) and "
+        f"librdkafka's most ({MOST_POLL_INTERVAL:g} s), got {value:g}"
+    )
+
+
 def _positive(setting: Setting, value: float) -> str | None:
     return None if value > 0 else f"{setting.name} must be > 0, got {value}"
 
@@ -316,6 +332,11 @@ class Config:
     topic_check_interval: float             = _row("kafka",   "topic_check_interval", "MVSINK_TOPIC_CHECK_INTERVAL", 30.0, float,
             "s, how often the write service checks `<sink>.desired`'s configuration (a compacted "
             "topic is refused: nothing folded or staged while it is); > 0", _positive)
+    max_poll_interval: float                = _row("kafka",   "max_poll_interval",   "MVSINK_KAFKA_MAX_POLL_INTERVAL", MOST_POLL_INTERVAL, float,
+            "s, how long a write or append replica may go without polling its group (a write step "
+            "runs between two polls: a hydration, a repair) before Kafka moves its partitions to the "
+            "other replicas (librdkafka's `max.poll.interval.ms`); between 10 and 86400",
+            _poll_interval)
     kafka_call_timeout: float               = _row("kafka",   "call_timeout",        "MVSINK_KAFKA_CALL_TIMEOUT",    60.0, float,
             "s, how long an upstream producer (`DesiredProducer`, `publish_dataframe`'s tasks, "
             "`mvsink view`) waits on one Kafka call (a transaction's start or commit, a flush, a read "

@@ -37,7 +37,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from mvsink.core import codec
 from mvsink.core.errors import DecodeError, MvsinkError
 from mvsink.core.messages import Record
-from mvsink.io.config import Config, Topics
+from mvsink.io.config import GROUP_SESSION, Config, Topics
 from mvsink.io.registry import Framing
 
 COMPACTED = {"cleanup.policy": "compact"}
@@ -51,19 +51,12 @@ DELETED = {"cleanup.policy": "delete"}
 #: cleaner only drops a key's older values, never its latest, so how late it runs changes what
 #: a follower reads, not what it learns.
 FRONTIERS = {**COMPACTED, "segment.ms": "3600000", "max.compaction.lag.ms": "3600000"}
-#: For a group consumer that decides ownership (write's desired partitions, append's workers).
+#: For a consumer that owns the partitions of a group (write's desired, append's batches):
 #: librdkafka's heartbeat thread keeps the membership: a replica that dies or pauses longer
-#: than the session (10 s) loses its partitions to the others, which its conditional writes
-#: fence (write's checkpoint chain, append's compare-and-append). The poll interval is
-#: librdkafka's maximum (24 h): the replicas poll between steps, and a step (a hydration, a
-#: repair) can outlast the 300 s default, which would move the partitions off a replica
-#: working on them and make its work stale, again and again. A step hung longer than 24 h
-#: loses them too; `/healthz` reports a loop that stopped long before.
-OWNERSHIP = {
-    "session.timeout.ms": 10000,
-    "heartbeat.interval.ms": 2000,
-    "max.poll.interval.ms": 86_400_000,
-}
+#: than the session (`GROUP_SESSION`, 10 s) loses its partitions to the others, which its
+#: conditional writes fence (write's checkpoint chain, append's compare-and-append).
+OWNERSHIP = {"session.timeout.ms": round(GROUP_SESSION * 1000), "heartbeat.interval.ms": 2000}
+
 #: For a consumer that reads to the end *now*: report the end, and don't let a fetch there wait
 #: `fetch.wait.max.ms` (500 ms by default) for data that is not coming: a write task's staging
 #: job reads desired to its end, so that wait would add to every job.
@@ -94,6 +87,16 @@ LIBRDKAFKA = logging.getLogger("mvsink.librdkafka")
 #: admin calls such as `list_offsets` fail. Refreshing every few seconds bounds that stall to
 #: seconds instead of minutes.
 METADATA_REFRESH_MS = 5000
+
+
+def ownership(max_poll_interval: float) -> dict[str, int]:
+    """`OWNERSHIP` with the poll bound `[kafka] max_poll_interval` (seconds). The replicas poll
+    between steps, and a step (a hydration, a repair) can outlast librdkafka's 300 s default,
+    which would move the partitions off a replica working on them and make its work stale,
+    again and again; the setting's default is librdkafka's most (24 h). A step longer than the
+    bound loses the partitions (the next poll joins the group again, and the work of the step
+    is fenced as any lost owner's is); `/healthz` reports a loop stopped long before 24 h."""
+    return {**OWNERSHIP, "max.poll.interval.ms": round(max_poll_interval * 1000)}
 
 
 def client_config(bootstrap: str, **extra: Any) -> dict[str, Any]:

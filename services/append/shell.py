@@ -28,13 +28,13 @@ from mvsink.core.frontier import Frontier
 from mvsink.core.messages import BatchDescription, ShardUpper, StagedBatch
 from mvsink.io.config import Config
 from mvsink.io.kafka import (
-    OWNERSHIP,
     SEND_AT_ONCE,
     Reader,
     client_config,
     consumer_config,
     dead_letter,
     decode_message,
+    ownership,
     poll_message,
     produce,
     tail_consumer,
@@ -106,7 +106,7 @@ class AppendShell:
             consumer_config(
                 self.config.kafka_bootstrap,
                 group_id=f"{self.config.sink_id}.append",
-                extra=OWNERSHIP,
+                extra=ownership(self.config.max_poll_interval),
             )
         )
         batches.subscribe([topics.batches], on_assign=self._on_assign, on_revoke=self._on_revoke)

@@ -53,7 +53,6 @@ from mvsink.core.rows import parse_row_schema
 from mvsink.core.settings import FOLD_INTERVAL
 from mvsink.io.config import Config
 from mvsink.io.kafka import (
-    OWNERSHIP,
     Reader,
     client_config,
     consumer_config,
@@ -61,6 +60,7 @@ from mvsink.io.kafka import (
     desired_refusal,
     drain,
     last_message,
+    ownership,
     produce,
     tail_consumer,
     topic_configs,
@@ -452,7 +452,7 @@ class WriteShell:
                 consumer_config(
                     self.config.kafka_bootstrap,
                     group_id=f"{self.config.sink_id}.write",
-                    extra=OWNERSHIP,
+                    extra=ownership(self.config.max_poll_interval),
                 )
             )
             owner.subscribe([topics.desired], on_assign=self._on_assign, on_revoke=self._on_revoke)

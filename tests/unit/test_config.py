@@ -108,6 +108,8 @@ def test_secrets_never_print(env: dict[str, str]) -> None:
         ({"MVSINK_SHARD_PART_GRACE": "100"}, "part_grace"),  # > version_grace
         ({"MVSINK_SHARD_MAX_BATCHES": "1"}, "max_batches"),
         ({"MVSINK_SHARD_COMPACTION": "sometimes"}, "boolean"),
+        ({"MVSINK_KAFKA_MAX_POLL_INTERVAL": "5"}, "max_poll_interval.*group session"),
+        ({"MVSINK_KAFKA_MAX_POLL_INTERVAL": "90000"}, "max_poll_interval.*librdkafka"),
     ],
 )
 def test_invalid_settings_name_the_setting(
