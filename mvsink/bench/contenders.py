@@ -254,6 +254,11 @@ class OffsetSystem(System):
         stdout = self.procs[self.name].stdout
         assert stdout is not None
         for raw in stdout:
+            if not raw.startswith(b"{"):
+                # Not the peer's: the JVM's own warnings (a full code cache, say) go to stdout.
+                with (self.logs / f"{self.name}.log").open("ab") as log:
+                    log.write(b"stdout: " + raw)
+                continue
             line = json.loads(raw)
             if "ready" in line:
                 self.started.set()

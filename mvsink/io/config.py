@@ -361,8 +361,9 @@ class Config:
             "(docs/operations.md §2)")
     spark_driver_java_options: str          = _row("spark",   "driver_java_options", "MVSINK_SPARK_DRIVER_JAVA_OPTIONS", "", str,
             "extra JVM options of each mvsink Spark driver (`spark.driver.extraJavaOptions`), e.g. "
-            "`-XX:TieredStopAtLevel=1` for drivers that live minutes (C1 only: about half the JVM's "
-            "CPU in its first minute, slower hot loops after); Spark's class archive is mapped "
+            "`-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m` for drivers that live minutes "
+            "(C1 only: about half the JVM's CPU in its first minute, slower hot loops after; C1 alone "
+            "reserves a 48 MiB code cache, full in a large job); Spark's class archive is mapped "
             "either way (`mvsink.io.spark_classes`)")
     metrics_addr: str                       = _row("service", "metrics_addr",        "MVSINK_METRICS_ADDR",          "127.0.0.1", str,
             "address of the Prometheus endpoint")
