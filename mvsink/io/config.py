@@ -657,6 +657,12 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
     return values
 
 
+def spelled(name: str) -> str:
+    """How an error names setting `name`: its TOML key and its environment variable."""
+    setting = _BY_NAME[name]
+    return f"[{setting.section}] {setting.key} ({setting.env})"
+
+
 def env_setting(name: str, env: Mapping[str, str] | None = None) -> Any:
     """The value that setting `name`'s environment variable gives (`os.environ` unless `env`),
     parsed and checked as `load_config` does, else its default: for code that reads one setting

@@ -37,7 +37,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 from mvsink.core import codec
 from mvsink.core.errors import DecodeError, MvsinkError
 from mvsink.core.messages import Record
-from mvsink.io.config import GROUP_SESSION, Config, Topics
+from mvsink.io.config import GROUP_SESSION, Config, Topics, spelled
 from mvsink.io.registry import Framing
 
 COMPACTED = {"cleanup.policy": "compact"}
@@ -73,6 +73,11 @@ log = logging.getLogger("mvsink.io.kafka")
 
 class ProvisionError(MvsinkError):
     """A topic exists with a shape that breaks the contract (e.g. `descs` with 2 partitions)."""
+
+
+class TopicMismatch(MvsinkError):
+    """A sink's topic has another partition count than the replica serving it is configured
+    with (`check_sink_topics`)."""
 
 
 #: librdkafka's own log lines go through Python logging under this name (not straight to
@@ -320,6 +325,42 @@ def _enforce_configs(admin: AdminClient, specs: list[TopicSpec], timeout: float)
             differ,
             {k: current.get(k) for k in differ},
         )
+
+
+def partition_refusal(config: Config, topic: str, count: int) -> str | None:
+    """Why a replica configured with `config` refuses to serve its sink when its topic `topic`
+    has `count` partitions, or None. A replica's `partitions` (P) and `append_workers` (A)
+    must be its desired and batches topics' counts: with another P, append counts a batch
+    complete before every partition reported (and drops the rest as late) and mint waits for
+    progress of partitions that do not exist; with another A, batches go to workers nobody
+    serves. The topic decides: the replica is the one to change."""
+    counts = {
+        config.topics.desired: ("partitions", config.partitions),
+        config.topics.batches: ("append_workers", config.append_workers),
+    }
+    if topic not in counts or counts[topic][1] == count:
+        return None
+    name, mine = counts[topic]
+    return (
+        f"topic {topic} has {count} partitions but this replica's {spelled(name)} is {mine}: "
+        f"set it to {count} (every replica of sink {config.sink_id} must agree with its topics)"
+    )
+
+
+def check_sink_topics(config: Config, timeout: float = 30.0) -> None:
+    """Refuse to serve a sink whose desired or batches topic disagrees with this replica's
+    P or A (`partition_refusal`). Topics not created yet are not checked: provisioning makes
+    them with the replica's counts.
+
+    Raises:
+        TopicMismatch: a topic's partition count is not the replica's (exit 2).
+    """
+    existing = AdminClient(client_config(config.kafka_bootstrap)).list_topics(timeout=timeout)
+    for topic in (config.topics.desired, config.topics.batches):
+        if topic in existing.topics:
+            refused = partition_refusal(config, topic, len(existing.topics[topic].partitions))
+            if refused is not None:
+                raise TopicMismatch(refused)
 
 
 def _check_existing(wanted: list[TopicSpec], existing: Mapping[str, Any]) -> None:

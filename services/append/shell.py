@@ -30,6 +30,7 @@ from mvsink.io.config import Config
 from mvsink.io.kafka import (
     SEND_AT_ONCE,
     Reader,
+    check_sink_topics,
     client_config,
     consumer_config,
     dead_letter,
@@ -282,5 +283,6 @@ class AppendShell:
 
 def run(config: Config, stopping: Stopping) -> int:
     """Entry point body for `python -m services.append`."""
+    check_sink_topics(config)
     probe_store(config, "append")
     return AppendShell(config, stopping).run()

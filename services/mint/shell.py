@@ -32,6 +32,7 @@ from mvsink.io.config import Config
 from mvsink.io.health import StartAgain
 from mvsink.io.kafka import (
     Reader,
+    check_sink_topics,
     client_config,
     dead_letter,
     decode_message,
@@ -213,4 +214,5 @@ class MintShell:
 
 def run(config: Config, stopping: Stopping) -> int:
     """Entry point body for `python -m services.mint`."""
+    check_sink_topics(config)
     return MintShell(config, stopping).run()

@@ -27,7 +27,9 @@ The desired topic's life cycle is the driver's too:
   always kept;
 * every `topic_check_interval` it checks the topic's configuration: a compacted desired topic
   (`mvsink.io.kafka.desired_refusal`) is refused, nothing folded or staged and `/readyz` and
-  `mvsink_write_desired_refused` saying why, until it is `cleanup.policy=delete` again.
+  `mvsink_write_desired_refused` saying why, until it is `cleanup.policy=delete` again; a
+  partition count other than its `partitions` (partitions added while it runs) stops it
+  (`TopicMismatch`, exit 2), as it does at start (`mvsink.io.kafka.check_sink_topics`).
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ from mvsink.core.settings import FOLD_INTERVAL
 from mvsink.io.config import Config
 from mvsink.io.kafka import (
     Reader,
+    TopicMismatch,
+    check_sink_topics,
     client_config,
     consumer_config,
     delete_below,
@@ -61,6 +65,7 @@ from mvsink.io.kafka import (
     drain,
     last_message,
     ownership,
+    partition_refusal,
     produce,
     tail_consumer,
     topic_configs,
@@ -360,7 +365,8 @@ class WriteShell:
 
     def _maybe_check_topic(self) -> None:
         """Every `topic_check_interval`, check the desired topic's configuration
-        (`desired_refusal`): while it is refused the loop folds and stages nothing.
+        (`desired_refusal`): while it is refused the loop folds and stages nothing. A partition
+        count other than `partitions` raises `TopicMismatch`: P is a start setting.
 
         The check is due by this driver's clock, so a driver paused longer than the interval
         checks before its next step. What it cannot see: the log cleaner removing records between
@@ -376,9 +382,12 @@ class WriteShell:
             if self.admin is None:
                 self.admin = AdminClient(client_config(self.config.kafka_bootstrap))
             refused = desired_refusal(topic, topic_configs(self.admin, topic, 10))
+            count = len(self.admin.list_topics(topic, timeout=10).topics[topic].partitions)
         except Exception as error:
             log.warning("checking the configuration of %s failed (retrying): %r", topic, error)
             return
+        if (mismatch := partition_refusal(self.config, topic, count)) is not None:
+            raise TopicMismatch(mismatch)  # partitions added while it runs: P is a start setting
         self.next_topic_check = now + self.config.topic_check_interval
         if refused != self.refused:
             if refused is not None:
@@ -761,5 +770,6 @@ def slowest_steps(results: list[StepResult]) -> dict[str, float]:
 
 def run(config: Config, stopping: Stopping) -> int:
     """Entry point body for `python -m services.write`."""
+    check_sink_topics(config)
     probe_store(config, "write")
     return WriteShell(config, stopping).run()

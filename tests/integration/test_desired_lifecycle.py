@@ -12,7 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewPartitions,
+)
 from sinkkit import (
     Service,
     Sink,
@@ -227,7 +233,8 @@ def test_a_desired_topic_made_compacted_is_refused_until_provisioning_sets_it_ba
     longer than its check interval (the log cleaner would keep one record a partition): resumed,
     it folds and stages nothing, is not ready and says which setting and how to fix it, and the
     shard stays as it was while desired moves on;
-    `mvsink provision` sets the policy back, and the sink converges again."""
+    `mvsink provision` sets the policy back, and the sink converges again. Then a partition added
+    to desired stops it (exit 2): its `partitions` is a start setting."""
     (port,) = free_ports(1)
     c = sink.config
     check = {"MVSINK_TOPIC_CHECK_INTERVAL": "1", "MVSINK_METRICS_PORT": str(port)}
@@ -275,6 +282,13 @@ def test_a_desired_topic_made_compacted_is_refused_until_provisioning_sets_it_ba
     tick_and_check(sink, upstream, 1, "after the fix")
     assert "is cleanup.policy=delete again: folding and staging resume" in write.text()
     assert f"{gauge} 0.0" in probe(port, "/metrics")[1]
+
+    # Partitions added to desired while it runs: P is a start setting, so it stops (exit 2).
+    admin = AdminClient(client_config(c.kafka_bootstrap))
+    grown = NewPartitions(c.topics.desired, c.partitions + 1)
+    admin.create_partitions([grown])[c.topics.desired].result(30)
+    assert write.proc.wait(60) == 2, write.text()[-2000:]
+    assert f"topic {c.topics.desired} has {c.partitions + 1} partitions" in write.text()
 
 
 def test_a_write_service_away_longer_than_its_lease_continues_from_its_checkpoints(

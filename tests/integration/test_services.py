@@ -21,6 +21,7 @@ from mvsink.io.registry import OWN
 
 pytestmark = pytest.mark.integration
 F = Frontier.at
+SERVICES = ("mint", "write", "append")
 
 
 def _owned(service: Service) -> list[int]:
@@ -41,6 +42,25 @@ def _metrics(service: Service) -> str:
     url = line.split("metrics on ")[1].split()[0]
     with urllib.request.urlopen(url, timeout=10) as response:
         return str(response.read().decode())
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "topic"),
+    [("MVSINK_PARTITIONS", "3", "desired"), ("MVSINK_APPEND_WORKERS", "1", "batches")],
+)
+def test_a_replica_whose_p_or_a_disagrees_with_the_topics_refuses_to_start(
+    sink: Sink, procs: list[Service], setting: str, value: str, topic: str
+) -> None:
+    """Each of mint, write and append started with a P (or A) other than its provisioned
+    topic's count exits 2 naming the topic, both counts and the setting, before it does
+    anything (append would count a batch complete before every partition reported)."""
+    name = getattr(sink.config.topics, topic)
+    count = sink.config.partitions if topic == "desired" else sink.config.append_workers
+    for service in [start(procs, sink, s, "-mismatch", **{setting: value}) for s in SERVICES]:
+        assert service.proc is not None and service.proc.wait(120) == 2, service.text()[-2000:]
+        assert f"topic {name} has {count} partitions" in service.text()
+        assert f"({setting}) is {value}: set it to {count}" in service.text()
+    assert sink.shard.upper() == F(0)
 
 
 def test_append_commits_staged_parts_and_publishes_the_upper(

@@ -1,5 +1,6 @@
 """What the services decide from Kafka's answers alone (`mvsink.io.kafka`): which producer errors
-are a fencing, and which desired topic configurations the write service refuses."""
+are a fencing, which desired topic configurations the write service refuses, and which topic
+partition counts a replica refuses to serve."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from mvsink.io.config import load_config
-from mvsink.io.kafka import DELETED, desired_refusal, is_fencing, sink_topics
+from mvsink.io.kafka import DELETED, desired_refusal, is_fencing, partition_refusal, sink_topics
 
 
 @pytest.mark.parametrize(
@@ -54,3 +55,35 @@ def test_provisioning_makes_desired_deleted_from_on_new_and_existing_topics() ->
     (desired,) = [s for s in sink_topics(config) if s.name == config.topics.desired]
     assert desired.config["cleanup.policy"] == DELETED["cleanup.policy"] == "delete"
     assert desired.enforced
+
+
+@pytest.mark.parametrize(
+    ("topic", "count", "refused"),
+    [
+        ("s.desired", 4, None),
+        ("s.desired", 8, "[sink] partitions (MVSINK_PARTITIONS) is 4: set it to 8"),
+        ("s.desired", 3, "[sink] partitions (MVSINK_PARTITIONS) is 4: set it to 3"),
+        ("s.batches", 2, None),
+        ("s.batches", 1, "[sink] append_workers (MVSINK_APPEND_WORKERS) is 2: set it to 1"),
+        ("s.descs", 1, None),  # other topics: provisioning's shape check (`ensure_topics`)
+        ("other.desired", 9, None),
+    ],
+)
+def test_a_replica_refuses_a_topic_whose_partitions_are_not_its_p_or_a(
+    topic: str, count: int, refused: str | None
+) -> None:
+    config = load_config(
+        env={
+            "MVSINK_KAFKA_BOOTSTRAP": "k:1",
+            "MVSINK_S3_ENDPOINT": "s:1",
+            "MVSINK_SINK_ID": "s",
+            "MVSINK_PARTITIONS": "4",
+            "MVSINK_APPEND_WORKERS": "2",
+        }
+    )
+    why = partition_refusal(config, topic, count)
+    if refused is None:
+        assert why is None
+    else:
+        assert why is not None and why.startswith(f"topic {topic} has {count} partitions")
+        assert refused.split(":")[0] in why and refused.split(": ")[1] in why
