@@ -27,6 +27,9 @@ something is worth deleting, never whether deleting it is safe):
    footer), after which no append for it can succeed.
 
 A crash at any point leaves only garbage one of the rules above removes later.
+
+The footers `delete_staged` reads also check a claim before it is appended (`claim_refusal`):
+a `StagedBatch` names parts, and only parts that exist with the bounds it claims are appended.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -49,13 +53,15 @@ from mvsink.shard.state import PartRef, ShardState, links, staged_at
 
 class Shard(Protocol):
     """What the collector uses of a shard handle (`mvsink.shard.store.Shard`, which delegates
-    its `collect_garbage`, `sweep` and `delete_staged` here)."""
+    its `collect_garbage`, `sweep`, `delete_staged` and `claim_refusal` here)."""
 
     blob: Blob
     clock: Clock
     shard_id: str
     timing: Timing
     prefix: str
+    #: How many parts are read at once.
+    read_threads: int
     #: What the collector read of each state object, by (seqno, etag): immutable.
     seen: dict[tuple[int, str], Seen]
     #: The newest version whose replaced parts this handle has deleted.
@@ -272,6 +278,42 @@ def delete_staged(shard: Shard, parts: Iterable[PartRef]) -> DeleteResult:
             deleted.append(part.key)
     shard.blob.remove(deleted)
     return DeleteResult(tuple(deleted), tuple(kept), tuple(pending), tuple(mismatched))
+
+
+def claim_refusal(shard: Shard, parts: Iterable[PartRef]) -> str | None:
+    """Why a claim -- a `StagedBatch` naming `parts` as staged for its bounds -- must not be
+    appended, or None: each part lies under the shard's prefix, exists, and its own footer
+    records the claimed bounds (`Shard.stage` writes them there). A claim is a hint, not the
+    truth: appended, a key nobody staged fails every later read of the shard (`PartGone`), and
+    real parts claimed for other bounds would put their updates at other times. One ranged GET
+    per part younger than `max_part_age`, the parts read in parallel."""
+    now, fresh = shard.clock.time(), []
+    for part in parts:
+        if not part.key.startswith(f"{shard.prefix}/parts/"):
+            return f"part {part.key} is not a part of shard {shard.shard_id}"
+        try:
+            age = now - staged_at(part.key)
+        except InvalidUsage as error:
+            return str(error)
+        # An older part is refused by its age when appended (`PartTooOld`), and one deleted
+        # for its age (the sweep) is gone for that reason, not because nobody staged it.
+        if age <= shard.timing.max_part_age:
+            fresh.append(part)
+    if not fresh:
+        return None
+    with ThreadPoolExecutor(max_workers=min(shard.read_threads, len(fresh))) as pool:
+        found = list(pool.map(lambda part: _footer_bounds(shard, part.key), fresh))
+    for part, bounds in zip(fresh, found, strict=True):
+        if bounds is None:
+            return f"part {part.key} does not exist"
+        if bounds == NO_BOUNDS:
+            return f"part {part.key} is no part a shard staged (its footer records no bounds)"
+        if bounds != (part.lower, part.upper):
+            return (
+                f"part {part.key} was staged for [{bounds[0]}, {bounds[1]}), "
+                f"not the claimed [{part.lower}, {part.upper})"
+            )
+    return None
 
 
 #: How much of a part's end `_footer_bounds` reads first: its footer, in all but huge schemas.

@@ -718,6 +718,10 @@ class Shard:
         """See `mvsink.shard.gc.delete_staged`."""
         return gc.delete_staged(self, parts)
 
+    def claim_refusal(self, parts: Iterable[PartRef]) -> str | None:
+        """See `mvsink.shard.gc.claim_refusal`."""
+        return gc.claim_refusal(self, parts)
+
     def collect_garbage(self) -> GcResult:
         """See `mvsink.shard.gc.collect_garbage`."""
         return gc.collect_garbage(self)

@@ -9,6 +9,10 @@ are the states'; this shell executes their commands:
 * `DeleteStaged`: `Shard.delete_staged`, which refuses referenced or still-appendable parts,
   and parts whose own footers say other bounds than claimed.
 
+A `StagedBatch` is a claim, checked against the shard before the state takes it
+(`AppendState.takes`): one naming a part that is not there, not of a staged part's form, or
+staged for other bounds (`Shard.claim_refusal`) is dead-lettered with why, never appended.
+
 Offsets of `batches` are committed only up to the first batch still needed (stashed for the
 current lower), so a restart redelivers what was not yet settled; redelivery is harmless
 (the invariants of `services.append`, and the shard rejects an append from a passed upper).
@@ -42,6 +46,7 @@ from mvsink.io.kafka import (
 )
 from mvsink.io.service import Stopping, probe_store
 from mvsink.shard import Appended, IndefiniteAppend, PartTooOld, Shard, UpperMismatch, open_shard
+from mvsink.shard.state import PartRef
 from mvsink.tools.provision import ensure_retention
 from services.append.state import Append, AppendOutcome, AppendState, Command, DeleteStaged, TooOld
 
@@ -52,6 +57,11 @@ RETRIES = Counter("mvsink_append_retries", "Appends retried after advancing the 
 LATENCY = Histogram("mvsink_append_seconds", "Compare-and-append latency", ["sink"])
 LOWER = Gauge("mvsink_append_lower", "Current lower per append worker", ["sink", "worker"])
 DELETED = Counter("mvsink_append_parts_deleted", "Staged parts deleted", ["sink"])
+REFUSED = Counter(
+    "mvsink_append_batches_refused",
+    "StagedBatches dead-lettered: a part they name is not there or was staged for other bounds",
+    ["sink"],
+)
 
 
 class AppendShell:
@@ -163,11 +173,26 @@ class AppendShell:
             record = self._decode(message, StagedBatch)
             state = self.states.get(worker)
             if isinstance(record, StagedBatch) and state is not None:
+                refused = self._claim_refusal(state, record)
+                if refused is not None:
+                    log.error("quarantining the batch of %s: %s", record.writer_id, refused)
+                    REFUSED.labels(self.config.sink_id).inc()
+                    dead_letter(self.producer, self.config.topics.dead_letter, message, refused)
+                    message = poll_message(consumer, 0.0)
+                    continue
                 self._execute(worker, state.absorb_batch(record))
                 first = self.first_needed.get(worker)
                 if state.stash and (first is None or first[0] != state.lower):
                     self.first_needed[worker] = (state.lower, offset)
             message = poll_message(consumer, 0.0)
+
+    def _claim_refusal(self, state: AppendState, batch: StagedBatch) -> str | None:
+        """Why a batch the state would take is a claim the shard refutes (`claim_refusal`: a
+        part not there, or staged for other bounds), or None; batches it would only delete are
+        left to `delete_staged`, which checks the same footers."""
+        if not state.takes(batch):
+            return None
+        return self.shard.claim_refusal(PartRef.from_transmittable(p, batch) for p in batch.parts)
 
     def _decode(self, message: Message, expect: type) -> Any:
         try:

@@ -119,6 +119,24 @@ class AppendState:
             self.trace("set batch description")
         return commands + self.maybe_append_batches()
 
+    def takes(self, batch: StagedBatch) -> bool:
+        """Whether `absorb_batch` would keep `batch`'s parts for an append (or move `lower` to
+        it) rather than delete them as outdated or late. Such a batch is a claim the shell
+        checks against the shard first (`Shard.claim_refusal`): a batch naming parts nobody
+        staged, or a `lower` far ahead, must not reach this state."""
+        if self.lower.less_than(batch.lower):
+            return True
+        return self.lower == batch.lower and self._misfit(batch) is None
+
+    def _misfit(self, batch: StagedBatch) -> str | None:
+        """Why a batch for the current `lower` is late or misfit, or None."""
+        desc = self.batch_description
+        if self.sealed:
+            return "the append was issued"
+        if desc is not None and batch.upper != desc.upper:
+            return f"upper {batch.upper} != {desc}"
+        return None
+
     def absorb_batch(self, batch: StagedBatch) -> list[Command]:
         """Take a staged batch if it is not outdated: its parts for uncovered partitions."""
         parts = tuple(PartRef.from_transmittable(p, batch) for p in batch.parts)
@@ -128,9 +146,8 @@ class AppendState:
         elif self.lower != batch.lower:
             self.trace(f"skipping outdated batch {batch.desc_id} [{batch.lower}, {batch.upper})")
             return [DeleteStaged(parts, f"outdated batch for lower {batch.lower}")] if parts else []
-        desc = self.batch_description
-        if self.sealed or (desc is not None and batch.upper != desc.upper):
-            why = "the append was issued" if self.sealed else f"upper {batch.upper} != {desc}"
+        why = self._misfit(batch)
+        if why is not None:
             self.trace(f"discarding batch {batch.desc_id}: {why}")
             return commands + (
                 [DeleteStaged(parts, f"late or misfit batch: {why}")] if parts else []

@@ -7,17 +7,22 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+import time
 import urllib.request
+import uuid
 from collections import Counter
+from dataclasses import replace
 
+import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
 from sinkkit import Service, Sink, WriteRole, start, wait_until
 
 from mvsink.core.frontier import Frontier
-from mvsink.core.messages import ShardUpper
+from mvsink.core.messages import BatchId, ShardUpper, StagedBatch
 from mvsink.io.kafka import client_config, poll_message, produce, read_compacted, tail_consumer
 from mvsink.io.registry import OWN
+from mvsink.tools.dead_letters import read_letters
 
 pytestmark = pytest.mark.integration
 F = Frontier.at
@@ -110,6 +115,49 @@ def test_append_quarantines_bad_records_and_keeps_going(sink: Sink, procs: list[
 
     wait_until(dead_letter_arrived, 30, "the dead letter")
     consumer.close()
+
+
+def test_append_dead_letters_batches_whose_parts_the_shard_refutes(
+    sink: Sink, procs: list[Service]
+) -> None:
+    """Forged `StagedBatch`es for the next description, each covering every partition: one
+    naming a fresh key nobody staged (appended, every later read would fail with `PartGone`),
+    one a real part staged for other bounds, one a key not of a staged part's form (append
+    exited 2 on it at every start). Each is dead-lettered with why, append stays up, and the
+    real batches are appended: the shard reads whole."""
+    start(procs, sink, "mint")
+    append = start(procs, sink, "append")
+    write, c = WriteRole(sink), sink.config
+    sink.advance_desired(F(3))
+    wait_until(lambda: upper_is(sink, 3), 60, "shard upper {3}", step=write.pump)
+    real = sink.shard.stage(
+        pa.table({"k": ["x"], "v": [1], "_time": [100], "_diff": [1]}), F(100), F(101), "w"
+    ).to_message()
+    prefix = f"{sink.shard.prefix}/parts"
+    forged = {
+        "does not exist": replace(
+            real, key=f"{prefix}/{int(time.time() * 1000)}-{uuid.uuid4()}.parquet"
+        ),
+        "was staged for [{100}, {101}), not the claimed [{3}, {6})": real,
+        "is not a key of a part staged by mvsink": replace(real, key=f"{prefix}/evil.parquet"),
+    }
+    producer = Producer(client_config(c.kafka_bootstrap))
+    covers = tuple(range(c.partitions))
+    for part in forged.values():
+        parts = tuple(replace(part, partition=p, partitions_total=c.partitions) for p in covers)
+        batch = StagedBatch(BatchId(0, 1), F(3), F(6), covers, parts, "forger")
+        produce(producer, c.topics.batches, "0", batch, partition=0, framing=OWN)
+    assert producer.flush(30) == 0
+    wait_until(lambda: append.text().count("quarantining the batch of forger") == 3, 60, "refusals")
+    sink.advance_desired(F(6))
+    wait_until(lambda: upper_is(sink, 6), 60, "shard upper {6}", step=write.pump)
+    write.close()
+    assert append.proc is not None and append.proc.poll() is None
+    assert sorted(r["v"] for r in sink.shard.snapshot(6).to_pylist()) == [0, 0, 3, 3]
+    letters = read_letters(c.kafka_bootstrap, c.topics.dead_letter)
+    reasons = [letter.header("mvsink-error") or "" for letter in letters]
+    for why in forged:
+        assert sum(why in reason for reason in reasons) == 1, (why, reasons)
 
 
 def test_a_second_mint_fences_the_first(sink: Sink, procs: list[Service]) -> None:

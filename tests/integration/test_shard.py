@@ -281,6 +281,35 @@ def test_delete_staged_trusts_a_parts_footer_not_the_bounds_claimed(new_shard: O
     assert shard.delete_staged([gone]).deleted == (gone.key,)  # already gone: nothing to keep
 
 
+def test_a_claim_is_refused_unless_each_part_exists_with_the_claimed_bounds(
+    new_shard: OpenShard,
+) -> None:
+    """`claim_refusal`: what a `StagedBatch` names is checked against the parts themselves
+    before it is appended. A part that is there with the claimed bounds passes; a key nobody
+    staged, a real part claimed for other bounds, a key outside the shard or not of a staged
+    part's form is refused, saying which; a part past `max_part_age` is left to the age check."""
+    shard = new_shard()
+    part = shard.stage(updates(("a", 1, 0, 1)), F(0), F(1), "w1")
+    assert shard.claim_refusal([part]) is None
+    assert shard.claim_refusal([]) is None
+    nobody = replace(part, key=part.key.replace(".parquet", "0.parquet"))
+    assert shard.claim_refusal([part, nobody]) == f"part {nobody.key} does not exist"
+    why = shard.claim_refusal([replace(part, lower=F(5), upper=F(9))])
+    assert why == f"part {part.key} was staged for [{{0}}, {{1}}), not the claimed [{{5}}, {{9}})"
+    outside = replace(part, key=f"elsewhere/parts/{part.key.rsplit('/', 1)[1]}")
+    assert (
+        shard.claim_refusal([outside])
+        == f"part {outside.key} is not a part of shard {shard.shard_id}"
+    )
+    odd = replace(part, key=f"{shard.prefix}/parts/evil.parquet")
+    assert "is not a key of a part staged by mvsink" in (shard.claim_refusal([odd]) or "")
+    old = replace(part, key=f"{shard.prefix}/parts/1000-{uuid.uuid4()}.parquet")
+    assert shard.claim_refusal([old]) is None  # refused by its age when appended
+    with pytest.raises(PartTooOld):
+        shard.compare_and_append([old], F(0), F(1))
+    assert shard.claim_refusal([part]) is None  # nothing of that changed the real part
+
+
 def test_sweep_prunes_versions_superseded_longer_than_the_version_grace(
     new_shard: OpenShard,
 ) -> None:

@@ -151,3 +151,30 @@ def test_parts_too_old_are_dropped_and_fresh_ones_for_the_same_description_appen
     }
     assert appends(state.absorb_append_outcome(Appended(F(5), 1))) == []
     assert state.lower == F(5)
+
+
+def test_takes_says_which_batches_absorb_would_keep_rather_than_delete() -> None:
+    """`takes` agrees with `absorb_batch`: a batch ahead or for the current description is kept
+    (a claim the shell checks against the shard first); an outdated, misfit or late one is
+    only deleted, never appended."""
+    state, d = worker(), desc(5, 8)
+    state.absorb_batch_description(d)
+    cases = {
+        "ahead": (batch(desc(8, 9), (0,)), True),
+        "current": (batch(d, (0,)), True),
+        "outdated": (batch(desc(2, 5), (0,)), False),
+        "misfit": (batch(desc(5, 9), (0,)), False),
+    }
+    for name, (staged, taken) in cases.items():
+        probe = worker()
+        probe.absorb_batch_description(d)
+        assert probe.takes(staged) is taken, name
+        commands = probe.absorb_batch(staged)
+        kept = {p.key for ps in probe.stash.values() for p in ps} | {
+            p.key for a in appends(commands) for p in a.parts
+        }
+        assert (kept == {p.key for p in staged.parts}) is taken, name
+        assert (deleted(commands) == {p.key for p in staged.parts}) is not taken, name
+    # once the append is issued, a further batch for the description is late
+    state.absorb_batch(batch(d, (0, 1, 2)))
+    assert state.sealed and not state.takes(batch(d, (1,), writer="late"))
