@@ -10,8 +10,9 @@ are the states'; this shell executes their commands:
   and parts whose own footers say other bounds than claimed.
 
 A `StagedBatch` is a claim, checked against the shard before the state takes it
-(`AppendState.takes`): one naming a part that is not there, not of a staged part's form, or
-staged for other bounds (`Shard.claim_refusal`) is dead-lettered with why, never appended.
+(`AppendState.takes`): one whose `lower` is ahead of any upper the shard had, or naming a part
+that is not there, not of a staged part's form, or staged for other bounds
+(`Shard.claim_refusal`), is dead-lettered with why, never appended.
 
 Offsets of `batches` are committed only up to the first batch still needed (stashed for the
 current lower), so a restart redelivers what was not yet settled; redelivery is harmless
@@ -187,11 +188,19 @@ class AppendShell:
             message = poll_message(consumer, 0.0)
 
     def _claim_refusal(self, state: AppendState, batch: StagedBatch) -> str | None:
-        """Why a batch the state would take is a claim the shard refutes (`claim_refusal`: a
-        part not there, or staged for other bounds), or None; batches it would only delete are
-        left to `delete_staged`, which checks the same footers."""
+        """Why a batch the state would take is a claim the shard refutes, or None; batches it
+        would only delete are left to `delete_staged`, which checks the same footers.
+
+        A batch ahead of the worker's `lower` moves it there (a catch-up): its `lower` must be
+        one the shard had, as every description's is (mint mints from the shard's upper, or
+        the sink's `as_of`), else the worker would skip every real description below it. Its
+        parts must be there with the claimed bounds (`Shard.claim_refusal`)."""
         if not state.takes(batch):
             return None
+        if state.lower.less_than(batch.lower):
+            known = self.shard.upper().join(Frontier.at(self.config.as_of))
+            if known.less_than(batch.lower):
+                return f"its lower {batch.lower} is ahead of the shard's upper {known}"
         return self.shard.claim_refusal(PartRef.from_transmittable(p, batch) for p in batch.parts)
 
     def _decode(self, message: Message, expect: type) -> Any:

@@ -123,8 +123,9 @@ def test_append_dead_letters_batches_whose_parts_the_shard_refutes(
     """Forged `StagedBatch`es for the next description, each covering every partition: one
     naming a fresh key nobody staged (appended, every later read would fail with `PartGone`),
     one a real part staged for other bounds, one a key not of a staged part's form (append
-    exited 2 on it at every start). Each is dead-lettered with why, append stays up, and the
-    real batches are appended: the shard reads whole."""
+    exited 2 on it at every start), and an empty one whose lower is far ahead (the worker
+    skipped every real description below it). Each is dead-lettered with why, append stays
+    up, and the real batches are appended: the shard reads whole."""
     start(procs, sink, "mint")
     append = start(procs, sink, "append")
     write, c = WriteRole(sink), sink.config
@@ -147,8 +148,12 @@ def test_append_dead_letters_batches_whose_parts_the_shard_refutes(
         parts = tuple(replace(part, partition=p, partitions_total=c.partitions) for p in covers)
         batch = StagedBatch(BatchId(0, 1), F(3), F(6), covers, parts, "forger")
         produce(producer, c.topics.batches, "0", batch, partition=0, framing=OWN)
+    # No parts to check, but a lower no description had: the worker would skip to it.
+    ahead = StagedBatch(BatchId(0, 9), F(10**9), F(10**9 + 1), covers, (), "forger")
+    produce(producer, c.topics.batches, "0", ahead, partition=0, framing=OWN)
+    forged["its lower {1000000000} is ahead of the shard's upper {3}"] = real
     assert producer.flush(30) == 0
-    wait_until(lambda: append.text().count("quarantining the batch of forger") == 3, 60, "refusals")
+    wait_until(lambda: append.text().count("quarantining the batch of forger") == 4, 60, "refusals")
     sink.advance_desired(F(6))
     wait_until(lambda: upper_is(sink, 6), 60, "shard upper {6}", step=write.pump)
     write.close()
