@@ -5,10 +5,12 @@ Steps of `run`:
 1. `init_transactions` with `transactional.id = mint.<sink>`: fences any previous mint;
 2. restore `last_lower`, `next_append_worker` and a new epoch from the last committed record
    of `descs` (after fencing, so no record of the previous mint can still commit) that is a
-   description of this sink; any after it are dead-lettered, never a reason not to start;
+   description of this sink whose lower the shard's upper (or `as_of`) reached; any after it
+   are dead-lettered, never a reason not to start;
 3. loop: absorb `frontiers` (desired progress, shard upper notifications) and `control`
    (promotion); re-read the shard's upper itself every `SHARD_POLL` seconds (the topic is a
-   notification, the shard is the truth); mint and produce in a transaction.
+   notification, the shard is the truth: a notification ahead of the shard's upper is
+   ignored); mint and produce in a transaction.
 """
 
 from __future__ import annotations
@@ -57,6 +59,11 @@ DESIRED = Gauge(
 PERSIST = Gauge("mvsink_mint_persist_frontier", "Shard upper as seen by mint", ["sink"])
 MINTED = Counter("mvsink_mint_descs_minted", "Batch descriptions minted", ["sink"])
 READ_ONLY = Gauge("mvsink_mint_read_only", "1 while minting is disabled", ["sink"])
+IGNORED = Counter(
+    "mvsink_mint_uppers_ignored",
+    "ShardUpper notifications ignored: ahead of the shard's own upper",
+    ["sink"],
+)
 
 
 class Fenced(Exception):
@@ -81,6 +88,8 @@ class MintShell:
                 **{"transactional.id": f"mint.{config.sink_id}", "enable.idempotence": True},
             )
         )
+        #: The shard's upper (joined with `as_of`) when this mint started.
+        self.known_upper = Frontier.at(config.as_of)
         self.state = MintState(
             config.sink_id,
             config.partitions,
@@ -94,6 +103,8 @@ class MintShell:
         init_transactions(self.producer, 60)
         config = self.config
         skipped: list[Message] = []
+        # A description's lower is an upper the shard had (or the sink's `as_of`).
+        self.known_upper = self.shard.upper().join(Frontier.at(config.as_of))
         found = last_message(
             config.kafka_bootstrap,
             config.topics.descs,
@@ -132,6 +143,9 @@ class MintShell:
             return f"a {type(record).__name__}, not a BatchDescription"
         if record.sink_id != self.config.sink_id:
             return f"a description of sink {record.sink_id!r}, not {self.config.sink_id!r}"
+        if self.known_upper.less_than(record.lower):
+            # no mint minted it: restored, its lower would stop minting for good
+            return f"its lower {record.lower} is ahead of the shard's upper {self.known_upper}"
         return None
 
     def run(self) -> int:
@@ -172,12 +186,33 @@ class MintShell:
             case DesiredProgress(sink_id=sink_id) if sink_id == config.sink_id:
                 state.advance_desired_frontier(record.partition, record.frontier)
             case ShardUpper(shard_id=shard_id) if shard_id == config.shard_id:
-                state.advance_persist_frontier(record.upper)
+                self._absorb_upper(record)
             case SinkControl(read_only=False) if key == config.sink_id.encode():
                 if state.allow_writes():
                     log.info("mint %s promoted: writes allowed", config.sink_id)
             case SinkControl(read_only=True) if not state.read_only:
                 log.warning("ignoring read_only=true: a writing sink is not demoted (seed)")
+
+    def _absorb_upper(self, record: ShardUpper) -> None:
+        """A `ShardUpper` notification is a hint: one that would move `persist` is checked
+        against the shard, whose upper it can never be ahead of (append publishes it after its
+        append). One ahead (wrong or forged: forward-only, it would stop minting for good, and
+        the compacted topic replays it at every start) is ignored and counted; the shard's own
+        upper is taken instead."""
+        if not self.state.persist_frontier.less_than(record.upper):
+            return
+        real = self.shard.upper()
+        if real.less_than(record.upper):
+            IGNORED.labels(self.config.sink_id).inc()
+            log.warning(
+                "ignoring a ShardUpper %s ahead of shard %s's upper %s",
+                record.upper,
+                self.config.shard_id,
+                real,
+            )
+            self.state.advance_persist_frontier(real)
+            return
+        self.state.advance_persist_frontier(record.upper)
 
     def _maybe_mint(self) -> None:
         desc = self.state.maybe_mint_batch_description()

@@ -25,6 +25,7 @@ import yaml
 from confluent_kafka import Producer
 
 from mvsink.core.codec import decode_message
+from mvsink.core.errors import DecodeError
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import BatchDescription, BatchId, DesiredProgress, StagedBatch
 from mvsink.core.rows import parse_row_schema
@@ -211,8 +212,9 @@ class Sink:
             produce(producer, self.config.topics.frontiers, record.key, record, framing=OWN)
         assert producer.flush(30) == 0
 
-    def descs(self) -> list[BatchDescription]:
-        """Every committed description so far."""
+    def descs(self, strict: bool = True) -> list[BatchDescription]:
+        """Every committed description so far (not `strict`: skipping records that are none,
+        for a test that wrote such records there)."""
         consumer = tail_consumer(self.config.kafka_bootstrap, self.config.topics.descs, [0])
         found: list[BatchDescription] = []
         idle = time.monotonic()
@@ -221,9 +223,14 @@ class Sink:
                 message = poll_message(consumer, 0.2)
                 if message is not None:
                     idle = time.monotonic()
-                    record = decode_message(message, BatchDescription)
-                    assert isinstance(record, BatchDescription)
-                    found.append(record)
+                    try:
+                        record = decode_message(message, BatchDescription)
+                    except DecodeError:
+                        assert not strict, f"offset {message.offset()} is no record"
+                        continue
+                    assert isinstance(record, BatchDescription) or not strict, record
+                    if isinstance(record, BatchDescription):
+                        found.append(record)
         finally:
             consumer.close()
         return found

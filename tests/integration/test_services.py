@@ -19,7 +19,7 @@ from confluent_kafka import Producer
 from sinkkit import Service, Sink, WriteRole, start, wait_until
 
 from mvsink.core.frontier import Frontier
-from mvsink.core.messages import BatchId, ShardUpper, StagedBatch
+from mvsink.core.messages import BatchDescription, BatchId, ShardUpper, StagedBatch
 from mvsink.io.kafka import client_config, poll_message, produce, read_compacted, tail_consumer
 from mvsink.io.registry import OWN
 from mvsink.tools.dead_letters import read_letters
@@ -189,8 +189,10 @@ def test_a_mint_restarts_past_records_on_descs_that_are_no_description_of_its_si
     sink: Sink, procs: list[Service]
 ) -> None:
     """A start restores from the last description of its own sink on `descs`: the records
-    after it (bytes that decode to nothing, a record of another kind) are dead-lettered with
-    why, and the mint starts and carries on from the description (its epoch the next)."""
+    after it (bytes that decode to nothing, a record of another kind, a description whose
+    lower the shard never reached) are dead-lettered with why, and the mint starts and
+    carries on from the description (its epoch the next), ignoring a `ShardUpper` ahead of
+    the shard's upper."""
     c = sink.config
     mint = start(procs, sink, "mint")
     sink.advance_desired(F(2))
@@ -199,6 +201,8 @@ def test_a_mint_restarts_past_records_on_descs_that_are_no_description_of_its_si
     producer = Producer(client_config(c.kafka_bootstrap))
     producer.produce(c.topics.descs, key=b"x", value=b"not a record", partition=0)
     produce(producer, c.topics.descs, c.shard_id, ShardUpper(c.shard_id, F(9), 1), 0, framing=OWN)
+    ahead = BatchDescription(c.sink_id, BatchId(7, 0), F(10**9), F(10**9 + 1), 0)
+    produce(producer, c.topics.descs, c.sink_id, ahead, 0, framing=OWN)
     assert producer.flush(30) == 0
 
     again = start(procs, sink, "mint", "-again")
@@ -212,13 +216,31 @@ def test_a_mint_restarts_past_records_on_descs_that_are_no_description_of_its_si
         message = poll_message(consumer, 0.5)
         if message is not None:
             dead.append((message.value(), dict(message.headers() or [])["mvsink-error"].decode()))
-        return len(dead) == 2
+        return len(dead) == 3
 
-    wait_until(both_dead_lettered, 30, "the two records dead-lettered")
+    wait_until(both_dead_lettered, 30, "the three records dead-lettered")
     consumer.close()
     assert dead[0][0] == b"not a record" and "cannot decode record at" in dead[0][1]
     assert "a ShardUpper, not a BatchDescription" in dead[1][1]
-    assert again.text().count("not restored from") == 2
+    assert "its lower {1000000000} is ahead of the shard's upper {0}" in dead[2][1]
+    assert again.text().count("not restored from") == 3
+
+    # A ShardUpper far ahead on frontiers (forward-only, replayed at every start) is ignored:
+    # minting goes on from the shard's own upper.
+    wrong = ShardUpper(c.shard_id, F(10**9), 99)
+    produce(producer, c.topics.frontiers, wrong.key, wrong, framing=OWN)
+    assert producer.flush(30) == 0
+    wait_until(
+        lambda: "ignoring a ShardUpper {1000000000}" in again.text(), 60, "the upper ignored"
+    )
+    sink.shard.advance_upper(F(2))
+    sink.advance_desired(F(5))
+
+    def minted_from_the_real_upper() -> bool:
+        descs = sink.descs(strict=False)
+        return any(d.id.epoch == 1 and (d.lower, d.upper) == (F(2), F(5)) for d in descs)
+
+    wait_until(minted_from_the_real_upper, 60, "a description from the shard's real upper")
 
 
 def test_a_read_only_mint_mints_nothing_until_promote(sink: Sink, procs: list[Service]) -> None:
