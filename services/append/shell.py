@@ -60,7 +60,8 @@ LOWER = Gauge("mvsink_append_lower", "Current lower per append worker", ["sink",
 DELETED = Counter("mvsink_append_parts_deleted", "Staged parts deleted", ["sink"])
 REFUSED = Counter(
     "mvsink_append_batches_refused",
-    "StagedBatches dead-lettered: a part they name is not there or was staged for other bounds",
+    "StagedBatches dead-lettered: a lower the shard never had, or a part not there or staged "
+    "for other bounds",
     ["sink"],
 )
 
