@@ -112,10 +112,10 @@ from mvsink.bench.workload import (
     encode_ticks_timed,
 )
 from mvsink.io.config import Config, Topics, state_dir
-from mvsink.io.kafka import delete_topics, sink_topics
-from mvsink.io.s3 import s3_client
-from mvsink.shard.blob import MinioBlob
+from mvsink.io.kafka import delete_topics
+from mvsink.io.sinks import drop
 from mvsink.tools.provision import provision
+from mvsink.tools.sinks import own_topics, purge_objects
 
 SYSTEMS = ("mvsink", "peer", "delta", "raw", "mvsink-e2e", "peer-e2e")
 #: Columns run only when named (`--systems`): mvsink with every record in the Schema Registry
@@ -641,16 +641,13 @@ class _Columns:
 
 
 def discard(sink: Config) -> tuple[int, int]:
-    """Delete what a bench sink left on the stack: its own topics (not the shared `frontiers`,
-    which is compacted) and its objects in the bucket (its shard, its write checkpoints, a
+    """Delete what a bench sink left on the stack: its definition (a tombstone), its own
+    topics (`own_topics`) and its objects in the bucket (its shard, its write checkpoints, a
     contender's output); how many topics and objects."""
-    own = [spec.name for spec in sink_topics(sink) if spec.name != sink.topics.frontiers]
-    topics = delete_topics(sink.kafka_bootstrap, own)
-    blob = MinioBlob(s3_client(sink.s3), sink.s3.bucket)
+    drop(sink, sink.sink_id)
+    topics = delete_topics(sink.kafka_bootstrap, own_topics(sink))
     prefixes = (f"shards/{sink.shard_id}/", f"sinks/{sink.sink_id}/", f"bench/{sink.sink_id}/")
-    keys = [listed.key for prefix in prefixes for listed in blob.list(prefix, recursive=True)]
-    blob.remove(keys)
-    return len(topics), len(keys)
+    return len(topics), purge_objects(sink, prefixes)
 
 
 def save_figures(out: Path, name: str, figures: dict[str, Any], say: Say, logs: Path) -> Path:

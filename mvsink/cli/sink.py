@@ -104,8 +104,8 @@ def cmd_promote(args: argparse.Namespace) -> int:
 
 
 def add_sink(commands: Commands) -> None:
-    """`mvsink sink show|release SINK`."""
-    sink = commands.add_parser("sink", help="a sink replica's desired partitions")
+    """`mvsink sink list`, `mvsink sink show|release|drop SINK`."""
+    sink = commands.add_parser("sink", help="the deployment's sinks; a sink's desired partitions")
     sink.add_argument("--shard", default="", help="shard id (default: the configured one)")
     sink_commands = sink.add_subparsers(dest="sink_command", required=True, metavar="ACTION")
     sink_show = sink_commands.add_parser(
@@ -119,6 +119,84 @@ def add_sink(commands: Commands) -> None:
     sink_release.add_argument("sink", help="sink id")
     sink_release.add_argument("--yes", action="store_true", help="release, not only list")
     sink_release.set_defaults(func=cmd_sink_release)
+    sink_list = sink_commands.add_parser(
+        "list", help="every sink's definition (the sinks topic), its shard's upper and since"
+    )
+    sink_list.add_argument("--dropped", action="store_true", help="also the dropped sinks")
+    sink_list.set_defaults(func=cmd_sink_list)
+    sink_drop = sink_commands.add_parser(
+        "drop", help="drop a sink: its replicas refuse to start, its holds are released"
+    )
+    sink_drop.add_argument("sink", help="sink id")
+    sink_drop.add_argument(
+        "--purge", action="store_true", help="also delete its topics, checkpoints and shard"
+    )
+    sink_drop.add_argument("--yes", action="store_true", help="drop, not only show the plan")
+    sink_drop.set_defaults(func=cmd_sink_drop)
+
+
+def cmd_sink_list(args: argparse.Namespace) -> int:
+    from mvsink.io.sinks import definitions
+    from mvsink.shard import open_shard
+
+    config = stack_config(args.config)
+    found = definitions(config)
+    live = sorted(d.sink_id for d in found.values() if d is not None)
+    for sink_id in live:
+        d = found[sink_id]
+        assert d is not None
+        try:
+            state = open_shard(d.shard_id, None, config.s3, config.shard_timing()).state()
+            shard = f"upper {state.upper}\tsince {state.since}"
+        except MvsinkError as error:  # not created yet (no row schema provisioned), or gone
+            shard = f"shard: {error}"
+        print(
+            f"{d.sink_id}\tshard {d.shard_id}\tP {d.partitions}\tA {d.append_workers}\t"
+            f"partitioning {d.partitioning}\tas_of {d.as_of}\t{shard}\t"
+            f"defined by {d.defined_by} at {_utc(d.at_ms)}",
+            flush=True,
+        )
+    dropped = sorted(key for key, d in found.items() if d is None)
+    if args.dropped:
+        for sink_id in dropped:
+            print(f"{sink_id}\tdropped", flush=True)
+    say(f"{len(live)} sinks on {config.topics.sinks} ({len(dropped)} dropped)")
+    return 0
+
+
+def _utc(ms: int) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).isoformat(timespec="seconds")
+
+
+def cmd_sink_drop(args: argparse.Namespace) -> int:
+    from mvsink.io.sinks import definitions, sink_of
+    from mvsink.tools.sinks import drop_sink, own_topics
+
+    config = stack_config(args.config)
+    definition = definitions(config).get(args.sink)
+    if definition is None:
+        raise MvsinkError(f"sink {args.sink} is not defined on {config.topics.sinks}")
+    sink = sink_of(config, definition)
+    say(f"sink {args.sink}: shard {sink.shard_id}, P {sink.partitions}, A {sink.append_workers}")
+    say("drop: its definition's tombstone (its replicas refuse to start; running ones go on")
+    say("  until stopped), then its checkpoints' holds on the shard's since released")
+    if args.purge:
+        say(f"purge: then topics {', '.join(own_topics(sink))}, its keys on")
+        say(f"  {sink.topics.frontiers}, its checkpoints and its shard (unless another sink's")
+        say("  definition names the shard) deleted: stop its services first")
+    if not args.yes:
+        say("nothing done: run it again with --yes")
+        return 0
+    dropped = drop_sink(config, args.sink, args.purge)
+    say(f"dropped sink {args.sink}; released holds: {list(dropped.holds_released)}")
+    if args.purge:
+        say(
+            f"purged {len(dropped.topics_deleted)} topics and {dropped.objects_deleted} objects"
+            + (f"; kept the shard: {dropped.shard_kept}" if dropped.shard_kept else "")
+        )
+    return 0
 
 
 def _write_tool(args: argparse.Namespace, *argv: str) -> int:

@@ -53,6 +53,7 @@ from mvsink.core.messages import (
     RepairedPartition,
     ShardUpper,
     SinkControl,
+    SinkDefinition,
     SinkRepair,
     StagedBatch,
     Update,
@@ -76,6 +77,7 @@ KINDS: Mapping[int, str] = {
     5: "StagedBatch",
     6: "SinkControl",
     7: "SinkRepair",
+    8: "SinkDefinition",
 }
 _KIND_IDS = {name: kind for kind, name in KINDS.items()}
 
@@ -273,6 +275,10 @@ def to_datum(record: Record) -> tuple[str, Any]:
                 ],
             }
             return "SinkRepair", datum
+        case SinkDefinition():
+            return "SinkDefinition", {
+                name: getattr(record, name) for name in SinkDefinition.__dataclass_fields__
+            }
     raise TypeError(f"not an mvsink record: {record!r}")
 
 
@@ -324,6 +330,8 @@ def from_datum(kind: str, datum: Any) -> Record:
                     for p in datum["partitions"]
                 ),
             )
+        case "SinkDefinition":
+            return SinkDefinition(**datum)
     raise DecodeError(f"unknown record kind {kind!r}")
 
 

@@ -277,6 +277,39 @@ class SinkRepair:
         return f"repair:{self.sink_id}"
 
 
+@dataclass(frozen=True, slots=True)
+class SinkDefinition:
+    """A sink as data (the `sinks` topic, key = sink id; a tombstone is a dropped sink): the
+    settings every replica of the sink must share. `provision` and `mvsink sink create` write
+    it; a service whose settings disagree with it refuses to start."""
+
+    sink_id: str
+    shard_id: str
+    partitions: int
+    append_workers: int
+    partitioning: int
+    as_of: int
+    retain_history: int
+    frontiers_topic: str
+    #: The row schema as configured (`name type, ...`); empty: the shard's.
+    row_schema: str
+    #: The writing process (host and pid), for people.
+    defined_by: str
+    at_ms: int
+
+    def __post_init__(self) -> None:
+        _require(bool(self.sink_id) and bool(self.shard_id), self, "ids must not be empty")
+        _require(bool(self.frontiers_topic), self, "frontiers_topic must not be empty")
+        _require(
+            all(_is_int(n) and 1 <= n <= INT32_MAX for n in (self.partitions, self.append_workers)),
+            self,
+            "partitions and append_workers must be in [1, 2^31)",
+        )
+        _require(_is_int(self.partitioning) and self.partitioning >= 1, self, "partitioning >= 1")
+        _require(_is_int(self.as_of) and 0 <= self.as_of <= MAX_TIME, self, "as_of outside u64")
+        _require(_is_int(self.retain_history) and self.retain_history >= 0, self, "retain_history")
+
+
 #: Every record type that travels on our topics.
 Record = (
     Updates
@@ -288,6 +321,7 @@ Record = (
     | StagedBatch
     | SinkControl
     | SinkRepair
+    | SinkDefinition
 )
 
 

@@ -115,10 +115,13 @@ class Topics:
     control: str
     frontiers: str
     dead_letter: str
+    #: The sinks' definitions (`SinkDefinition`), one topic for all sinks of a deployment.
+    sinks: str = "sinks"
 
     @classmethod
-    def for_sink(cls, sink_id: str, frontiers: str = "frontiers") -> Topics:
-        """The default names `<sink>.desired`, `<sink>.descs`, ...; `frontiers` is shared."""
+    def for_sink(cls, sink_id: str, frontiers: str = "frontiers", sinks: str = "sinks") -> Topics:
+        """The default names `<sink>.desired`, `<sink>.descs`, ...; `frontiers` and `sinks` are
+        shared."""
         return cls(
             desired=f"{sink_id}.desired",
             descs=f"{sink_id}.descs",
@@ -126,6 +129,7 @@ class Topics:
             control=f"{sink_id}.control",
             frontiers=frontiers,
             dead_letter=f"{sink_id}.dead-letter",
+            sinks=sinks,
         )
 
 
@@ -444,6 +448,9 @@ GROUPED: tuple[Setting, ...] = (
     Setting("frontiers_topic",      "kafka",   "frontiers_topic",     "MVSINK_FRONTIERS_TOPIC",       "frontiers", str,
             "the compacted topic of desired progress and shard uppers (one for all sinks)",
             attr="topics.frontiers"),
+    Setting("sinks_topic",          "kafka",   "sinks_topic",         "MVSINK_SINKS_TOPIC",           "sinks", str,
+            "the compacted topic of sink definitions (one for all sinks; `mvsink sink list`)",
+            attr="topics.sinks"),
     Setting("s3_endpoint",          "s3",      "endpoint",            "MVSINK_S3_ENDPOINT",           "", str,
             "S3 endpoint, `host:port`; required (the embedded stack's when it runs)",
             _required("S3 endpoint"), attr="s3.endpoint"),

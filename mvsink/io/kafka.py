@@ -146,7 +146,8 @@ class TopicSpec:
 def sink_topics(
     config: Config, frontiers_config: Mapping[str, str] | None = None
 ) -> list[TopicSpec]:
-    """The topics of docs/design.md §3.1 for one sink replica."""
+    """The topics of docs/design.md §3.1 for one sink replica (the deployment's sinks topic,
+    `sinks_topic`, is written where a definition is: `mvsink.io.sinks`)."""
     topics = config.topics
     return [
         # mvsink decides what of desired to delete (the write service, below its checkpoints),
@@ -174,6 +175,16 @@ def sink_topics(
         ),
         TopicSpec(topics.dead_letter, 1),
     ]
+
+
+#: The sinks topic keeps a dropped sink's tombstone for a century, not the broker's day
+#: (`mvsink.io.sinks`).
+SINKS = {**COMPACTED, "delete.retention.ms": str(100 * 365 * 24 * 3600 * 1000)}
+
+
+def sinks_topic(topics: Topics) -> TopicSpec:
+    """The topic of every sink's definition: one partition, compacted, tombstones kept."""
+    return TopicSpec(topics.sinks, 1, SINKS, enforced=True)
 
 
 def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], timeout: float = 30.0) -> list[str]:
@@ -780,7 +791,21 @@ def read_compacted(
 ) -> dict[str, Record]:
     """The latest record per key of `topic`, reading every partition up to its end now.
 
-    Undecodable values raise `DecodeError` naming topic, partition and offset.
+    Undecodable values (a tombstone included) raise `DecodeError` naming topic, partition and
+    offset.
+    """
+    latest = read_latest(bootstrap, topic, timeout, framing=framing, tombstones=False)
+    return {key: record for key, record in latest.items() if record is not None}
+
+
+def read_latest(
+    bootstrap: str, topic: str, timeout: float = 30.0, *, framing: Framing, tombstones: bool
+) -> dict[str, Record | None]:
+    """`read_compacted`, where a key's latest value may be a tombstone (None) if `tombstones`.
+
+    Raises:
+        DecodeError: an undecodable value, or a tombstone unless `tombstones`.
+        MvsinkError: the end was not reached within `timeout`.
     """
     consumer = Consumer(consumer_config(bootstrap, extra=READ_TO_END))
     try:
@@ -788,7 +813,7 @@ def read_compacted(
         partitions = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in metadata.partitions]
         consumer.assign(partitions)
         pending = {p.partition for p in partitions}
-        latest: dict[str, Record] = {}
+        latest: dict[str, Record | None] = {}
         deadline = time.monotonic() + timeout
         while pending:
             if time.monotonic() > deadline:
@@ -797,7 +822,10 @@ def read_compacted(
             if message is None:
                 continue
             key = (message.key() or b"").decode()
-            latest[key] = decode_message(message, framing=framing)
+            if tombstones and message.value() is None:
+                latest[key] = None
+            else:
+                latest[key] = decode_message(message, framing=framing)
         return latest
     finally:
         consumer.close()

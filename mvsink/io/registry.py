@@ -81,6 +81,8 @@ class SinkTopics(Protocol):
     def control(self) -> str: ...
     @property
     def frontiers(self) -> str: ...
+    @property
+    def sinks(self) -> str: ...
 
 
 def topic_kinds(topics: SinkTopics) -> dict[str, tuple[str, ...]]:
@@ -91,6 +93,7 @@ def topic_kinds(topics: SinkTopics) -> dict[str, tuple[str, ...]]:
         topics.batches: ("StagedBatch",),
         topics.control: ("SinkControl", "SinkRepair"),
         topics.frontiers: ("DesiredProgress", "ShardUpper"),
+        topics.sinks: ("SinkDefinition",),
     }
 
 

@@ -1,6 +1,7 @@
 """Provisioning of one sink replica's topics (docs/design.md §3.1), its bucket, its schemas'
 subjects (when the config names a Schema Registry: `mvsink.io.registry`), and (when the config
-names a row schema) its shard. Idempotent; an existing shard with another schema, or a released
+names a row schema) its shard, then the sink's definition on the sinks topic (`mvsink.io.sinks`),
+which replaces the sink's earlier one. Idempotent; an existing shard with another schema, or a released
 schema its subject's compatibility level refuses, is an error."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from mvsink.io import registry
 from mvsink.io.config import Config
 from mvsink.io.kafka import ensure_topics, sink_topics
 from mvsink.io.s3 import ensure_bucket, s3_client
+from mvsink.io.sinks import define
 
 if TYPE_CHECKING:
     from mvsink.shard import Shard
@@ -57,6 +59,7 @@ def provision(config: Config, frontiers_config: Mapping[str, str] | None = None)
         )
         ensure_retention(shard, config.retain_history)
         upper = str(shard.upper())
+    define(config)
     return Provisioned(created, bucket_created, upper, subjects)
 
 

@@ -43,6 +43,7 @@ from mvsink.io.kafka import (
 )
 from mvsink.io.registry import OWN, Framing
 from mvsink.io.s3 import probe_conditional_writes
+from mvsink.io.sinks import definition_of
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ def contract_samples(config: Config, run: str) -> list[Sample]:
         ),
         Sample(topics.control, 0, config.sink_id, SinkControl(read_only=False)),
         Sample(topics.control, 0, repair.key, repair),
+        Sample(topics.sinks, 0, config.sink_id, definition_of(config)),
     ]
 
 

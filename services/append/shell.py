@@ -35,7 +35,6 @@ from mvsink.io.config import Config
 from mvsink.io.kafka import (
     SEND_AT_ONCE,
     Reader,
-    check_sink_topics,
     client_config,
     consumer_config,
     dead_letter,
@@ -46,6 +45,7 @@ from mvsink.io.kafka import (
     tail_consumer,
 )
 from mvsink.io.service import Stopping, probe_store
+from mvsink.io.sinks import check_sink
 from mvsink.shard import Appended, IndefiniteAppend, PartTooOld, Shard, UpperMismatch, open_shard
 from mvsink.shard.state import PartRef
 from mvsink.tools.provision import ensure_retention
@@ -318,6 +318,6 @@ class AppendShell:
 
 def run(config: Config, stopping: Stopping) -> int:
     """Entry point body for `python -m services.append`."""
-    check_sink_topics(config)
+    check_sink(config)
     probe_store(config, "append")
     return AppendShell(config, stopping).run()

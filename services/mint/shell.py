@@ -34,7 +34,6 @@ from mvsink.io.config import Config
 from mvsink.io.health import StartAgain
 from mvsink.io.kafka import (
     Reader,
-    check_sink_topics,
     client_config,
     dead_letter,
     decode_message,
@@ -47,6 +46,7 @@ from mvsink.io.kafka import (
     tail_consumer,
 )
 from mvsink.io.service import Stopping
+from mvsink.io.sinks import check_sink
 from mvsink.shard import Shard, open_shard
 from services.mint.state import MintState
 
@@ -249,5 +249,5 @@ class MintShell:
 
 def run(config: Config, stopping: Stopping) -> int:
     """Entry point body for `python -m services.mint`."""
-    check_sink_topics(config)
+    check_sink(config)
     return MintShell(config, stopping).run()

@@ -57,7 +57,6 @@ from mvsink.io.config import Config
 from mvsink.io.kafka import (
     Reader,
     TopicMismatch,
-    check_sink_topics,
     client_config,
     consumer_config,
     delete_below,
@@ -71,6 +70,7 @@ from mvsink.io.kafka import (
     topic_configs,
 )
 from mvsink.io.service import Stopping, probe_store, writer_identity
+from mvsink.io.sinks import check_sink
 from mvsink.io.spark import driver_host, live_executors, run_pinned, task_slots
 from mvsink.shard import AsOfBeforeSince, Shard, open_shard
 from mvsink.shard.blob import SYSTEM, Clock
@@ -770,6 +770,6 @@ def slowest_steps(results: list[StepResult]) -> dict[str, float]:
 
 def run(config: Config, stopping: Stopping) -> int:
     """Entry point body for `python -m services.write`."""
-    check_sink_topics(config)
+    check_sink(config)
     probe_store(config, "write")
     return WriteShell(config, stopping).run()

@@ -157,6 +157,7 @@ class Sink:
         shard_id: str | None = None,
         frontiers: str | None = None,
         partitioning: int = 2,
+        as_of: int = 0,
     ) -> Sink:
         """A new sink; `shard_id`/`frontiers` to share them with another replica."""
         sink_id = f"sink-{uuid.uuid4().hex[:8]}"
@@ -167,7 +168,7 @@ class Sink:
             partitions=partitions,
             append_workers=workers,
             partitioning=partitioning,
-            as_of=0,
+            as_of=as_of,
             read_only=False,
             topics=Topics.for_sink(sink_id, frontiers),
             kafka_bootstrap=bootstrap,
@@ -194,6 +195,7 @@ class Sink:
             "MVSINK_PARTITIONS": str(c.partitions),
             "MVSINK_APPEND_WORKERS": str(c.append_workers),
             "MVSINK_PARTITIONING": str(c.partitioning),
+            "MVSINK_AS_OF": str(c.as_of),
             "MVSINK_FRONTIERS_TOPIC": c.topics.frontiers,
             "MVSINK_KAFKA_BOOTSTRAP": c.kafka_bootstrap,
             "MVSINK_S3_ENDPOINT": c.s3.endpoint,

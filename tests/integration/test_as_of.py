@@ -24,8 +24,8 @@ AS_OF = 100
 def test_a_sink_with_as_of_100_on_a_fresh_shard_converges_with_every_earlier_update_advanced(
     kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, procs: list[Service]
 ) -> None:
-    sink = Sink.create(kafka_bootstrap, s3_settings, tmp_path)
-    services = [start(procs, sink, name, MVSINK_AS_OF=str(AS_OF)) for name in ("mint", "write")]
+    sink = Sink.create(kafka_bootstrap, s3_settings, tmp_path, as_of=AS_OF)
+    services = [start(procs, sink, name) for name in ("mint", "write")]
     upstream = Upstream(sink)
     for _ in range(5):  # desired at times 0-4, its progress at 5: before as_of, nothing to mint
         upstream.tick()
@@ -34,7 +34,7 @@ def test_a_sink_with_as_of_100_on_a_fresh_shard_converges_with_every_earlier_upd
     assert "minted desc" not in services[0].text()
     assert sink.shard.upper() == Frontier.at(0)
 
-    services.append(start(procs, sink, "append", MVSINK_AS_OF=str(AS_OF)))
+    services.append(start(procs, sink, "append"))
     upstream.frontier = AS_OF  # the next tick is at time 100
     upstream.tick()
     wait_until(lambda: converged(sink, upstream), 120, "convergence at 101")

@@ -29,6 +29,7 @@ from mvsink.io.kafka import (
     producer_error,
     read_compacted,
     sink_topics,
+    sinks_topic,
     tail_consumer,
     topic_configs,
 )
@@ -143,7 +144,7 @@ def test_every_topic_round_trips_its_contract(
     kafka_bootstrap: str, s3_settings: S3Settings, unique: str
 ) -> None:
     config = _config(kafka_bootstrap, s3_settings, f"rt-{unique}")
-    ensure_topics(kafka_bootstrap, sink_topics(config))
+    ensure_topics(kafka_bootstrap, [*sink_topics(config), sinks_topic(config.topics)])
     samples = contract_samples(config, unique)
     assert {s.topic for s in samples} >= {
         config.topics.desired,
@@ -151,6 +152,10 @@ def test_every_topic_round_trips_its_contract(
         config.topics.descs,
         config.topics.batches,
         config.topics.control,
+        config.topics.sinks,
+    }
+    assert {type(s.record).__name__ for s in samples} >= set(codec.KINDS.values()) - {
+        "DesiredRecord"  # Updates and Progress
     }
     for sample in samples:
         assert roundtrip(kafka_bootstrap, sample) == sample.record, sample.topic

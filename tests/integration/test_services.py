@@ -16,12 +16,21 @@ from dataclasses import replace
 import pyarrow as pa
 import pytest
 from confluent_kafka import Producer
-from sinkkit import Service, Sink, WriteRole, start, wait_until
+from confluent_kafka.admin import AdminClient
+from sinkkit import Service, Sink, WriteRole, cli_env, mvsink_cli, start, wait_until
 
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import BatchDescription, BatchId, ShardUpper, StagedBatch
-from mvsink.io.kafka import client_config, poll_message, produce, read_compacted, tail_consumer
+from mvsink.io.kafka import (
+    client_config,
+    poll_message,
+    produce,
+    read_compacted,
+    read_latest,
+    tail_consumer,
+)
 from mvsink.io.registry import OWN
+from mvsink.io.s3 import s3_client
 from mvsink.tools.dead_letters import read_letters
 
 pytestmark = pytest.mark.integration
@@ -66,6 +75,69 @@ def test_a_replica_whose_p_or_a_disagrees_with_the_topics_refuses_to_start(
         assert f"topic {name} has {count} partitions" in service.text()
         assert f"({setting}) is {value}: set it to {count}" in service.text()
     assert sink.shard.upper() == F(0)
+
+
+def test_a_replica_refused_by_its_sinks_definition_and_a_dropped_sink_purged(
+    sink: Sink, procs: list[Service]
+) -> None:
+    """Provisioning defines the sink on the sinks topic (`mvsink sink list` shows it). Each of
+    mint, write and append started with an `as_of` or a shard other than the definition's
+    (its topics agree) exits 2 naming both values. `mvsink sink drop --purge` asks first, then
+    tombstones the definition, releases the sink's checkpoint holds and deletes its topics, its
+    keys on `frontiers`, its checkpoints and its shard; a replica of it then refuses to start."""
+    c = sink.config
+    env = cli_env(c.kafka_bootstrap, c.s3, sink.logs / "cli")
+    listed = mvsink_cli(["sink", "list"], env)
+    assert listed.returncode == 0, listed.stderr
+    (line,) = [li for li in listed.stdout.splitlines() if li.startswith(f"{c.sink_id}\t")]
+    assert f"shard {c.shard_id}\tP 2\tA 2\tpartitioning 2\tas_of 0\tupper {{0}}" in line, line
+
+    for setting, value, named in (
+        ("MVSINK_AS_OF", "5", "this replica's as_of 5 disagree with the sink's definition"),
+        ("MVSINK_SHARD_ID", "elsewhere", "this replica's shard_id elsewhere disagree"),
+    ):
+        for name in SERVICES:
+            service = start(procs, sink, name, f"-{value}", **{setting: value})
+            assert service.proc is not None and service.proc.wait(120) == 2, service.text()[-2000:]
+            assert named in service.text() and f"on {c.topics.sinks} (" in service.text()
+    assert sink.shard.upper() == F(0)
+
+    # A second sink on the same shard keeps the shard through the first one's purge.
+    other = sink.replica(sink.logs / "other")
+    holds = {f"checkpoint:{c.sink_id}:0": F(0), f"checkpoint:{other.config.sink_id}:0": F(0)}
+    sink.shard.set_holds(holds)
+    producer = Producer(client_config(c.kafka_bootstrap))  # the upper, as append notifies it
+    upper = ShardUpper(c.shard_id, F(0), sink.shard.state().seqno)
+    produce(producer, c.topics.frontiers, f"persist:{c.shard_id}", upper, framing=OWN)
+    assert producer.flush(30) == 0
+    plan = mvsink_cli(["sink", "drop", c.sink_id, "--purge"], env)
+    assert plan.returncode == 0 and "nothing done" in plan.stderr, plan.stderr
+    assert c.sink_id in mvsink_cli(["sink", "list"], env).stdout
+    done = mvsink_cli(["sink", "drop", c.sink_id, "--purge", "--yes"], env)
+    assert done.returncode == 0, done.stderr
+    assert f"released holds: ['checkpoint:{c.sink_id}:0']" in done.stderr
+    assert "purged 5 topics" in done.stderr
+    assert f"kept the shard: sink(s) {other.config.sink_id} use shard {c.shard_id}" in done.stderr
+    assert {h.holder_id for h in sink.shard.state().holds} == {
+        f"checkpoint:{other.config.sink_id}:0"
+    }
+    listed = mvsink_cli(["sink", "list", "--dropped"], env).stdout
+    assert f"{c.sink_id}\tdropped" in listed.splitlines()
+    topics = AdminClient(client_config(c.kafka_bootstrap)).list_topics(timeout=30).topics
+    assert [t for t in topics if t.startswith(f"{c.sink_id}.")] == [c.topics.frontiers]
+    latest = read_latest(c.kafka_bootstrap, c.topics.frontiers, framing=OWN, tombstones=True)
+    assert latest[f"persist:{c.shard_id}"] == upper  # the shard is kept, and its upper
+
+    done = mvsink_cli(["sink", "drop", other.config.sink_id, "--purge", "--yes"], env)
+    assert done.returncode == 0 and "kept the shard" not in done.stderr, done.stderr
+    client = s3_client(c.s3)
+    assert not list(client.list_objects(c.s3.bucket, f"shards/{c.shard_id}/", recursive=True))
+    latest = read_latest(c.kafka_bootstrap, c.topics.frontiers, framing=OWN, tombstones=True)
+    assert latest[f"persist:{c.shard_id}"] is None
+    for name in SERVICES:
+        service = start(procs, sink, name, "-dropped")
+        assert service.proc is not None and service.proc.wait(120) == 2, service.text()[-2000:]
+        assert f"sink {c.sink_id} was dropped" in service.text()
 
 
 def test_append_commits_staged_parts_and_publishes_the_upper(

@@ -24,6 +24,7 @@ from mvsink.core.messages import (
     Record,
     ShardUpper,
     SinkControl,
+    SinkDefinition,
     StagedBatch,
     Update,
     Updates,
@@ -92,6 +93,20 @@ records = st.one_of(
     descriptions(),
     staged_batches(),
     st.builds(SinkControl, st.booleans()),
+    st.builds(
+        SinkDefinition,
+        ids,
+        ids,
+        st.integers(1, 2**31 - 1),
+        st.integers(1, 2**31 - 1),
+        st.integers(1, 2),
+        times,
+        times,
+        ids,
+        st.text(),
+        st.text(),
+        st.integers(0, 2**62),
+    ),
 )
 
 
@@ -104,6 +119,23 @@ def test_round_trip(record: Record) -> None:
 
 
 # -- validation on construction ------------------------------------------------------------------
+
+
+def definition(**changes: Any) -> SinkDefinition:
+    fields = dict(
+        sink_id="s",
+        shard_id="s",
+        partitions=2,
+        append_workers=2,
+        partitioning=2,
+        as_of=0,
+        retain_history=0,
+        frontiers_topic="frontiers",
+        row_schema="",
+        defined_by="h:1",
+        at_ms=0,
+    )
+    return SinkDefinition(**{**fields, **changes})
 
 
 @pytest.mark.parametrize(
@@ -151,6 +183,13 @@ def test_round_trip(record: Record) -> None:
         (lambda: ShardUpper("s", Frontier.at(0), -1), "seqno"),
         (lambda: BatchId(-1, 0), "epoch"),
         (lambda: SinkControl(read_only=1), "bool"),  # type: ignore[arg-type]
+        (lambda: definition(partitions=0), "partitions"),
+        (lambda: definition(append_workers=2**31), "append_workers"),
+        (lambda: definition(shard_id=""), "ids"),
+        (lambda: definition(frontiers_topic=""), "frontiers_topic"),
+        (lambda: definition(as_of=-1), "as_of"),
+        (lambda: definition(partitioning=0), "partitioning"),
+        (lambda: definition(retain_history=-1), "retain_history"),
     ],
 )
 def test_invalid_messages_are_rejected(make: Any, message: str) -> None:
