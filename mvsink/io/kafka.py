@@ -799,12 +799,20 @@ def read_compacted(
 
 
 def read_latest(
-    bootstrap: str, topic: str, timeout: float = 30.0, *, framing: Framing, tombstones: bool
+    bootstrap: str,
+    topic: str,
+    timeout: float = 30.0,
+    *,
+    framing: Framing,
+    tombstones: bool,
+    on_bad: Callable[[str, DecodeError], None] | None = None,
 ) -> dict[str, Record | None]:
-    """`read_compacted`, where a key's latest value may be a tombstone (None) if `tombstones`.
+    """`read_compacted`, where a key's latest value may be a tombstone (None) if `tombstones`,
+    and, with `on_bad`, an undecodable value is reported to it with its key and leaves the key
+    out (its earlier values are no longer its latest).
 
     Raises:
-        DecodeError: an undecodable value, or a tombstone unless `tombstones`.
+        DecodeError: an undecodable value without `on_bad`, or a tombstone unless `tombstones`.
         MvsinkError: the end was not reached within `timeout`.
     """
     consumer = Consumer(consumer_config(bootstrap, extra=READ_TO_END))
@@ -824,8 +832,14 @@ def read_latest(
             key = (message.key() or b"").decode()
             if tombstones and message.value() is None:
                 latest[key] = None
-            else:
+                continue
+            try:
                 latest[key] = decode_message(message, framing=framing)
+            except DecodeError as error:
+                if on_bad is None:
+                    raise
+                latest.pop(key, None)
+                on_bad(key, error)
         return latest
     finally:
         consumer.close()

@@ -25,7 +25,7 @@ from dataclasses import replace
 
 from confluent_kafka import Producer
 
-from mvsink.core.errors import MvsinkError
+from mvsink.core.errors import DecodeError, MvsinkError
 from mvsink.core.messages import SinkDefinition
 from mvsink.io.config import Config, Topics
 from mvsink.io.kafka import (
@@ -107,19 +107,27 @@ def _publish(config: Config, sink_id: str, definition: SinkDefinition | None) ->
 
 def definitions(config: Config, timeout: float = 30.0) -> Mapping[str, SinkDefinition | None]:
     """Every sink's latest definition on the sinks topic, None for a dropped sink; empty when
-    the topic does not exist yet. A record that is no `SinkDefinition`, or names another sink
-    than its key, is skipped with a warning: it defines nothing."""
+    the topic does not exist yet. A record that does not decode, is no `SinkDefinition`, or
+    names another sink than its key defines nothing: the key is left out with a warning, so its
+    sink is served as configured, never stopped by it."""
     from confluent_kafka.admin import AdminClient
 
     existing = AdminClient(client_config(config.kafka_bootstrap)).list_topics(timeout=timeout)
     if config.topics.sinks not in existing.topics:
         return {}
+
+    def bad(key: str, error: DecodeError) -> None:
+        log.warning(
+            "sinks topic: key %r has no definition: its latest value is bad: %s", key, error
+        )
+
     latest = read_latest(
         config.kafka_bootstrap,
         config.topics.sinks,
         timeout,
         framing=config.framing(),
         tombstones=True,
+        on_bad=bad,
     )
     found: dict[str, SinkDefinition | None] = {}
     for key, record in latest.items():

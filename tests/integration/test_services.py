@@ -32,6 +32,7 @@ from mvsink.io.kafka import (
 from mvsink.io.registry import OWN
 from mvsink.io.s3 import s3_client
 from mvsink.tools.dead_letters import read_letters
+from mvsink.tools.provision import provision
 
 pytestmark = pytest.mark.integration
 F = Frontier.at
@@ -102,12 +103,27 @@ def test_a_replica_refused_by_its_sinks_definition_and_a_dropped_sink_purged(
             assert named in service.text() and f"on {c.topics.sinks} (" in service.text()
     assert sink.shard.upper() == F(0)
 
+    # A bad record under the sink's key wedges nothing: the sink has no definition until the
+    # next provisioning, and its replicas are served as configured.
+    producer = Producer(client_config(c.kafka_bootstrap))
+    producer.produce(c.topics.sinks, key=c.sink_id.encode(), value=b"not a definition")
+    assert producer.flush(30) == 0
+    listed = mvsink_cli(["sink", "list"], env)
+    assert listed.returncode == 0 and f"{c.sink_id}\t" not in listed.stdout, listed.stderr
+    mint = start(procs, sink, "mint", "-undefined")
+    wait_until(lambda: "started: epoch" in mint.text(), 60, "mint started")
+    assert f"key '{c.sink_id}' has no definition: its latest value is bad" in mint.text()
+    assert mint.stop() == 0
+    provision(c)
+    assert f"{c.sink_id}\t" in mvsink_cli(["sink", "list"], env).stdout
+
     # A second sink on the same shard keeps the shard through the first one's purge.
     other = sink.replica(sink.logs / "other")
     holds = {f"checkpoint:{c.sink_id}:0": F(0), f"checkpoint:{other.config.sink_id}:0": F(0)}
     sink.shard.set_holds(holds)
-    producer = Producer(client_config(c.kafka_bootstrap))  # the upper, as append notifies it
-    upper = ShardUpper(c.shard_id, F(0), sink.shard.state().seqno)
+    upper = ShardUpper(  # the upper, as append notifies it
+        c.shard_id, F(0), sink.shard.state().seqno
+    )
     produce(producer, c.topics.frontiers, f"persist:{c.shard_id}", upper, framing=OWN)
     assert producer.flush(30) == 0
     plan = mvsink_cli(["sink", "drop", c.sink_id, "--purge"], env)
