@@ -119,6 +119,18 @@ def add_sink(commands: Commands) -> None:
     sink_release.add_argument("sink", help="sink id")
     sink_release.add_argument("--yes", action="store_true", help="release, not only list")
     sink_release.set_defaults(func=cmd_sink_release)
+    create = sink_commands.add_parser(
+        "create", help="define a sink and create its topics, bucket and shard (as provision)"
+    )
+    create.add_argument("sink", help="sink id")
+    create.add_argument("--shard", dest="shard_id", help="shard id (default: the sink id)")
+    create.add_argument("--partitions", type=int, help="P (default: the configured one)")
+    create.add_argument("--append-workers", type=int, help="A (default: the configured one)")
+    create.add_argument("--partitioning", type=int, help="(default: the configured one)")
+    create.add_argument("--as-of", type=int, help="the first time (default: the configured one)")
+    create.add_argument("--retain-history", type=int, help="(default: the configured one)")
+    create.add_argument("--row-schema", help="`name type, ...` (default: the configured one)")
+    create.set_defaults(func=cmd_sink_create)
     sink_list = sink_commands.add_parser(
         "list", help="every sink's definition (the sinks topic), its shard's upper and since"
     )
@@ -133,6 +145,40 @@ def add_sink(commands: Commands) -> None:
     )
     sink_drop.add_argument("--yes", action="store_true", help="drop, not only show the plan")
     sink_drop.set_defaults(func=cmd_sink_drop)
+
+
+def cmd_sink_create(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from mvsink.cli.stack import provision_sink
+    from mvsink.io.sinks import definitions, refusal
+
+    base = stack_config(args.config)
+    given = {
+        name: getattr(args, name)
+        for name in (
+            "partitions",
+            "append_workers",
+            "partitioning",
+            "as_of",
+            "retain_history",
+            "row_schema",
+        )
+        if getattr(args, name) is not None
+    }
+    config = replace(
+        base,
+        sink_id=args.sink,
+        shard_id=args.shard_id or args.sink,
+        topics=Topics.for_sink(args.sink, base.topics.frontiers, base.topics.sinks),
+        **given,
+    )
+    existing = definitions(config).get(args.sink)
+    refused = None if existing is None else refusal(config, existing)
+    if refused is not None:
+        raise MvsinkError(f"sink {args.sink} exists with other settings: {refused}")
+    provision_sink(config)
+    return 0
 
 
 def cmd_sink_list(args: argparse.Namespace) -> int:

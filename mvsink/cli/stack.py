@@ -67,7 +67,7 @@ def cmd_stack_up(args: argparse.Namespace) -> int:
         schema_registry=args.registry,
     )
     if not args.no_provision:
-        _provision(stack_config(args.config))
+        provision_sink(stack_config(args.config))
     cmd_stack_status(args)
     print(
         f"\nkafka bootstrap: {endpoints.kafka_bootstrap}\ns3 endpoint:     http://{endpoints.s3_endpoint}"
@@ -149,7 +149,8 @@ def add_provision(commands: Commands) -> None:
     )
 
 
-def _provision(config: Config) -> None:
+def provision_sink(config: Config) -> None:
+    """Provision `config`'s sink (`mvsink.tools.provision`) and say what was created."""
     from mvsink.tools.provision import provision
 
     result = provision(config)
@@ -172,7 +173,7 @@ def _provision(config: Config) -> None:
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
-    _provision(stack_config(args.config))
+    provision_sink(stack_config(args.config))
     return 0
 
 
@@ -232,6 +233,6 @@ def cmd_smoke(args: argparse.Namespace) -> int:
         row_schema="",
         topics=Topics.for_sink(smoke_id, config.topics.frontiers),
     )
-    _provision(smoke)
+    provision_sink(smoke)
     run_smoke(smoke, say)
     return 0

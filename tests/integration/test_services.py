@@ -12,6 +12,7 @@ import urllib.request
 import uuid
 from collections import Counter
 from dataclasses import replace
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -21,6 +22,7 @@ from sinkkit import Service, Sink, WriteRole, cli_env, mvsink_cli, start, wait_u
 
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import BatchDescription, BatchId, ShardUpper, StagedBatch
+from mvsink.core.settings import S3Settings
 from mvsink.io.kafka import (
     client_config,
     poll_message,
@@ -154,6 +156,34 @@ def test_a_replica_refused_by_its_sinks_definition_and_a_dropped_sink_purged(
         service = start(procs, sink, name, "-dropped")
         assert service.proc is not None and service.proc.wait(120) == 2, service.text()[-2000:]
         assert f"sink {c.sink_id} was dropped" in service.text()
+
+
+def test_sink_create_defines_a_sink_once_and_refuses_other_settings_for_it(
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path
+) -> None:
+    """`mvsink sink create ID` with settings of its own: the topics with its P and A, the shard,
+    the definition; again with the same settings it changes nothing, with another P it exits 2
+    naming both and creates nothing."""
+    env = cli_env(kafka_bootstrap, s3_settings, tmp_path)
+    sink_id = f"created-{uuid.uuid4().hex[:8]}"
+    settings = ["--partitions", "3", "--append-workers", "1", "--as-of", "7"]
+    rows = ["--row-schema", "k string not null, v int64"]
+    for _ in range(2):
+        created = mvsink_cli(["sink", "create", sink_id, *settings, *rows], env)
+        assert created.returncode == 0, created.stderr
+    (line,) = [li for li in mvsink_cli(["sink", "list"], env).stdout.splitlines() if sink_id in li]
+    assert f"shard {sink_id}\tP 3\tA 1\tpartitioning 2\tas_of 7\tupper {{0}}" in line, line
+    topics = AdminClient(client_config(kafka_bootstrap)).list_topics(timeout=30).topics
+    assert len(topics[f"{sink_id}.desired"].partitions) == 3
+    assert len(topics[f"{sink_id}.batches"].partitions) == 1
+    other = mvsink_cli(["sink", "create", sink_id, "--partitions", "4", *settings[2:]], env)
+    assert other.returncode == 2, other.stderr
+    assert f"sink {sink_id} exists with other settings" in other.stderr
+    assert "partitions 4 disagree" in other.stderr and "(partitions 3;" in other.stderr
+    topics = AdminClient(client_config(kafka_bootstrap)).list_topics(timeout=30).topics
+    assert len(topics[f"{sink_id}.desired"].partitions) == 3
+    dropped = mvsink_cli(["sink", "drop", sink_id, "--purge", "--yes"], env)
+    assert dropped.returncode == 0, dropped.stderr
 
 
 def test_append_commits_staged_parts_and_publishes_the_upper(
