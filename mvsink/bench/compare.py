@@ -113,7 +113,7 @@ from mvsink.bench.workload import (
 )
 from mvsink.io.config import Config, Topics, state_dir
 from mvsink.io.kafka import delete_topics
-from mvsink.io.sinks import drop
+from mvsink.io.sinks import forget
 from mvsink.tools.provision import provision
 from mvsink.tools.sinks import own_topics, purge_objects
 
@@ -641,10 +641,10 @@ class _Columns:
 
 
 def discard(sink: Config) -> tuple[int, int]:
-    """Delete what a bench sink left on the stack: its definition (a tombstone), its own
+    """Delete what a bench sink left on the stack: its definition, its own
     topics (`own_topics`) and its objects in the bucket (its shard, its write checkpoints, a
     contender's output); how many topics and objects."""
-    drop(sink, sink.sink_id)
+    forget(sink)
     topics = delete_topics(sink.kafka_bootstrap, own_topics(sink))
     prefixes = (f"shards/{sink.shard_id}/", f"sinks/{sink.sink_id}/", f"bench/{sink.sink_id}/")
     return len(topics), purge_objects(sink, prefixes)

@@ -134,7 +134,7 @@ def add_sink(commands: Commands) -> None:
     sink_list = sink_commands.add_parser(
         "list", help="every sink's definition (the sinks topic), its shard's upper and since"
     )
-    sink_list.add_argument("--dropped", action="store_true", help="also the dropped sinks")
+    sink_list.add_argument("--dropped", action="store_true", help="the dropped sinks too")
     sink_list.set_defaults(func=cmd_sink_list)
     sink_drop = sink_commands.add_parser(
         "drop", help="drop a sink: its replicas refuse to start, its holds are released"
@@ -187,26 +187,22 @@ def cmd_sink_list(args: argparse.Namespace) -> int:
 
     config = stack_config(args.config)
     found = definitions(config)
-    live = sorted(d.sink_id for d in found.values() if d is not None)
-    for sink_id in live:
+    shown = sorted(d.sink_id for d in found.values() if args.dropped or not d.dropped)
+    for sink_id in shown:
         d = found[sink_id]
-        assert d is not None
         try:
             state = open_shard(d.shard_id, None, config.s3, config.shard_timing()).state()
             shard = f"upper {state.upper}\tsince {state.since}"
         except MvsinkError as error:  # not created yet (no row schema provisioned), or gone
             shard = f"shard: {error}"
         print(
-            f"{d.sink_id}\tshard {d.shard_id}\tP {d.partitions}\tA {d.append_workers}\t"
+            f"{d.sink_id}\t{'dropped' if d.dropped else 'defined'}\tshard {d.shard_id}\tP {d.partitions}\tA {d.append_workers}\t"
             f"partitioning {d.partitioning}\tas_of {d.as_of}\t{shard}\t"
             f"defined by {d.defined_by} at {_utc(d.at_ms)}",
             flush=True,
         )
-    dropped = sorted(key for key, d in found.items() if d is None)
-    if args.dropped:
-        for sink_id in dropped:
-            print(f"{sink_id}\tdropped", flush=True)
-    say(f"{len(live)} sinks on {config.topics.sinks} ({len(dropped)} dropped)")
+    dropped = sum(d.dropped for d in found.values())
+    say(f"{len(found) - dropped} sinks on {config.topics.sinks} ({dropped} dropped)")
     return 0
 
 
@@ -224,14 +220,17 @@ def cmd_sink_drop(args: argparse.Namespace) -> int:
     definition = definitions(config).get(args.sink)
     if definition is None:
         raise MvsinkError(f"sink {args.sink} is not defined on {config.topics.sinks}")
+    if definition.dropped and not args.purge:
+        raise MvsinkError(f"sink {args.sink} was dropped already (`--purge` deletes what it owns)")
     sink = sink_of(config, definition)
     say(f"sink {args.sink}: shard {sink.shard_id}, P {sink.partitions}, A {sink.append_workers}")
-    say("drop: its definition's tombstone (its replicas refuse to start; running ones go on")
-    say("  until stopped), then its checkpoints' holds on the shard's since released")
+    if not definition.dropped:
+        say("drop: its definition written dropped (its replicas refuse to start, running ones")
+        say("  stop within [kafka] topic_check_interval), its checkpoints' holds released")
     if args.purge:
         say(f"purge: then topics {', '.join(own_topics(sink))}, its keys on")
         say(f"  {sink.topics.frontiers}, its checkpoints and its shard (unless another sink's")
-        say("  definition names the shard) deleted: stop its services first")
+        say("  definition names the shard) deleted: only once its services stopped")
     if not args.yes:
         say("nothing done: run it again with --yes")
         return 0

@@ -279,9 +279,10 @@ class SinkRepair:
 
 @dataclass(frozen=True, slots=True)
 class SinkDefinition:
-    """A sink as data (the `sinks` topic, key = sink id; a tombstone is a dropped sink): the
-    settings every replica of the sink must share. `provision` and `mvsink sink create` write
-    it; a service whose settings disagree with it refuses to start."""
+    """A sink as data (the `sinks` topic, key = sink id): the settings every replica of the
+    sink must share. `provision` and `mvsink sink create` write it, `mvsink sink drop` writes it
+    `dropped`; a service whose settings disagree with it, or of a dropped sink, refuses to
+    start."""
 
     sink_id: str
     shard_id: str
@@ -296,9 +297,12 @@ class SinkDefinition:
     #: The writing process (host and pid), for people.
     defined_by: str
     at_ms: int
+    #: No replica serves the sink (`mvsink sink drop`); provisioning defines it again.
+    dropped: bool = False
 
     def __post_init__(self) -> None:
         _require(bool(self.sink_id) and bool(self.shard_id), self, "ids must not be empty")
+        _require(isinstance(self.dropped, bool), self, "dropped must be a bool")
         _require(bool(self.frontiers_topic), self, "frontiers_topic must not be empty")
         _require(
             all(_is_int(n) and 1 <= n <= INT32_MAX for n in (self.partitions, self.append_workers)),

@@ -335,7 +335,8 @@ class Config:
             "disk only with their whole segment")
     topic_check_interval: float             = _row("kafka",   "topic_check_interval", "MVSINK_TOPIC_CHECK_INTERVAL", 30.0, float,
             "s, how often the write service checks `<sink>.desired`'s configuration (a compacted "
-            "topic is refused: nothing folded or staged while it is); > 0", _positive)
+            "topic is refused: nothing folded or staged while it is), and every service whether "
+            "its sink was dropped (it stops then); > 0", _positive)
     max_poll_interval: float                = _row("kafka",   "max_poll_interval",   "MVSINK_KAFKA_MAX_POLL_INTERVAL", MOST_POLL_INTERVAL, float,
             "s, how long a write or append replica may go without polling its group (a write step "
             "runs between two polls: a hydration, a repair) before Kafka moves its partitions to the "

@@ -177,14 +177,9 @@ def sink_topics(
     ]
 
 
-#: The sinks topic keeps a dropped sink's tombstone for a century, not the broker's day
-#: (`mvsink.io.sinks`).
-SINKS = {**COMPACTED, "delete.retention.ms": str(100 * 365 * 24 * 3600 * 1000)}
-
-
 def sinks_topic(topics: Topics) -> TopicSpec:
-    """The topic of every sink's definition: one partition, compacted, tombstones kept."""
-    return TopicSpec(topics.sinks, 1, SINKS, enforced=True)
+    """The topic of every sink's definition (`mvsink.io.sinks`): one partition, compacted."""
+    return TopicSpec(topics.sinks, 1, COMPACTED, enforced=True)
 
 
 def ensure_topics(bootstrap: str, specs: Iterable[TopicSpec], timeout: float = 30.0) -> list[str]:

@@ -44,6 +44,10 @@ class Stopping:
     def __init__(self, health: Health | None = None) -> None:
         self._event = threading.Event()
         self.health = health
+        #: Why the stop was asked for, when not by a signal (`set`).
+        self.why: str | None = None
+        self._periodic: set[str] = set()
+        self._lock = threading.Lock()
 
     def install(self) -> None:
         """Route SIGTERM and SIGINT here (main thread only)."""
@@ -54,9 +58,25 @@ class Stopping:
         logging.getLogger("mvsink").info("received %s: stopping", signal.Signals(signum).name)
         self._event.set()
 
-    def set(self) -> None:
-        """Ask the loop to stop."""
+    def set(self, why: str | None = None) -> None:
+        """Ask the loop to stop (`why`: the reason a body may act on, kept in `why`)."""
+        if why is not None:
+            self.why = why
         self._event.set()
+
+    def every(self, name: str, interval: float, check: Callable[[], None]) -> None:
+        """Run `check` every `interval` seconds on a daemon thread `name` until the stop; once
+        per name, however often a body that starts again asks. `check` handles its errors."""
+        with self._lock:
+            if name in self._periodic:
+                return
+            self._periodic.add(name)
+
+        def loop() -> None:
+            while not self._event.wait(interval):
+                check()
+
+        threading.Thread(target=loop, name=name, daemon=True).start()
 
     @property
     def stopped(self) -> bool:

@@ -4,14 +4,16 @@ A `SinkDefinition` holds what every replica of a sink must agree on — its shar
 partitioning, `as_of`, `retain_history`, the `frontiers` topic and the row schema — keyed by the
 sink id on one topic for the whole deployment (`[kafka] sinks_topic`). `provision` writes the
 configured sink's (`define`), replacing what was there: provisioning is how a sink is created
-and altered. A tombstone under the key is a dropped sink (`mvsink sink drop`, `drop`); the
-topic keeps tombstones (`delete.retention.ms` of a century), so a drop is never forgotten by a
-replica that starts later.
+and altered. `mvsink sink drop` writes the definition again with `dropped` (`drop`): a drop is
+a value, not a tombstone, so compaction keeps it and a replica that starts a year later still
+refuses, and a dropped sink's settings stay readable for its purge.
 
 A service checks its settings against its sink's definition before it does anything
 (`check_sink`): a setting that disagrees, or a dropped sink, stops it with exit 2 naming both
-values. A sink with no definition (provisioned before definitions existed) is served as
-configured, and the service says so once.
+values; while it runs it reads the definition again every `[kafka] topic_check_interval` and
+stops (exit 0) once its sink is dropped (`stop_when_dropped`). A sink with no definition
+(provisioned before definitions existed) is served as configured, and the service says so
+once.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from mvsink.io.kafka import (
     read_latest,
     sinks_topic,
 )
+from mvsink.io.service import Stopping
 
 log = logging.getLogger("mvsink.io.sinks")
 
@@ -49,6 +52,10 @@ SHARED = (
     "retain_history",
     "frontiers_topic",
 )
+
+
+#: `Stopping.why` when a service stops because its sink was dropped (`stop_when_dropped`).
+DROPPED = "the sink was dropped"
 
 
 class SinkRefused(MvsinkError):
@@ -74,6 +81,7 @@ def sink_of(config: Config, definition: SinkDefinition) -> Config:
         config,
         sink_id=definition.sink_id,
         topics=Topics.for_sink(definition.sink_id, definition.frontiers_topic, config.topics.sinks),
+        row_schema=definition.row_schema or config.row_schema,
         **{name: getattr(definition, name) for name in SHARED if name != "frontiers_topic"},
     )
 
@@ -83,43 +91,57 @@ def define(config: Config) -> SinkDefinition:
     the sink's earlier definition or drop."""
     ensure_topics(config.kafka_bootstrap, [sinks_topic(config.topics)])
     definition = definition_of(config)
-    _publish(config, definition.sink_id, definition)
+    _publish(config, definition)
     log.info("defined sink %s on %s", definition.sink_id, config.topics.sinks)
     return definition
 
 
-def drop(config: Config, sink_id: str) -> None:
-    """Write `sink_id`'s tombstone: the sink is dropped; its replicas refuse to start."""
+def drop(config: Config) -> SinkDefinition:
+    """Write `config`'s sink's definition `dropped`: its replicas refuse to start, running ones
+    stop."""
     ensure_topics(config.kafka_bootstrap, [sinks_topic(config.topics)])
-    _publish(config, sink_id, None)
-    log.info("dropped sink %s on %s", sink_id, config.topics.sinks)
+    dropped = replace(definition_of(config), dropped=True)
+    _publish(config, dropped)
+    log.info("dropped sink %s on %s", config.sink_id, config.topics.sinks)
+    return dropped
 
 
-def _publish(config: Config, sink_id: str, definition: SinkDefinition | None) -> None:
-    producer = Producer(client_config(config.kafka_bootstrap, **{"enable.idempotence": True}))
-    if definition is None:
-        producer.produce(config.topics.sinks, key=sink_id.encode(), value=None)
-    else:
-        produce(producer, config.topics.sinks, sink_id, definition, framing=config.framing())
+def forget(config: Config) -> None:
+    """Delete `config`'s sink's definition (a tombstone): for a sink nothing is left of, whose
+    replicas need no refusal (the bench's own sinks, once discarded)."""
+    producer = Producer(client_config(config.kafka_bootstrap))
+    producer.produce(config.topics.sinks, key=config.sink_id.encode(), value=None)
     if producer.flush(30) != 0:
-        raise MvsinkError(f"writing sink {sink_id}'s definition to {config.topics.sinks} timed out")
+        raise MvsinkError(f"deleting sink {config.sink_id}'s definition timed out")
 
 
-def definitions(config: Config, timeout: float = 30.0) -> Mapping[str, SinkDefinition | None]:
-    """Every sink's latest definition on the sinks topic, None for a dropped sink; empty when
-    the topic does not exist yet. A record that does not decode, is no `SinkDefinition`, or
-    names another sink than its key defines nothing: the key is left out with a warning, so its
-    sink is served as configured, never stopped by it."""
+def _publish(config: Config, definition: SinkDefinition) -> None:
+    producer = Producer(client_config(config.kafka_bootstrap, **{"enable.idempotence": True}))
+    produce(producer, config.topics.sinks, definition.sink_id, definition, framing=config.framing())
+    if producer.flush(30) != 0:
+        raise MvsinkError(
+            f"writing sink {definition.sink_id}'s definition to {config.topics.sinks} timed out"
+        )
+
+
+def definitions(
+    config: Config, timeout: float = 30.0, bad: set[str] | None = None
+) -> Mapping[str, SinkDefinition]:
+    """Every sink's latest definition on the sinks topic (dropped ones too); empty when the
+    topic does not exist yet. A tombstone (a key deleted by hand), a record that does not
+    decode, is no `SinkDefinition`, or names another sink than its key defines nothing: the key
+    is left out (and added to `bad` for a bad record), so its sink is served as configured,
+    never stopped by it."""
     from confluent_kafka.admin import AdminClient
 
     existing = AdminClient(client_config(config.kafka_bootstrap)).list_topics(timeout=timeout)
     if config.topics.sinks not in existing.topics:
         return {}
 
-    def bad(key: str, error: DecodeError) -> None:
-        log.warning(
-            "sinks topic: key %r has no definition: its latest value is bad: %s", key, error
-        )
+    def on_bad(key: str, error: DecodeError) -> None:
+        log.debug("sinks topic: key %r has no definition: its latest value is bad: %s", key, error)
+        if bad is not None:
+            bad.add(key)
 
     latest = read_latest(
         config.kafka_bootstrap,
@@ -127,26 +149,26 @@ def definitions(config: Config, timeout: float = 30.0) -> Mapping[str, SinkDefin
         timeout,
         framing=config.framing(),
         tombstones=True,
-        on_bad=bad,
+        on_bad=on_bad,
     )
-    found: dict[str, SinkDefinition | None] = {}
+    found: dict[str, SinkDefinition] = {}
     for key, record in latest.items():
-        if record is None or (isinstance(record, SinkDefinition) and record.sink_id == key):
+        if isinstance(record, SinkDefinition) and record.sink_id == key:
             found[key] = record
-        else:
-            log.warning(
-                "sinks topic: skipped key %r: %r is no definition of that sink", key, record
-            )
+        elif record is not None:
+            log.debug("sinks topic: skipped key %r: %r is no definition of that sink", key, record)
+            if bad is not None:
+                bad.add(key)
     return found
 
 
-def refusal(config: Config, definition: SinkDefinition | None) -> str | None:
-    """Why a replica with `config` must not serve its sink defined as `definition` (None: the
-    sink was dropped), or None."""
-    if definition is None:
+def refusal(config: Config, definition: SinkDefinition) -> str | None:
+    """Why a replica with `config` must not serve its sink defined as `definition`, or None."""
+    if definition.dropped:
         return (
-            f"sink {config.sink_id} was dropped (a tombstone on {config.topics.sinks}): a replica "
-            f"of it does not start; `mvsink provision` defines it again"
+            f"sink {config.sink_id} was dropped (by {definition.defined_by} at "
+            f"{definition.at_ms} ms, on {config.topics.sinks}): a replica of it does not start; "
+            f"`mvsink provision` defines it again"
         )
     mine = definition_of(config)
     differ = [name for name in SHARED if getattr(mine, name) != getattr(definition, name)]
@@ -174,6 +196,30 @@ def _same_rows(config: Config, definition: SinkDefinition) -> bool:
         return False
 
 
+def stop_when_dropped(config: Config, stopping: Stopping) -> None:
+    """Read the sinks topic every `[kafka] topic_check_interval` while the service runs, and
+    stop it (`Stopping.set`, exit 0) once its sink's definition is `dropped`: a dropped sink's
+    work stops everywhere. A read that fails is no drop (the next one tries again), nor
+    is a bad record (`definitions`)."""
+
+    def check() -> None:
+        try:
+            found = definitions(config).get(config.sink_id)
+        except Exception as error:  # an outage or a slow broker: not a drop
+            log.debug("sinks topic not read: %r", error)
+            return
+        if found is not None and found.dropped:
+            log.warning(
+                "sink %s was dropped (by %s, on %s): stopping",
+                config.sink_id,
+                found.defined_by,
+                config.topics.sinks,
+            )
+            stopping.set(DROPPED)
+
+    stopping.every("sink-drop", config.topic_check_interval, check)
+
+
 def check_sink(config: Config, timeout: float = 30.0) -> None:
     """What a service checks before serving `config`'s sink: its topics' partition counts
     (`check_sink_topics`), then its sink's definition (`refusal`).
@@ -183,12 +229,15 @@ def check_sink(config: Config, timeout: float = 30.0) -> None:
         SinkRefused: a setting disagrees with the definition, or the sink was dropped (exit 2).
     """
     check_sink_topics(config, timeout)
-    found = definitions(config, timeout)
+    bad: set[str] = set()
+    found = definitions(config, timeout, bad)
     if config.sink_id not in found:
         log.warning(
-            "sink %s has no definition on %s: served as configured (`mvsink provision` writes one)",
+            "sink %s has no definition on %s%s: served as configured (`mvsink provision` "
+            "writes one)",
             config.sink_id,
             config.topics.sinks,
+            " (its latest value there is no definition of it)" if config.sink_id in bad else "",
         )
         return
     refused = refusal(config, found[config.sink_id])

@@ -120,6 +120,7 @@ from mvsink.shard.store import (
     MergeResult,
     PartGone,
     Shard,
+    ShardNotFound,
 )
 
 __all__ = [
@@ -143,6 +144,7 @@ __all__ = [
     "SchemaMismatch",
     "SelectedPart",
     "Shard",
+    "ShardNotFound",
     "ShardState",
     "SweepResult",
     "Timing",
@@ -168,7 +170,7 @@ def open_shard(
 
     Raises:
         SchemaMismatch: the shard exists with another row schema.
-        MvsinkError: `schema=None` and the shard does not exist.
+        ShardNotFound: `schema=None` and the shard does not exist.
     """
     shard = Shard.create_or_open(
         s3_client(s3), s3.bucket, shard_id, schema, timing or Timing(), retain_history

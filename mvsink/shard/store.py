@@ -89,6 +89,10 @@ class IndefiniteAppend(MvsinkError):
     """A compare-and-append whose outcome is unknown; re-read the state to learn it."""
 
 
+class ShardNotFound(MvsinkError):
+    """A shard opened without a schema (to read or maintain it) does not exist."""
+
+
 class PartGone(MvsinkError):
     """A part of the version a reader was reading is gone: a merge replaced it and the
     garbage collector deleted it. Read the latest version again."""
@@ -545,7 +549,7 @@ class Shard:
         existing = probe.retained_seqnos()
         if not existing:
             if schema is None:
-                raise MvsinkError(f"shard {shard_id} does not exist in bucket {bucket}")
+                raise ShardNotFound(f"shard {shard_id} does not exist in bucket {bucket}")
             zero = initial_state(shard_id, schema, uuid.uuid4().hex, retain_history)
             probe.blob.create(probe.state_key(0), zero.to_bytes())
         stored = probe.state().schema

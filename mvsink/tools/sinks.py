@@ -1,5 +1,5 @@
-"""Dropping a sink (`mvsink sink drop`): its definition's tombstone, its checkpoints' holds on
-its shard released, and with `purge` everything it owns deleted.
+"""Dropping a sink (`mvsink sink drop`): its definition written `dropped`, its checkpoints'
+holds on its shard released, and with `purge` everything it owns deleted.
 
 What a sink owns: its own topics (`<sink>.desired`, `.descs`, `.batches`, `.control`,
 `.dead-letter`; never the shared `frontiers` and `sinks`), its keys on `frontiers` (tombstoned),
@@ -48,38 +48,51 @@ def purge_objects(sink: Config, prefixes: Iterable[str]) -> int:
 
 
 def drop_sink(config: Config, sink_id: str, purge: bool) -> Dropped:
-    """Drop `sink_id`: its tombstone on the sinks topic (its replicas refuse to start), then
-    its checkpoints' holds on its shard released, then with `purge` what it owns deleted.
+    """Drop `sink_id`: its definition written `dropped` (its replicas refuse to start, running
+    ones stop), then its checkpoints' holds on its shard released, then with `purge` what it
+    owns deleted. A dropped sink can be purged later.
 
     Raises:
-        MvsinkError: the sink has no definition (never defined, or dropped already).
+        MvsinkError: the sink has no definition, or was dropped already and `purge` is not set.
     """
-    from mvsink.shard import open_shard
-
     found = definitions(config)
     definition = found.get(sink_id)
     if definition is None:
-        state = "was dropped already" if sink_id in found else "has no definition"
-        raise MvsinkError(f"sink {sink_id} {state} on {config.topics.sinks}")
+        raise MvsinkError(f"sink {sink_id} has no definition on {config.topics.sinks}")
+    if definition.dropped and not purge:
+        raise MvsinkError(f"sink {sink_id} was dropped already (`--purge` deletes what it owns)")
     sink = sink_of(config, definition)
-    drop(config, sink_id)
-    shard = open_shard(sink.shard_id, None, sink.s3, sink.shard_timing())
-    prefix = f"checkpoint:{sink_id}:"
-    held = tuple(h.holder_id for h in shard.state().holds if h.holder_id.startswith(prefix))
-    if held:
-        shard.release_holds(held)
+    if not definition.dropped:
+        drop(sink)
+    held = _release_holds(sink)
     if not purge:
         return Dropped(held)
     sharing = sorted(
         other.sink_id
         for other in found.values()
-        if other is not None and other.sink_id != sink_id and other.shard_id == sink.shard_id
+        if not other.dropped and other.sink_id != sink_id and other.shard_id == sink.shard_id
     )
     topics = tuple(delete_topics(sink.kafka_bootstrap, own_topics(sink)))
     _tombstone_frontiers(sink, shard=not sharing)
     prefixes = [f"sinks/{sink_id}/", *([] if sharing else [f"shards/{sink.shard_id}/"])]
     kept = f"sink(s) {', '.join(sharing)} use shard {sink.shard_id}" if sharing else ""
     return Dropped(held, topics, purge_objects(sink, prefixes), kept)
+
+
+def _release_holds(sink: Config) -> tuple[str, ...]:
+    """Release the sink's checkpoints' holds on its shard; their holder ids (none when the
+    shard was never made, or a purge deleted it)."""
+    from mvsink.shard import ShardNotFound, open_shard
+
+    try:
+        shard = open_shard(sink.shard_id, None, sink.s3, sink.shard_timing())
+    except ShardNotFound:
+        return ()
+    prefix = f"checkpoint:{sink.sink_id}:"
+    held = tuple(h.holder_id for h in shard.state().holds if h.holder_id.startswith(prefix))
+    if held:
+        shard.release_holds(held)
+    return held
 
 
 def _tombstone_frontiers(sink: Config, shard: bool) -> None:

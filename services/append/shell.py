@@ -45,7 +45,7 @@ from mvsink.io.kafka import (
     tail_consumer,
 )
 from mvsink.io.service import Stopping, probe_store
-from mvsink.io.sinks import check_sink
+from mvsink.io.sinks import check_sink, stop_when_dropped
 from mvsink.shard import Appended, IndefiniteAppend, PartTooOld, Shard, UpperMismatch, open_shard
 from mvsink.shard.state import PartRef
 from mvsink.tools.provision import ensure_retention
@@ -319,5 +319,6 @@ class AppendShell:
 def run(config: Config, stopping: Stopping) -> int:
     """Entry point body for `python -m services.append`."""
     check_sink(config)
+    stop_when_dropped(config, stopping)
     probe_store(config, "append")
     return AppendShell(config, stopping).run()

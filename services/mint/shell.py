@@ -46,7 +46,7 @@ from mvsink.io.kafka import (
     tail_consumer,
 )
 from mvsink.io.service import Stopping
-from mvsink.io.sinks import check_sink
+from mvsink.io.sinks import check_sink, stop_when_dropped
 from mvsink.shard import Shard, open_shard
 from services.mint.state import MintState
 
@@ -250,4 +250,5 @@ class MintShell:
 def run(config: Config, stopping: Stopping) -> int:
     """Entry point body for `python -m services.mint`."""
     check_sink(config)
+    stop_when_dropped(config, stopping)
     return MintShell(config, stopping).run()

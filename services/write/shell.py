@@ -70,7 +70,7 @@ from mvsink.io.kafka import (
     topic_configs,
 )
 from mvsink.io.service import Stopping, probe_store, writer_identity
-from mvsink.io.sinks import check_sink
+from mvsink.io.sinks import DROPPED, check_sink, stop_when_dropped
 from mvsink.io.spark import driver_host, live_executors, run_pinned, task_slots
 from mvsink.shard import AsOfBeforeSince, Shard, open_shard
 from mvsink.shard.blob import SYSTEM, Clock
@@ -546,7 +546,22 @@ class WriteShell:
                 consumer.close()
             self.producer.flush(10)
             self.spark.stop()
+            if self.stopping.why == DROPPED:  # last: closing the group may assign, which holds
+                self._release_holds()
         return 0
+
+    def _release_holds(self) -> None:
+        """A dropped sink's checkpoints are needed no more: release every critical hold of the
+        sink, those this driver (or its keeper) set again after `mvsink sink drop` released
+        them included. A driver killed before it gets here leaves them: `mvsink sink release`."""
+        prefix = checkpoint.holder_id(self.config.sink_id, 0).removesuffix("p0")
+        try:
+            held = [h.holder_id for h in self.shard.state().holds if h.holder_id.startswith(prefix)]
+            if held:
+                self.shard.release_holds(held)
+                log.info("sink dropped: released its holds %s", held)
+        except Exception as error:
+            log.warning("releasing the dropped sink's holds failed: %r", error)
 
     def _absorb(
         self, consumer: Reader, wait: float = 0.0, keys: frozenset[bytes] | None = None
@@ -771,5 +786,6 @@ def slowest_steps(results: list[StepResult]) -> dict[str, float]:
 def run(config: Config, stopping: Stopping) -> int:
     """Entry point body for `python -m services.write`."""
     check_sink(config)
+    stop_when_dropped(config, stopping)
     probe_store(config, "write")
     return WriteShell(config, stopping).run()

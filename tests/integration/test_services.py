@@ -86,8 +86,10 @@ def test_a_replica_refused_by_its_sinks_definition_and_a_dropped_sink_purged(
     """Provisioning defines the sink on the sinks topic (`mvsink sink list` shows it). Each of
     mint, write and append started with an `as_of` or a shard other than the definition's
     (its topics agree) exits 2 naming both values. `mvsink sink drop --purge` asks first, then
-    tombstones the definition, releases the sink's checkpoint holds and deletes its topics, its
-    keys on `frontiers`, its checkpoints and its shard; a replica of it then refuses to start."""
+    writes the definition dropped, releases the sink's checkpoint holds and deletes its topics,
+    its keys on `frontiers`, its checkpoints and its shard (kept while another sink's definition
+    names it); a replica of it then refuses to start. The services of a sink dropped while they
+    run stop by themselves, and a dropped sink is purged later."""
     c = sink.config
     env = cli_env(c.kafka_bootstrap, c.s3, sink.logs / "cli")
     listed = mvsink_cli(["sink", "list"], env)
@@ -114,13 +116,14 @@ def test_a_replica_refused_by_its_sinks_definition_and_a_dropped_sink_purged(
     assert listed.returncode == 0 and f"{c.sink_id}\t" not in listed.stdout, listed.stderr
     mint = start(procs, sink, "mint", "-undefined")
     wait_until(lambda: "started: epoch" in mint.text(), 60, "mint started")
-    assert f"key '{c.sink_id}' has no definition: its latest value is bad" in mint.text()
+    assert f"sink {c.sink_id} has no definition on {c.topics.sinks} (its latest" in mint.text()
     assert mint.stop() == 0
     provision(c)
     assert f"{c.sink_id}\t" in mvsink_cli(["sink", "list"], env).stdout
 
     # A second sink on the same shard keeps the shard through the first one's purge.
     other = sink.replica(sink.logs / "other")
+    running = [start(procs, other, n, MVSINK_TOPIC_CHECK_INTERVAL="1") for n in SERVICES]
     holds = {f"checkpoint:{c.sink_id}:0": F(0), f"checkpoint:{other.config.sink_id}:0": F(0)}
     sink.shard.set_holds(holds)
     upper = ShardUpper(  # the upper, as append notifies it
@@ -140,14 +143,24 @@ def test_a_replica_refused_by_its_sinks_definition_and_a_dropped_sink_purged(
         f"checkpoint:{other.config.sink_id}:0"
     }
     listed = mvsink_cli(["sink", "list", "--dropped"], env).stdout
-    assert f"{c.sink_id}\tdropped" in listed.splitlines()
+    assert f"{c.sink_id}\tdropped\tshard {c.shard_id}\tP 2" in listed
     topics = AdminClient(client_config(c.kafka_bootstrap)).list_topics(timeout=30).topics
     assert [t for t in topics if t.startswith(f"{c.sink_id}.")] == [c.topics.frontiers]
     latest = read_latest(c.kafka_bootstrap, c.topics.frontiers, framing=OWN, tombstones=True)
     assert latest[f"persist:{c.shard_id}"] == upper  # the shard is kept, and its upper
 
+    # The second sink dropped while its services run: each stops by itself, with exit 0.
+    done = mvsink_cli(["sink", "drop", other.config.sink_id, "--yes"], env)
+    assert done.returncode == 0 and "purged" not in done.stderr, done.stderr
+    for service in running:
+        assert service.proc is not None and service.proc.wait(120) == 0, service.text()[-2000:]
+        assert f"sink {other.config.sink_id} was dropped (by " in service.text()
+    assert sink.shard.state().holds == ()
+    again = mvsink_cli(["sink", "drop", other.config.sink_id, "--yes"], env)
+    assert again.returncode == 2 and "was dropped already" in again.stderr, again.stderr
     done = mvsink_cli(["sink", "drop", other.config.sink_id, "--purge", "--yes"], env)
     assert done.returncode == 0 and "kept the shard" not in done.stderr, done.stderr
+    assert "purged 5 topics" in done.stderr
     client = s3_client(c.s3)
     assert not list(client.list_objects(c.s3.bucket, f"shards/{c.shard_id}/", recursive=True))
     latest = read_latest(c.kafka_bootstrap, c.topics.frontiers, framing=OWN, tombstones=True)

@@ -106,6 +106,7 @@ records = st.one_of(
         st.text(),
         st.text(),
         st.integers(0, 2**62),
+        st.booleans(),
     ),
 )
 
@@ -190,6 +191,7 @@ def definition(**changes: Any) -> SinkDefinition:
         (lambda: definition(as_of=-1), "as_of"),
         (lambda: definition(partitioning=0), "partitioning"),
         (lambda: definition(retain_history=-1), "retain_history"),
+        (lambda: definition(dropped=1), "dropped"),
     ],
 )
 def test_invalid_messages_are_rejected(make: Any, message: str) -> None:

@@ -63,7 +63,8 @@ def test_each_shared_setting_that_differs_is_named_on_both_sides(
 
 
 def test_a_dropped_sink_refuses_every_replica() -> None:
-    refused = refusal(config(), None)
+    dropped = dataclasses.replace(definition_of(config()), dropped=True)
+    refused = refusal(config(), dropped)
     assert refused is not None and "was dropped" in refused and "mvsink provision" in refused
 
 
