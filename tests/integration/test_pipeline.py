@@ -78,6 +78,7 @@ def test_the_write_driver_stages_a_load_its_first_fold_reached(
     c = sink.config
     elsewhere = replace(c, topics=replace(c.topics, frontiers=f"{c.sink_id}.elsewhere"))
     provision(elsewhere)
+    provision(c)  # the sink's definition names its own frontiers topic again
     producer = DesiredProducer(elsewhere, parse_row_schema(c.row_schema), "test-in-band")
     producer.start()
     producer.send(updates([("a", 1, 0, 1), ("b", 2, 0, 1), ("c", 3, 0, 1)]))
