@@ -260,22 +260,23 @@ def cmd_sink_show(args: argparse.Namespace) -> int:
 
 def cmd_sink_release(args: argparse.Namespace) -> int:
     from mvsink.shard import open_shard
+    from mvsink.tools.sinks import sink_holds
 
     config = stack_config(args.config)
     shard = open_shard(args.shard or config.shard_id, None, config.s3, config.shard_timing())
-    prefix = f"checkpoint:{args.sink}:"
-    held = [h for h in shard.state().holds if h.holder_id.startswith(prefix)]
+    held = sink_holds(shard, args.sink)
     if not held:
         say(f"shard {shard.shard_id} holds nothing for sink {args.sink}")
         return 0
-    for hold in held:
-        say(f"{hold.holder_id} holds since at {hold.since}")
+    since = {h.holder_id: h.since for h in shard.state().holds}
+    for holder in held:
+        say(f"{holder} holds since at {since[holder]}")
     if not args.yes:
         raise MvsinkError(
             "releasing them lets since pass the sink's checkpoints (a dropped "
             "sink's are no longer needed): run it again with --yes"
         )
-    state = shard.release_holds(h.holder_id for h in held)
+    state = shard.release_holds(held)
     say(f"released {len(held)} holds of sink {args.sink}; since is now {state.since}")
     return 0
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from confluent_kafka import Producer
 
@@ -21,6 +22,9 @@ from mvsink.io.kafka import client_config, delete_topics, sink_topics
 from mvsink.io.s3 import s3_client
 from mvsink.io.sinks import definitions, drop, sink_of
 from mvsink.shard.blob import MinioBlob
+
+if TYPE_CHECKING:
+    from mvsink.shard import Shard
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,12 @@ def drop_sink(config: Config, sink_id: str, purge: bool) -> Dropped:
     return Dropped(held, topics, purge_objects(sink, prefixes), kept)
 
 
+def sink_holds(shard: Shard, sink_id: str) -> tuple[str, ...]:
+    """The holder ids of the critical holds `sink_id`'s checkpoints keep on `shard`."""
+    prefix = f"checkpoint:{sink_id}:"
+    return tuple(h.holder_id for h in shard.state().holds if h.holder_id.startswith(prefix))
+
+
 def _release_holds(sink: Config) -> tuple[str, ...]:
     """Release the sink's checkpoints' holds on its shard; their holder ids (none when the
     shard was never made, or a purge deleted it)."""
@@ -88,8 +98,7 @@ def _release_holds(sink: Config) -> tuple[str, ...]:
         shard = open_shard(sink.shard_id, None, sink.s3, sink.shard_timing())
     except ShardNotFound:
         return ()
-    prefix = f"checkpoint:{sink.sink_id}:"
-    held = tuple(h.holder_id for h in shard.state().holds if h.holder_id.startswith(prefix))
+    held = sink_holds(shard, sink.sink_id)
     if held:
         shard.release_holds(held)
     return held
