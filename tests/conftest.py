@@ -30,9 +30,15 @@ from typing import Any
 
 import pytest
 import yaml
+from hypothesis import settings
 
 from mvsink.io.config import REPO_ROOT, S3Settings, Secret, cache_dir, state_dir
 from mvsink.io.s3 import ensure_bucket, s3_client
+
+#: Hypothesis' per-example deadline is a timed assertion, and the suite's processes share two
+#: cores with the examples: a slow example is a slow machine, not a defect.
+settings.register_profile("mvsink", deadline=None)
+settings.load_profile("mvsink")
 
 #: The suite's Spark drivers live seconds to minutes: C1 only (`[spark] driver_java_options`),
 #: about half the JVM's CPU of each start on a box whose two cores the suite keeps busy. The

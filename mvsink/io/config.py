@@ -219,6 +219,14 @@ def _partitioning(setting: Setting, value: int) -> str | None:
     return f"{setting.name} must be one of {KNOWN_PARTITIONINGS}, got {value}"
 
 
+#: What `[service] sinks` may say: serve the `[sink] id` sink, or every defined sink.
+SERVE_SINKS = ("one", "all")
+
+
+def _serve_sinks(setting: Setting, value: str) -> str | None:
+    return None if value in SERVE_SINKS else f"{setting.name} {value!r}: use `one` or `all`"
+
+
 def _port(setting: Setting, value: int) -> str | None:
     return None if 0 <= value <= 65535 else f"{setting.name} {value} is not a TCP port"
 
@@ -370,6 +378,10 @@ class Config:
             "(C1 only: about half the JVM's CPU in its first minute, slower hot loops after; C1 alone "
             "reserves a 48 MiB code cache, full in a large job); Spark's class archive is mapped "
             "either way (`mvsink.io.spark_classes`)")
+    serve_sinks: str                        = _row("service", "sinks",               "MVSINK_SERVICE_SINKS",         "one", str,
+            "`one`: serve the `[sink] id` sink; `all` (mint and append): serve every sink defined "
+            "on the sinks topic, picking sinks up and letting them go while running "
+            "(docs/operations.md, \"Many sinks in one deployment\")", _serve_sinks)
     metrics_addr: str                       = _row("service", "metrics_addr",        "MVSINK_METRICS_ADDR",          "127.0.0.1", str,
             "address of the Prometheus endpoint")
     metrics_port: int                       = _row("service", "metrics_port",        "MVSINK_METRICS_PORT",          0, _int,

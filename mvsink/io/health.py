@@ -26,6 +26,7 @@ that is not a fencing) is transient too: the body starts again with new clients.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import random
@@ -57,6 +58,11 @@ SINCE_MOVED = Gauge(
 )
 READY = Gauge("mvsink_ready", "1 when the service is ready (see /readyz)", ["service"])
 OUTAGE = Gauge("mvsink_outage", "1 while the service rides through an outage", ["service"])
+SINK_READY = Gauge(
+    "mvsink_sink_ready",
+    "1 when a sink a host serves is ready (its frontier moves when behind, its loop runs)",
+    ["service", "sink"],
+)
 
 #: librdkafka error names that mean "the cluster is not reachable right now".
 _KAFKA_TRANSIENT = {
@@ -191,6 +197,47 @@ class Backoff:
         self.attempt = 0
 
 
+class Progress:
+    """A frontier's progress towards its target: the process's, or one hosted sink's."""
+
+    def __init__(self, now: float) -> None:
+        self.frontier: int | None = None
+        self.target: int | None = None
+        self.moved = now
+        self.behind_since: float | None = None
+        self.beat = now
+        #: A condition that stops the work until an operator acts (`Health.blocked`).
+        self.blocked: str | None = None
+
+    def report(self, frontier: int | None, target: int | None, now: float) -> None:
+        if frontier != self.frontier:
+            self.frontier, self.moved = frontier, now
+        self.target = target
+        self.beat = now
+        behind = target is not None and (frontier is not None and frontier < target)
+        if not behind:
+            self.behind_since = None
+        elif self.behind_since is None:
+            self.behind_since = now
+
+    def unready(self, now: float, bound: float) -> str | None:
+        """Why the work is not ready: blocked, or behind its target and unmoved past `bound`."""
+        reasons = []
+        if self.behind_since is not None:
+            stuck = now - max(self.moved, self.behind_since)
+            if stuck > bound:
+                reasons.append(
+                    f"frontier {self.frontier} behind its target {self.target} "
+                    f"and unmoved for {stuck:.0f}s (bound {bound:.0f}s)"
+                )
+        if self.blocked is not None:
+            reasons.append(self.blocked)
+        return "; ".join(reasons) if reasons else None
+
+    def described(self) -> str:
+        return f"frontier {self.frontier}"
+
+
 class Health:
     """Liveness and readiness of one service process (module docs). Thread-safe."""
 
@@ -211,12 +258,9 @@ class Health:
         self._down: dict[str, str] = {}
         self._outage: str | None = None
         self._outage_since = 0.0
-        self._frontier: int | None = None
-        self._target: int | None = None
-        self._moved = now
-        self._behind_since: float | None = None
-        #: A condition that stops the service's work until an operator acts (`blocked`).
-        self._blocked: str | None = None
+        #: The process's own progress; a host's per sink (`report(..., sink=)`).
+        self._progress = Progress(now)
+        self._sinks: dict[str, Progress] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._probe_loop, name="health", daemon=True)
         OUTAGE.labels(service).set(0)
@@ -224,29 +268,44 @@ class Health:
 
     # -- what the service tells ------------------------------------------------------------------
 
-    def beat(self) -> None:
-        """The body's loop is running."""
-        self._beat = time.monotonic()
+    def beat(self, sink: str | None = None) -> None:
+        """The body's loop is running (`sink`: a host's unit of that sink, whose loop counts for
+        the process too)."""
+        now = time.monotonic()
+        self._beat = now
+        if sink is not None:
+            with self._lock:
+                self._of(sink, now).beat = now
 
-    def report(self, frontier: int | None, target: int | None) -> None:
-        """The service's frontier (`None`: closed) and where it is heading (`None`: no work)."""
+    def report(self, frontier: int | None, target: int | None, sink: str | None = None) -> None:
+        """The service's frontier (`None`: closed) and where it is heading (`None`: no work);
+        `sink`: a host's unit of that sink (judged on its own: a stuck sink is named, the
+        process stays ready)."""
         now = time.monotonic()
         with self._lock:
-            if frontier != self._frontier:
-                self._frontier, self._moved = frontier, now
-            self._target = target
-            behind = target is not None and (frontier is not None and frontier < target)
-            if not behind:
-                self._behind_since = None
-            elif self._behind_since is None:
-                self._behind_since = now
+            progress = self._progress if sink is None else self._of(sink, now)
+            progress.report(frontier, target, now)
         self._leave_outage_if_well()
 
-    def blocked(self, reason: str | None) -> None:
+    def blocked(self, reason: str | None, sink: str | None = None) -> None:
         """The service cannot do its work until an operator acts (`reason`), or can again
-        (`None`); not ready meanwhile, with the reason."""
+        (`None`); not ready meanwhile, with the reason (`sink`: only that sink is not)."""
         with self._lock:
-            self._blocked = reason
+            progress = self._progress if sink is None else self._of(sink, time.monotonic())
+            progress.blocked = reason
+
+    def forget(self, sink: str) -> None:
+        """A host no longer serves `sink`."""
+        with self._lock:
+            self._sinks.pop(sink, None)
+        with contextlib.suppress(KeyError):  # never exported
+            SINK_READY.remove(self.service, sink)
+
+    def _of(self, sink: str, now: float) -> Progress:
+        progress = self._sinks.get(sink)
+        if progress is None:
+            progress = self._sinks[sink] = Progress(now)
+        return progress
 
     def failed(self, error: BaseException) -> None:
         """The body stopped on a transient error; logged only when an outage starts."""
@@ -336,29 +395,45 @@ class Health:
                 reasons.append(
                     f"riding through an outage for {now - self._outage_since:.0f}s ({self._outage})"
                 )
-            if self._behind_since is not None:
-                stuck = now - max(self._moved, self._behind_since)
-                if stuck > self.ready_bound:
-                    reasons.append(
-                        f"frontier {self._frontier} behind its target {self._target} "
-                        f"and unmoved for {stuck:.0f}s (bound {self.ready_bound:.0f}s)"
-                    )
-            if self._blocked is not None:
-                reasons.append(self._blocked)
+            own = self._progress.unready(now, self.ready_bound)
+            if own is not None:
+                reasons.append(own)
+            stuck = self._stuck_sinks(now)
         live, why = self.liveness()
         if not live:
             reasons.append(why)
+        named = f"; sinks not ready: {'; '.join(stuck)}" if stuck else ""
         if reasons:
-            return False, "; ".join(reasons)
-        return True, f"ready: Kafka and S3 answer; frontier {self._frontier}"
+            return False, "; ".join(reasons) + named
+        return True, f"ready: Kafka and S3 answer; {self._progress.described()}{named}"
+
+    def _stuck_sinks(self, now: float) -> list[str]:
+        """Each served sink that is not ready, with why (under the lock)."""
+        found = []
+        for sink, progress in sorted(self._sinks.items()):
+            reasons = [progress.unready(now, self.ready_bound)]
+            if now - progress.beat > self.live_bound:
+                reasons.append(f"its loop has not checked in for {now - progress.beat:.0f}s")
+            if any(reasons):
+                found.append(f"{sink}: {'; '.join(r for r in reasons if r)}")
+        return found
+
+    def sinks_ready(self) -> dict[str, bool]:
+        """Each served sink: whether it is ready (`readiness` names those that are not)."""
+        now = time.monotonic()
+        with self._lock:
+            stuck = {line.split(":", 1)[0] for line in self._stuck_sinks(now)}
+            return {sink: sink not in stuck for sink in self._sinks}
 
     def export(self) -> None:
         """The gauges."""
         now = time.monotonic()
         for name, at in list(self._last_ok.items()):
             SINCE_OK.labels(self.service, name).set(now - at)
-        SINCE_MOVED.labels(self.service).set(now - self._moved)
+        SINCE_MOVED.labels(self.service).set(now - self._progress.moved)
         READY.labels(self.service).set(1 if self.readiness()[0] else 0)
+        for sink, ready in self.sinks_ready().items():
+            SINK_READY.labels(self.service, sink).set(1 if ready else 0)
 
 
 def dependency_probes(config: Config) -> dict[str, Callable[[], Any]]:

@@ -41,9 +41,12 @@ class Stopping:
     service body reports its progress to (`report`, `blocked`). `run_service` makes it and
     hands it to the body."""
 
-    def __init__(self, health: Health | None = None) -> None:
+    def __init__(self, health: Health | None = None, sink: str | None = None) -> None:
         self._event = threading.Event()
         self.health = health
+        #: The sink of a host's unit (`unit`): health is reported as that sink's.
+        self.sink = sink
+        self._units: set[Stopping] = set()
         #: Why the stop was asked for, when not by a signal (`set`).
         self.why: str | None = None
         self._periodic: set[str] = set()
@@ -56,13 +59,35 @@ class Stopping:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         logging.getLogger("mvsink").info("received %s: stopping", signal.Signals(signum).name)
-        self._event.set()
+        self.set()
 
     def set(self, why: str | None = None) -> None:
-        """Ask the loop to stop (`why`: the reason a body may act on, kept in `why`)."""
+        """Ask the loop to stop (`why`: the reason a body may act on, kept in `why`), and
+        every unit's (`unit`)."""
         if why is not None:
             self.why = why
         self._event.set()
+        with self._lock:
+            units = list(self._units)
+        for unit in units:
+            unit.set()
+
+    def unit(self, sink: str) -> Stopping:
+        """The run of a host's unit serving `sink`: stopped with this one (or alone, `set`),
+        its health reported as `sink`'s (`Health.report(..., sink=)`)."""
+        unit = Stopping(self.health, sink)
+        with self._lock:
+            self._units.add(unit)
+        if self._event.is_set():
+            unit.set()
+        return unit
+
+    def release(self, unit: Stopping) -> None:
+        """`unit` ended: forget it, and its sink's health."""
+        with self._lock:
+            self._units.discard(unit)
+        if self.health is not None and unit.sink is not None:
+            self.health.forget(unit.sink)
 
     def every(self, name: str, interval: float, check: Callable[[], None]) -> None:
         """Run `check` every `interval` seconds on a daemon thread `name` until the stop; once
@@ -82,19 +107,19 @@ class Stopping:
     def stopped(self) -> bool:
         """Whether a stop was asked for (every loop checks: the service's heartbeat too)."""
         if self.health is not None:
-            self.health.beat()
+            self.health.beat(self.sink)
         return self._event.is_set()
 
     def report(self, frontier: int | None, target: int | None) -> None:
         """The service's frontier and target (`Health.report`; no-op without a health)."""
         if self.health is not None:
-            self.health.report(frontier, target)
+            self.health.report(frontier, target, self.sink)
 
     def blocked(self, reason: str | None) -> None:
         """The service is blocked until an operator acts, or no longer (`Health.blocked`;
         no-op without a health)."""
         if self.health is not None:
-            self.health.blocked(reason)
+            self.health.blocked(reason, self.sink)
 
     def wait(self, seconds: float) -> bool:
         """Sleep up to `seconds`, waking early on stop; whether stopping."""

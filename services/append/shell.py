@@ -32,6 +32,7 @@ from mvsink.core.errors import DecodeError
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import BatchDescription, ShardUpper, StagedBatch
 from mvsink.io.config import Config
+from mvsink.io.host import serve_sinks
 from mvsink.io.kafka import (
     SEND_AT_ONCE,
     Reader,
@@ -45,7 +46,6 @@ from mvsink.io.kafka import (
     tail_consumer,
 )
 from mvsink.io.service import Stopping, probe_store
-from mvsink.io.sinks import check_sink, stop_when_dropped
 from mvsink.shard import Appended, IndefiniteAppend, PartTooOld, Shard, UpperMismatch, open_shard
 from mvsink.shard.state import PartRef
 from mvsink.tools.provision import ensure_retention
@@ -316,9 +316,13 @@ class AppendShell:
         self.producer.poll(0)
 
 
-def run(config: Config, stopping: Stopping) -> int:
-    """Entry point body for `python -m services.append`."""
-    check_sink(config)
-    stop_when_dropped(config, stopping)
+def serve(config: Config, stopping: Stopping) -> int:
+    """Append for `config`'s sink until stopped."""
     probe_store(config, "append")
     return AppendShell(config, stopping).run()
+
+
+def run(config: Config, stopping: Stopping) -> int:
+    """Entry point body for `python -m services.append`: one sink, or every defined sink
+    (`mvsink.io.host`: every replica serves every sink, whose group spreads its workers)."""
+    return serve_sinks(config, stopping, "append", serve, exclusive=False)

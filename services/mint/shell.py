@@ -32,6 +32,7 @@ from mvsink.core.messages import (
 )
 from mvsink.io.config import Config
 from mvsink.io.health import StartAgain
+from mvsink.io.host import serve_sinks
 from mvsink.io.kafka import (
     Reader,
     client_config,
@@ -46,7 +47,6 @@ from mvsink.io.kafka import (
     tail_consumer,
 )
 from mvsink.io.service import Stopping
-from mvsink.io.sinks import check_sink, stop_when_dropped
 from mvsink.shard import Shard, open_shard
 from services.mint.state import MintState
 
@@ -247,8 +247,12 @@ class MintShell:
         )
 
 
-def run(config: Config, stopping: Stopping) -> int:
-    """Entry point body for `python -m services.mint`."""
-    check_sink(config)
-    stop_when_dropped(config, stopping)
+def serve(config: Config, stopping: Stopping) -> int:
+    """Mint for `config`'s sink until stopped."""
     return MintShell(config, stopping).run()
+
+
+def run(config: Config, stopping: Stopping) -> int:
+    """Entry point body for `python -m services.mint`: one sink, or every defined sink with
+    one replica minting for all of them (`mvsink.io.host`, exclusive: the others stand by)."""
+    return serve_sinks(config, stopping, "mint", serve, exclusive=True)

@@ -42,6 +42,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from prometheus_client import Counter, Gauge
 
+from mvsink.core.errors import ConfigError
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import (
     BatchDescription,
@@ -784,7 +785,12 @@ def slowest_steps(results: list[StepResult]) -> dict[str, float]:
 
 
 def run(config: Config, stopping: Stopping) -> int:
-    """Entry point body for `python -m services.write`."""
+    """Entry point body for `python -m services.write`: one sink, its own Spark application."""
+    if config.serve_sinks != "one":
+        raise ConfigError(
+            "the write service serves one sink ([service] sinks = one, with [sink] id): "
+            "`all` is for mint and append"
+        )
     check_sink(config)
     stop_when_dropped(config, stopping)
     probe_store(config, "write")

@@ -158,8 +158,10 @@ class Sink:
         frontiers: str | None = None,
         partitioning: int = 2,
         as_of: int = 0,
+        sinks: str = "sinks",
     ) -> Sink:
-        """A new sink; `shard_id`/`frontiers` to share them with another replica."""
+        """A new sink; `shard_id`/`frontiers` to share them with another replica, `sinks`: the
+        sinks topic it is defined on."""
         sink_id = f"sink-{uuid.uuid4().hex[:8]}"
         frontiers = frontiers or f"{sink_id}.frontiers"
         config = Config(
@@ -170,7 +172,7 @@ class Sink:
             partitioning=partitioning,
             as_of=as_of,
             read_only=False,
-            topics=Topics.for_sink(sink_id, frontiers),
+            topics=Topics.for_sink(sink_id, frontiers, sinks),
             kafka_bootstrap=bootstrap,
             s3=s3,
             spark_master="local[*]",

@@ -15,6 +15,7 @@ from mvsink.core.errors import ConfigError, ContractError, MvsinkError
 from mvsink.io import health
 from mvsink.io.health import Backoff, Health, StartAgain, transient
 from mvsink.io.s3 import IndefiniteWrite, S3RequestError
+from mvsink.io.service import Stopping
 
 
 class Py4JJavaError(Exception):
@@ -192,3 +193,33 @@ def test_a_blocked_service_is_unready_with_the_reason_until_unblocked(clock: Clo
     assert h.liveness()[0]  # blocked is not dead: a restart would not help
     h.blocked(None)
     assert h.readiness()[0]
+
+
+def test_a_hosted_sink_stuck_or_silent_is_named_and_the_service_stays_ready(clock: Clock) -> None:
+    """A host's units report as their sinks: a stuck one, a blocked one and one whose loop went
+    silent are each named by `/readyz`, which stays 200 for the others; a sink let go is
+    forgotten."""
+    h = Health("mint", live_bound=60, ready_bound=10)
+    service, units = Stopping(h), {}
+    for sink in ("a", "b", "c", "d"):
+        units[sink] = service.unit(sink)
+        units[sink].report(5, 7)
+    clock.now += 11
+    units["a"].report(6, 7)  # moved
+    assert not units["b"].stopped  # beats, unmoved
+    units["c"].blocked("its topics disagree")
+    units["c"].report(6, 6)
+    clock.now += 50  # d's loop is now silent for 61 s
+    for sink in ("a", "b", "c"):
+        units[sink].report(*((6, 6) if sink != "b" else (5, 7)))
+    ready, why = h.readiness()
+    assert ready, why
+    assert "a:" not in why
+    assert "b: frontier 5 behind its target 7" in why
+    assert "c: its topics disagree" in why
+    assert "its loop has not checked in for 61s" in why.split("d: ")[1]
+    assert h.sinks_ready() == {"a": True, "b": False, "c": False, "d": False}
+    service.release(units["d"])
+    assert "d:" not in h.readiness()[1]
+    service.set()
+    assert all(units[sink].stopped for sink in "abc")  # a service's stop stops its units

@@ -1,0 +1,161 @@
+"""Many sinks, one deployment: mint and append processes started with `[service] sinks = all`
+serve every sink defined on their sinks topic (`mvsink.io.host`), against real Kafka and MinIO.
+The write stage is played by `WriteRole` (one per sink: real parts staged in MinIO, real
+`StagedBatch`es), so twenty sinks cost no Spark driver."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from sinkkit import Service, Sink, WriteRole, clean_env, probe, wait_until
+
+from mvsink.core.frontier import Frontier
+from mvsink.core.settings import S3Settings
+from mvsink.io.sinks import define, drop
+
+pytestmark = pytest.mark.integration
+F = Frontier.at
+
+
+def _host_env(
+    bootstrap: str, s3: S3Settings, state: Path, sinks: str, frontiers: str
+) -> dict[str, str]:
+    """A hosting service's environment: no `[sink] id` of its own, the test's sinks topic."""
+    return clean_env(
+        state,
+        MVSINK_SERVICE_SINKS="all",
+        MVSINK_SINKS_TOPIC=sinks,
+        MVSINK_FRONTIERS_TOPIC=frontiers,
+        MVSINK_KAFKA_BOOTSTRAP=bootstrap,
+        MVSINK_S3_ENDPOINT=s3.endpoint,
+        MVSINK_S3_BUCKET=s3.bucket,
+        MVSINK_S3_ACCESS_KEY=s3.access_key.reveal(),
+        MVSINK_S3_SECRET_KEY=s3.secret_key.reveal(),
+        MVSINK_READY_BOUND="5",
+        MVSINK_METRICS_PORT="0",
+    )
+
+
+def _port(service: Service) -> int:
+    line = next(li for li in service.text().splitlines() if "metrics on http://" in li)
+    return int(line.split("metrics on http://")[1].split("/")[0].rsplit(":", 1)[1])
+
+
+def _serving(service: Service) -> bool:
+    """Whether the mint replica serves the sinks now (its last word on it says so)."""
+    said = [li for li in service.text().splitlines() if "serving the sinks defined on" in li]
+    return bool(said) and "no longer" not in said[-1]
+
+
+def _owner(mints: list[Service]) -> Service:
+    """The one mint replica serving the sinks, once the group settled on one."""
+    wait_until(
+        lambda: sum(_serving(m) for m in mints) == 1, 60, "one mint replica serving the sinks"
+    )
+    time.sleep(1)  # a rebalance on a replica joining late moves it once more
+    wait_until(
+        lambda: sum(_serving(m) for m in mints) == 1, 60, "one mint replica serving the sinks"
+    )
+    (owner,) = [m for m in mints if _serving(m)]
+    return owner
+
+
+def test_one_mint_and_one_append_serve_twenty_sinks_created_dropped_and_handed_over(
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, procs: list[Service]
+) -> None:
+    """Two mint replicas (one serves, one stands by) and one append process serve 20 sinks
+    created while they run, each fed on its own: every sink's shard reaches each upper with
+    exactly its staged rows, once. A sink dropped mid-run stops there while the others go on;
+    a sink whose definition disagrees with its topic (P 3 on a 2-partition topic) is named by
+    `/readyz`, which stays 200; the serving mint killed with `kill -9` hands every sink to the
+    one standing by."""
+    tag = uuid.uuid4().hex[:6]
+    sinks_topic, frontiers = f"sinks-{tag}", f"frontiers-{tag}"
+    env = _host_env(kafka_bootstrap, s3_settings, tmp_path / "state", sinks_topic, frontiers)
+    mints = [Service("mint", env, tmp_path / f"mint{i}.log").start() for i in range(2)]
+    append = Service("append", env, tmp_path / "append.log").start()
+    procs.extend([*mints, append])
+
+    sinks = [
+        Sink.create(
+            kafka_bootstrap,
+            s3_settings,
+            tmp_path / f"s{i}",
+            workers=1 + i % 2,
+            frontiers=frontiers,
+            sinks=sinks_topic,
+        )
+        for i in range(20)
+    ]
+    roles = {s.config.sink_id: WriteRole(s) for s in sinks}
+    live = list(sinks)
+
+    def reach(t: int, what: str) -> None:
+        for s in live:
+            s.advance_desired(F(t))
+
+        def pump() -> None:
+            for s in live:
+                roles[s.config.sink_id].pump(0.01)
+
+        wait_until(lambda: all(s.shard.upper() == F(t) for s in live), 120, what, step=pump)
+
+    started = time.monotonic()
+    reach(2, "20 sinks at {2}")
+    print(f"20 sinks created and at {{2}} in {time.monotonic() - started:.1f}s")
+
+    serving = _owner(mints)
+    dropped = live.pop(3)
+    drop(dropped.config)
+    wait_until(
+        lambda: (
+            f"stopping the unit of sink {dropped.config.sink_id}: dropped" in serving.text()
+            and f"stopping the unit of sink {dropped.config.sink_id}: dropped" in append.text()
+        ),
+        60,
+        "the dropped sink's units stopped",
+    )
+    reach(4, "the others at {4} after the drop")
+    dropped.advance_desired(F(9))
+    roles[dropped.config.sink_id].pump(1.0)
+    assert dropped.shard.upper() == F(2)  # nothing mints or appends for it any more
+
+    # A definition whose P disagrees with the sink's topic: named, the service stays ready.
+    wrong = sinks[5].config
+    define(replace(wrong, partitions=3))
+    wait_until(
+        lambda: f"{wrong.sink_id}: TopicMismatch" in probe(_port(append), "/readyz")[1],
+        90,
+        "/readyz naming the sink whose topic disagrees",
+    )
+    status, body = probe(_port(append), "/readyz")
+    assert status == 200, body
+    define(wrong)  # back as it was: served again
+    live.remove(sinks[5])
+    reach(5, "the others at {5} while one sink is refused")
+    live.append(sinks[5])
+
+    serving = _owner(mints)
+    serving.kill()
+    (standby,) = [m for m in mints if m is not serving]
+    started = time.monotonic()
+    reach(7, "every sink at {7} after the serving mint's kill -9")
+    print(f"handed over and at {{7}} in {time.monotonic() - started:.1f}s")
+    assert _serving(standby)
+
+    for s in live:
+        state = s.shard.state()
+        assert set(Counter(p.key for p in state.parts()).values()) == {1}
+        rows = s.shard.snapshot(7).to_pylist()
+        assert all(r["_diff"] == 1 for r in rows), "a row appended twice"
+        assert len(rows) == s.config.partitions * len(state.batches)
+    for s in live[:3]:  # minted lowers strictly increase, through the handover too
+        lowers = [d.lower.time for d in s.descs()]
+        assert lowers == sorted(set(lowers)), lowers
+    for role in roles.values():
+        role.close()
