@@ -98,3 +98,10 @@ def test_the_ct_service_names_what_is_wrong_with_its_task(tmp_path: Path) -> Non
     result = _run("ct", state=tmp_path, MVSINK_CT_TASK=str(task), **endpoints)
     assert result.returncode == 2
     assert f"{task}: logic statement 'UPDATE out SET a = 1': use INSERT INTO out" in result.stderr
+
+
+def test_a_choice_of_sinks_other_than_one_or_all_is_named(tmp_path: Path) -> None:
+    endpoints = {"MVSINK_KAFKA_BOOTSTRAP": "127.0.0.1:9", "MVSINK_S3_ENDPOINT": "127.0.0.1:9"}
+    result = _run("mint", state=tmp_path, MVSINK_SERVICE_SINKS="many", **endpoints)
+    assert result.returncode == 2
+    assert "sinks 'many': use `one` or `all`" in result.stderr

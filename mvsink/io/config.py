@@ -379,7 +379,7 @@ class Config:
             "reserves a 48 MiB code cache, full in a large job); Spark's class archive is mapped "
             "either way (`mvsink.io.spark_classes`)")
     serve_sinks: str                        = _row("service", "sinks",               "MVSINK_SERVICE_SINKS",         "one", str,
-            "`one`: serve the `[sink] id` sink; `all` (mint and append): serve every sink defined "
+            "`one`: serve the `[sink] id` sink; `all`: serve every sink defined "
             "on the sinks topic, picking sinks up and letting them go while running "
             "(docs/operations.md, \"Many sinks in one deployment\")", _serve_sinks)
     metrics_addr: str                       = _row("service", "metrics_addr",        "MVSINK_METRICS_ADDR",          "127.0.0.1", str,

@@ -1,7 +1,7 @@
-"""One service process serving many sinks: with `[service] sinks = all`, a mint or append process
-follows the sinks topic and runs one unit (the service's body for one sink, on a thread of
-its own) per defined sink, starting units for sinks created and stopping those of sinks dropped
-while it runs. All decisions are `mvsink.core.hosting.HostState`'s.
+"""One service process serving many sinks: with `[service] sinks = all`, a mint, write or append
+process follows the sinks topic and runs one unit (the service's body for one sink, on a thread
+of its own) per defined sink, starting units for sinks created and stopping those of sinks
+dropped while it runs. All decisions are `mvsink.core.hosting.HostState`'s.
 
 ```
  sinks topic ──(group `<sinks>.<service>` when exclusive)──> HostState ──Start──> unit thread:
@@ -18,8 +18,9 @@ stays ready itself while Kafka and S3 answer) and its stop.
 `exclusive` (mint): the replicas of the service share one consumer group on the sinks topic's
 single partition, and only the replica that owns it runs units; when it dies, the group gives
 the partition to a survivor within the group session, whose units take over (a mint fences
-its predecessor's transactions, `services.mint`). Not exclusive (append): every replica runs
-every sink's unit, and each sink's own consumer group spreads its append workers over them.
+its predecessor's transactions, `services.mint`). Not exclusive (write, append): every replica
+runs every sink's unit, and each sink's own consumer group spreads its partitions or append
+workers over them.
 
 A unit never takes the host down: an outage is ridden through with a backoff; a configuration
 or contract error (its topics disagree with its definition) or an unexpected one is logged and

@@ -80,6 +80,15 @@ Python workers share it through the executor's local directory (`services.write.
 The code reaches a cluster's executors as a zip the driver builds and ships at start
 (`mvsink.io.spark`).
 
+Many sinks
+----------
+With `[service] sinks = all` one write process runs a driver per defined sink (`mvsink.io.host`;
+`services.write.shell.host`), all in one Spark application: each driver is exactly a one-sink
+process's, so every invariant above holds per sink, with its own checkpoints, corrections,
+reader lease and holds (its writer id ends in the sink id); what they share is the Spark
+application, whose fair scheduler gives each sink's jobs a pool of their own. Hosted drivers run
+their steps as Spark jobs, not in resident tasks.
+
 Failure handling
 ----------------
 A killed driver or executor loses nothing: the next task resumes from the last checkpoint

@@ -36,13 +36,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from prometheus_client import Counter, Gauge
 
-from mvsink.core.errors import ConfigError
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import (
     BatchDescription,
@@ -55,6 +55,7 @@ from mvsink.core.messages import (
 from mvsink.core.rows import parse_row_schema
 from mvsink.core.settings import FOLD_INTERVAL
 from mvsink.io.config import Config
+from mvsink.io.host import serve_sinks
 from mvsink.io.kafka import (
     Reader,
     TopicMismatch,
@@ -71,7 +72,7 @@ from mvsink.io.kafka import (
     topic_configs,
 )
 from mvsink.io.service import Stopping, probe_store, writer_identity
-from mvsink.io.sinks import DROPPED, check_sink, stop_when_dropped
+from mvsink.io.sinks import DROPPED
 from mvsink.io.spark import driver_host, live_executors, run_pinned, task_slots
 from mvsink.shard import AsOfBeforeSince, Shard, open_shard
 from mvsink.shard.blob import SYSTEM, Clock
@@ -145,8 +146,12 @@ WRITTEN = Counter(
 class WriteShell:
     """Kafka, S3 and Spark around a `WriteState`."""
 
-    def __init__(self, config: Config, stopping: Stopping, clock: Clock = SYSTEM) -> None:
+    def __init__(
+        self, config: Config, stopping: Stopping, clock: Clock = SYSTEM, spark: Any = None
+    ) -> None:
         self.config = config
+        #: A host's Spark session, shared with its other sinks (None: this driver's own).
+        self.shared_spark = spark
         self.stopping = stopping
         self.clock = clock
         self.writer_id = writer_identity(config, "write")
@@ -441,7 +446,11 @@ class WriteShell:
     def run(self) -> int:
         from mvsink.io.spark import spark_session
 
-        self.spark = spark_session(f"mvsink-write-{self.config.sink_id}", config=self.config)
+        if self.shared_spark is None:
+            self.spark = spark_session(f"mvsink-write-{self.config.sink_id}", config=self.config)
+        else:  # this thread's jobs run in the sink's own fair-scheduler pool
+            self.spark = self.shared_spark
+            self.spark.sparkContext.setLocalProperty("spark.scheduler.pool", self.config.sink_id)
         self.target = self._hold_target()
         self._hold()  # before any task reads the shard
         keeper = threading.Thread(target=self._keep_lease, name="write-lease", daemon=True)
@@ -546,7 +555,8 @@ class WriteShell:
             for consumer in follow:
                 consumer.close()
             self.producer.flush(10)
-            self.spark.stop()
+            if self.shared_spark is None:
+                self.spark.stop()
             if self.stopping.why == DROPPED:  # last: closing the group may assign, which holds
                 self._release_holds()
         return 0
@@ -784,14 +794,43 @@ def slowest_steps(results: list[StepResult]) -> dict[str, float]:
     }
 
 
-def run(config: Config, stopping: Stopping) -> int:
-    """Entry point body for `python -m services.write`: one sink, its own Spark application."""
-    if config.serve_sinks != "one":
-        raise ConfigError(
-            "the write service serves one sink ([service] sinks = one, with [sink] id): "
-            "`all` is for mint and append"
-        )
-    check_sink(config)
-    stop_when_dropped(config, stopping)
+def serve(config: Config, stopping: Stopping, spark: Any = None) -> int:
+    """Write for `config`'s sink until stopped, in its own Spark application or in `spark`
+    (a host's, shared with its other sinks)."""
     probe_store(config, "write")
-    return WriteShell(config, stopping).run()
+    return WriteShell(config, stopping, spark=spark).run()
+
+
+def run(config: Config, stopping: Stopping) -> int:
+    """Entry point body for `python -m services.write`: one sink in its own Spark application,
+    or every defined sink in one (`host`)."""
+    if config.serve_sinks == "all":
+        return host(config, stopping)
+    return serve_sinks(config, stopping, "write", serve, exclusive=False)
+
+
+def host(config: Config, stopping: Stopping) -> int:
+    """Every defined sink's write driver in this process (`mvsink.io.host`; every replica
+    serves every sink, whose `<sink>.write` group spreads its partitions), all steps in one
+    Spark application under the fair scheduler, a pool per sink (`WriteShell.run`): one sink's
+    long step (a hydration) shares the executors with the others' instead of queueing them.
+    Each sink's driver runs its steps as Spark jobs (resident tasks hold executor cores for
+    one sink) and writes as `<writer id>-<sink>` (its reader lease and part keys its own)."""
+    from mvsink.io.spark import spark_session
+
+    spark = spark_session("mvsink-write", config=config, conf={"spark.scheduler.mode": "FAIR"})
+    jvm: Any = spark.sparkContext._jvm  # a pool per sink, made at its first job: no warning
+    jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+        "org.apache.spark.scheduler.FairSchedulableBuilder",
+        jvm.org.apache.logging.log4j.Level.ERROR,
+    )
+    base = writer_identity(config, "write")
+
+    def unit(sink: Config, stopping: Stopping) -> int:
+        hosted = replace(sink, spark_residents=False, writer_id=f"{base}-{sink.sink_id}")
+        return serve(hosted, stopping, spark)
+
+    try:
+        return serve_sinks(config, stopping, "write", unit, exclusive=False)
+    finally:
+        spark.stop()

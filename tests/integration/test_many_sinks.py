@@ -12,7 +12,16 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from sinkkit import Service, Sink, WriteRole, clean_env, probe, wait_until
+from sinkkit import (
+    Service,
+    Sink,
+    Upstream,
+    WriteRole,
+    clean_env,
+    converged,
+    probe,
+    wait_until,
+)
 
 from mvsink.core.frontier import Frontier
 from mvsink.core.settings import S3Settings
@@ -20,6 +29,7 @@ from mvsink.io.sinks import define, drop
 
 pytestmark = pytest.mark.integration
 F = Frontier.at
+SERVICES = ("mint", "write", "append")
 
 
 def _host_env(
@@ -159,3 +169,61 @@ def test_one_mint_and_one_append_serve_twenty_sinks_created_dropped_and_handed_o
         assert lowers == sorted(set(lowers)), lowers
     for role in roles.values():
         role.close()
+
+
+def test_one_deployment_of_three_processes_keeps_sinks_created_while_it_runs_equal_to_desired(
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, procs: list[Service]
+) -> None:
+    """mint, write and append, one process each with `[service] sinks = all` and one Spark
+    application for every sink's steps: two sinks, then a third created while they run, each
+    fed by its own upstream, each shard equal to its desired at each upper checked; a sink
+    dropped mid-run stops there (its write driver releases its checkpoint holds) and the others
+    go on."""
+    tag = uuid.uuid4().hex[:6]
+    sinks_topic, frontiers = f"sinks-{tag}", f"frontiers-{tag}"
+    env = _host_env(kafka_bootstrap, s3_settings, tmp_path / "state", sinks_topic, frontiers)
+    services = {n: Service(n, env, tmp_path / f"{n}.log").start() for n in SERVICES}
+    procs.extend(services.values())
+
+    def create(i: int) -> Sink:
+        return Sink.create(
+            kafka_bootstrap, s3_settings, tmp_path / f"s{i}", frontiers=frontiers, sinks=sinks_topic
+        )
+
+    sinks = [create(0), create(1)]
+    upstreams = {s.config.sink_id: Upstream(s) for s in sinks}
+
+    def ticks(n: int, live: list[Sink], what: str) -> None:
+        for _ in range(n):
+            for s in live:
+                upstreams[s.config.sink_id].tick()
+        for s in live:
+            wait_until(
+                lambda s=s: converged(s, upstreams[s.config.sink_id]),
+                180,
+                f"{what}: {s.config.sink_id}",
+            )
+
+    ticks(3, sinks, "the first two sinks")
+    sinks.append(create(2))
+    upstreams[sinks[2].config.sink_id] = Upstream(sinks[2])
+    ticks(3, sinks, "three sinks, one created while the services run")
+
+    dropped = sinks.pop(0)
+    drop(dropped.config)
+    wait_until(
+        lambda: all(
+            f"stopping the unit of sink {dropped.config.sink_id}: dropped" in s.text()
+            for s in services.values()
+        ),
+        60,
+        "the dropped sink's units stopped",
+    )
+    upper = dropped.shard.upper()
+    ticks(2, sinks, "the others after the drop")
+    assert dropped.shard.upper() == upper
+    held = [h.holder_id for h in dropped.shard.state().holds]
+    assert not any(h.startswith(f"checkpoint:{dropped.config.sink_id}:") for h in held), held
+    write = services["write"].text()
+    for s in sinks:  # one process, one Spark application: a driver per sink, its own writer id
+        assert f"-{s.config.sink_id}, read_only=False" in write
