@@ -298,7 +298,7 @@ def sink_config(config: Config, name: str, partitions: int, **changes: Any) -> C
         shard_id=changes.pop("shard_id", name),
         row_schema=ROW_SCHEMA,
         partitions=partitions,
-        topics=Topics.for_sink(name, config.topics.frontiers),
+        topics=Topics.for_sink(name, config.topics.frontiers, config.topics.sinks),
         **changes,
     )
 

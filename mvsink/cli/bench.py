@@ -2,7 +2,7 @@
 
 Without WHAT: mvsink vs the Structured Streaming peer vs the raw limit on one workload
 (`mvsink.bench.compare`); WHAT runs a narrower benchmark (`shard`, `pipeline`, `faults`,
-`restart`, `readonly`, `soak`). Each exits 1 when its figures show a wrong result.
+`restart`, `readonly`, `soak`, `views`). Each exits 1 when its figures show a wrong result.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from mvsink.bench import FAULTS, require_extra
 from mvsink.cli.common import embedded_stack
-from mvsink.core.errors import MvsinkError
+from mvsink.core.errors import ConfigError, MvsinkError
 from mvsink.io.service import say
 from mvsink.stack.state import stack_config
 
@@ -220,6 +220,23 @@ def add_bench(commands: Commands) -> None:
         help="the tick the early window ends at (at most half of --ticks)",
     )
     soak.add_argument("--window", type=int, default=50, help="ticks per window")
+    views = bench_commands.add_parser(
+        "views", help="many small views on one deployment vs separate deployments"
+    )
+    views.add_argument(
+        "--views", default="1,10", help="comma-separated sink counts of the hosted deployment"
+    )
+    views.add_argument(
+        "--separate", type=int, default=1, help="sinks run as separate deployments (0: none)"
+    )
+    views.add_argument("--keys", type=int, default=1_000, help="keys per view")
+    views.add_argument("--change", type=float, default=0.1, help="share changed per tick")
+    views.add_argument("--warmup", type=int, default=10, help="ticks before the window")
+    views.add_argument("--seconds", type=int, default=60, help="ticks (one a second) measured")
+    views.add_argument("--idle", type=float, default=60.0, help="seconds of the idle phase")
+    views.add_argument("--out", default="bench-out", help="directory for views.json")
+    views.add_argument("--no-stack", action="store_true", help="use configured endpoints")
+    views.set_defaults(func=cmd_bench_views)
     for sub, func in (
         (restart, cmd_bench_restart),
         (readonly, cmd_bench_readonly),
@@ -375,6 +392,31 @@ def cmd_bench_readonly(args: argparse.Namespace) -> int:
         say,
     )
     return 0
+
+
+def cmd_bench_views(args: argparse.Namespace) -> int:
+    from mvsink.bench.views import run_views
+    from mvsink.bench.workload import Workload
+
+    try:
+        counts = [int(n) for n in args.views.split(",") if n.strip()]
+    except ValueError:
+        raise ConfigError(f"--views {args.views!r}: use comma-separated sink counts") from None
+    if not args.no_stack:
+        embedded_stack().up()
+    workload = Workload(args.keys, args.change, args.warmup + args.seconds, 1)
+    figures = run_views(
+        stack_config(args.config),
+        counts,
+        args.separate,
+        workload,
+        args.warmup,
+        args.seconds,
+        args.idle,
+        Path(args.out),
+        say,
+    )
+    return 0 if figures["correct"] else 1
 
 
 def cmd_bench_soak(args: argparse.Namespace) -> int:

@@ -284,6 +284,40 @@ def test_bench_readonly_samples_the_replicas_corrections(
     assert last["standby_s3_per_hour"] > 0  # a standby folds the shard, renews its lease
 
 
+def test_bench_views_prints_hosted_and_separate_views_side_by_side(
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path
+) -> None:
+    """A short `bench views`: two views on one hosted deployment next to one separate
+    deployment, every figure measured, both shapes' shards equal to their views, the targets
+    printed as met or missed, and nothing of the run left on the stack."""
+    out = tmp_path / "out"
+    text = bench(
+        kafka_bootstrap, s3_settings, tmp_path, "views", "--views", "2", "--separate", "1",
+        "--keys", "200", "--warmup", "2", "--seconds", "4", "--idle", "4", "--out", str(out),
+    )  # fmt: skip
+    figures = json.loads((out / "views.json").read_text())
+    assert figures["correct"] is True
+    assert set(figures["shapes"]) == {"hosted 2", "separate 1"}
+    for label, shape in figures["shapes"].items():
+        assert shape["correct"] is True, label
+        assert shape["processes"] == 3 and shape["updates_per_s"] > 0, shape
+        assert 0 < shape["freshness_p50_median_s"] <= shape["freshness_p99_worst_s"], shape
+        assert shape["rss_mib"] > 0 and shape["s3_requests_per_sink_per_tick"] > 0, shape
+        assert shape["idle_s3_requests_per_sink_per_hour"] > 0, shape  # polls, at least
+    assert figures["shapes"]["hosted 2"]["sinks"] == 2
+    assert "marginal memory per view: needs two hosted sizes" in text
+    assert "freshness p99, worst sink (s)" in text and "state versions per sink per idle" in text
+    run_id = figures["run"]
+    topics = AdminClient(client_config(kafka_bootstrap)).list_topics(timeout=30).topics
+    assert not [t for t in topics if t.startswith(f"{run_id}-")]
+    client = s3_client(s3_settings)
+    assert not [
+        obj.object_name
+        for top in ("shards", "sinks")
+        for obj in client.list_objects(s3_settings.bucket, f"{top}/{run_id}-", recursive=True)
+    ]
+
+
 def test_bench_soak_keeps_the_shard_small(
     kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path
 ) -> None:
