@@ -10,7 +10,21 @@ from mvsink.core.errors import ContractError
 
 #: Seconds between the write service's folds of the shard's read-back when it has nothing to
 #: stage (a read-only or idle driver), keeping its memory bounded; a bench waits one for it.
+#: A fold that would see what the last one saw is skipped (`WriteState.fold_view`).
 FOLD_INTERVAL = 10.0
+
+#: Seconds between mint's and write's own reads of their shard's upper while they expect it to
+#: move (a description outstanding, desired ahead of the shard), and while they do not (idle).
+#: The upper's notifications on `frontiers` move them either way; the read is for one lost,
+#: so the idle interval only bounds how late a lost notification of a foreign write is seen.
+SHARD_POLL, IDLE_SHARD_POLL = 1.0, 30.0
+
+
+def shard_poll_due(last: float | None, now: float, working: bool) -> bool:
+    """Whether a service that last read its shard's upper at `last` (None: never) reads it
+    again at `now`: after `SHARD_POLL` while `working`, `IDLE_SHARD_POLL` otherwise (so work
+    arriving after a long idle reads it at once)."""
+    return last is None or now - last >= (SHARD_POLL if working else IDLE_SHARD_POLL)
 
 
 @dataclass(frozen=True)

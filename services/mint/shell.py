@@ -8,8 +8,9 @@ Steps of `run`:
    description of this sink whose lower the shard's upper (or `as_of`) reached; any after it
    are dead-lettered, never a reason not to start;
 3. loop: absorb `frontiers` (desired progress, shard upper notifications) and `control`
-   (promotion); re-read the shard's upper itself every `SHARD_POLL` seconds (the topic is a
-   notification, the shard is the truth: a notification ahead of the shard's upper is
+   (promotion); re-read the shard's upper itself every `SHARD_POLL` seconds while desired is
+   ahead of it, every `IDLE_SHARD_POLL` otherwise (`mvsink.core.settings.shard_poll_due`; the
+   topic is a notification, the shard is the truth: a notification ahead of the shard's upper is
    ignored); mint and produce in a transaction.
 """
 
@@ -30,6 +31,7 @@ from mvsink.core.messages import (
     SinkControl,
     frontier_keys,
 )
+from mvsink.core.settings import shard_poll_due
 from mvsink.io.config import Config
 from mvsink.io.health import StartAgain
 from mvsink.io.host import serve_sinks
@@ -51,7 +53,6 @@ from mvsink.shard import Shard, open_shard
 from services.mint.state import MintState
 
 log = logging.getLogger("mvsink.mint")
-SHARD_POLL = 1.0
 
 DESIRED = Gauge(
     "mvsink_mint_desired_frontier", "Desired frontier (meet of all partitions)", ["sink"]
@@ -156,14 +157,18 @@ class MintShell:
         follow = tail_consumer(config.kafka_bootstrap, topics.frontiers)
         control = tail_consumer(config.kafka_bootstrap, topics.control)
         own_keys = frontier_keys(config.sink_id, config.partitions, config.shard_id)
-        next_shard_poll = 0.0
+        polled: float | None = None
         try:
             while not self.stopping.stopped:
                 self._absorb(follow, 0.05, own_keys)
                 self._absorb(control, 0.0)
-                if time.monotonic() >= next_shard_poll:
+                state, now = self.state, time.monotonic()
+                working = not state.read_only and state.persist_frontier.less_than(
+                    state.desired_frontier
+                )
+                if shard_poll_due(polled, now, working):
                     self.state.advance_persist_frontier(self.shard.upper())
-                    next_shard_poll = time.monotonic() + SHARD_POLL
+                    polled = now
                 self._maybe_mint()
                 self._export()
         except Fenced:

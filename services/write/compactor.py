@@ -37,9 +37,13 @@ from mvsink.shard.compact import CompactionOutcome, compact_once, run_locally, s
 
 log = logging.getLogger("mvsink.write.compactor")
 
-#: How often the thread looks for a merge without being poked.
+#: How often the thread looks for a merge without being poked, and collects garbage: while the
+#: shard changes, and once a round saw the same state version as the round before (idle). An
+#: idle shard has nothing new to merge; what garbage collection deletes by age (replaced parts,
+#: superseded versions) goes at most `IDLE_INTERVAL` later than its grace.
 COMPACT_INTERVAL = 1.0
 GC_INTERVAL = 1.0
+IDLE_INTERVAL = 10.0
 #: The first sweep (parts a crash leaked before this driver started) this long after the start;
 #: later ones every `Timing.min_grace`, the age a leaked part must reach to be deleted.
 FIRST_SWEEP = 30.0
@@ -83,6 +87,8 @@ class Compactor:
         self._failing: set[str] = set()
         self._next_gc = 0.0
         self._next_sweep = time.monotonic() + FIRST_SWEEP
+        #: The state version the last round saw, and whether it was new then.
+        self._seen, self._changed = -1, True
 
     def start(self) -> None:
         """Start the thread (it idles until `enabled`)."""
@@ -100,7 +106,7 @@ class Compactor:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            self._kick.wait(COMPACT_INTERVAL)
+            self._kick.wait(COMPACT_INTERVAL if self._changed else IDLE_INTERVAL)
             self._kick.clear()
             if not self.enabled.is_set() or self._stopping.is_set():
                 continue
@@ -147,6 +153,7 @@ class Compactor:
                 log.info("sweep deleted %d leaked parts", len(swept.parts_deleted))
             self._next_sweep = now + self.shard.timing.min_grace
         state = self.shard.state()
+        self._changed, self._seen = state.seqno != self._seen, state.seqno
         LIVE_BATCHES.labels(sink).set(len(state.batches))
         LIVE_PARTS.labels(sink).set(len(state.part_keys))
         LIVE_BYTES.labels(sink).set(state.total_bytes())

@@ -53,7 +53,7 @@ from mvsink.core.messages import (
     frontier_keys,
 )
 from mvsink.core.rows import parse_row_schema
-from mvsink.core.settings import FOLD_INTERVAL
+from mvsink.core.settings import FOLD_INTERVAL, shard_poll_due
 from mvsink.io.config import Config
 from mvsink.io.host import serve_sinks
 from mvsink.io.kafka import (
@@ -105,7 +105,6 @@ from services.write.state import (
 from services.write.task import SinkSpec, StepResult, StepSpec, one_shot, warm_up
 
 log = logging.getLogger("mvsink.write")
-SHARD_POLL = 1.0
 #: A staged batch still unappended after this share of `max_part_age` is staged again: the
 #: shard refuses parts older than that bound (append then waits for fresh ones), so the sink
 #: does not stall after an append or S3 outage longer than the bound.
@@ -482,7 +481,8 @@ class WriteShell:
             own_keys = frontier_keys(
                 self.config.sink_id, self.config.partitions, self.config.shard_id
             )
-            next_poll, last_fold = 0.0, self.clock.monotonic()
+            polled: float | None = None
+            last_fold, folded = self.clock.monotonic(), None
             log.info(
                 "write %s started as %s, read_only=%s",
                 self.config.sink_id,
@@ -497,14 +497,14 @@ class WriteShell:
                     follow, (0.05, 0.0, 0.0), (None, own_keys, None), strict=True
                 ):
                     self._absorb(consumer, wait, keys)
-                if self.clock.monotonic() >= next_poll:
+                desc, state = self.state.batch_description, self.state
+                working = desc is not None and bool(state.owned) and not state.read_only
+                if shard_poll_due(polled, self.clock.monotonic(), working):
                     self.state.advance_persist_frontier(self.shard.upper())
-                    next_poll = self.clock.monotonic() + SHARD_POLL
+                    polled = self.clock.monotonic()
                 self.target = self._hold_target()
                 if self.crew is not None:
                     self.crew.maybe_step_aside()  # an idle crew must not starve a merge
-                desc, state = self.state.batch_description, self.state
-                working = desc is not None and state.owned and not state.read_only
                 self.stopping.report(
                     state.persist_frontier.time, desc.upper.time if desc and working else None
                 )
@@ -528,8 +528,13 @@ class WriteShell:
                 job = None if self.state.read_only else self.state.maybe_start_batch()
                 if job is not None:
                     self._stage(job)
-                    last_fold = self.clock.monotonic()
-                elif self.state.owned and self.clock.monotonic() - last_fold > FOLD_INTERVAL:
+                    last_fold, folded = self.clock.monotonic(), None
+                elif (
+                    self.state.owned
+                    and self.clock.monotonic() - last_fold > FOLD_INTERVAL
+                    and self.state.fold_view() != folded
+                ):
+                    folded = self.state.fold_view()
                     self._fold()
                     last_fold = self.clock.monotonic()
         finally:

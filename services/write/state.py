@@ -296,6 +296,16 @@ class WriteState:
         self.desired_frontiers[partition] = result.frontier
         return result.moved
 
+    def fold_view(self) -> tuple[object, ...]:
+        """What a fold without staging reads that can differ from one fold to the next: the
+        shard's upper, the owned partitions and their desired progress, read-only or not.
+        Equal to the last fold's, a fold would fold nothing new (what desired holds past its
+        progress is folded once the progress passes it), so the idle driver skips it."""
+        desired = tuple(
+            sorted((p, f) for p, f in self.desired_frontiers.items() if p in self.owned)
+        )
+        return (self.persist_frontier, self.owned, desired, self.read_only)
+
     def allow_writes(self) -> bool:
         """Leave read-only mode."""
         changed, self.read_only = self.read_only, False

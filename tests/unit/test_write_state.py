@@ -6,6 +6,7 @@ import pytest
 
 from mvsink.core.frontier import Frontier
 from mvsink.core.messages import BatchDescription, BatchId
+from mvsink.core.settings import shard_poll_due
 from services.write.state import HoldTarget, StageJob, WriteState, lease_due
 
 F = Frontier.at
@@ -126,3 +127,41 @@ def test_the_lease_is_written_when_it_moves_or_a_third_of_it_passed(
     last: tuple[HoldTarget, float] | None, target: HoldTarget, now: float, due: bool
 ) -> None:
     assert lease_due(last, target, now, 90.0) is due
+
+
+@pytest.mark.parametrize(
+    ("last", "now", "working", "due"),
+    [
+        (None, 0.0, False, True),  # never read: read now
+        (100.0, 100.9, True, False),
+        (100.0, 101.0, True, True),  # working: every SHARD_POLL
+        (100.0, 129.0, False, False),
+        (100.0, 130.0, False, True),  # idle: every IDLE_SHARD_POLL
+        (100.0, 120.0, True, True),  # work arriving after an idle spell: at once
+    ],
+)
+def test_the_shard_is_read_often_while_working_and_seldom_while_idle(
+    last: float | None, now: float, working: bool, due: bool
+) -> None:
+    assert shard_poll_due(last, now, working) is due
+
+
+def test_a_fold_that_would_see_what_the_last_one_saw_is_recognised() -> None:
+    """`fold_view` changes with the shard's upper, the owned partitions, their desired progress
+    and read-only mode, and with nothing else: the idle driver skips only folds with nothing
+    new to fold."""
+    state = WriteState("s", 2, read_only=True)
+    state.set_owned(frozenset({0}))
+    state.advance_desired_frontier(0, Frontier.at(3))
+    seen = state.fold_view()
+    state.advance_desired_frontier(1, Frontier.at(9))  # not owned
+    assert state.fold_view() == seen
+    for change in (
+        lambda: state.advance_persist_frontier(Frontier.at(2)),
+        lambda: state.advance_desired_frontier(0, Frontier.at(4)),
+        lambda: state.set_owned(frozenset({0, 1})),
+        state.allow_writes,
+    ):
+        change()
+        assert state.fold_view() != seen
+        seen = state.fold_view()
