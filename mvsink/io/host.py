@@ -53,7 +53,7 @@ from mvsink.io.kafka import (
     sinks_topic,
     watermarks,
 )
-from mvsink.io.service import Stopping
+from mvsink.io.service import UNIT_THREAD, Stopping
 from mvsink.io.sinks import DROPPED as SINK_DROPPED
 from mvsink.io.sinks import check_sink, sink_of, stop_when_dropped
 
@@ -227,7 +227,7 @@ class SinkHost:
         sink = definition.sink_id
         unit = Unit(definition, self.stopping.unit(sink))
         unit.thread = threading.Thread(
-            target=self._serve, args=(unit,), name=f"{self.name}-{sink}", daemon=True
+            target=self._serve, args=(unit,), name=f"{UNIT_THREAD}{sink}", daemon=True
         )
         self.units[sink] = unit
         log.info("%s: serving sink %s (%s)", self.name, sink, _described(definition))

@@ -126,11 +126,24 @@ class Stopping:
         return self._event.wait(seconds)
 
 
+#: The thread name prefix of a host's unit (`mvsink.io.host`): `unit:<sink>`.
+UNIT_THREAD = "unit:"
+
+
+def _name_unit(record: logging.LogRecord) -> bool:
+    """Name the sink of a line a host's unit logs (`[sink]` after the service)."""
+    thread = record.threadName or ""
+    record.unit = f" [{thread.removeprefix(UNIT_THREAD)}]" if thread.startswith(UNIT_THREAD) else ""
+    return True
+
+
 def configure_logging(service: str, level: str) -> None:
-    """One line per record: time, level, service, logger, message (frontiers included)."""
+    """One line per record: time, level, service (and the sink, on a host's unit's thread),
+    logger, message (frontiers included)."""
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_name_unit)
     handler.setFormatter(
-        logging.Formatter(f"%(asctime)s %(levelname)s {service} %(name)s: %(message)s")
+        logging.Formatter(f"%(asctime)s %(levelname)s {service}%(unit)s %(name)s: %(message)s")
     )
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Producer
 from sinkkit import (
     Service,
     Sink,
@@ -25,7 +26,9 @@ from sinkkit import (
 
 from mvsink.core.frontier import Frontier
 from mvsink.core.settings import S3Settings
+from mvsink.io.kafka import client_config
 from mvsink.io.sinks import define, drop
+from mvsink.tools.dead_letters import read_letters
 
 pytestmark = pytest.mark.integration
 F = Frontier.at
@@ -227,3 +230,54 @@ def test_one_deployment_of_three_processes_keeps_sinks_created_while_it_runs_equ
     write = services["write"].text()
     for s in sinks:  # one process, one Spark application: a driver per sink, its own writer id
         assert f"-{s.config.sink_id}, read_only=False" in write
+
+
+def test_hosted_replicas_hand_every_sink_over_and_one_sinks_poison_stalls_no_other(
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, procs: list[Service]
+) -> None:
+    """Two hosted write and two hosted append replicas serve two sinks (each sink's groups
+    spread its partitions and workers over both). A record on one sink's desired topic that is
+    no record is dead-lettered while both sinks keep converging; one write and one append
+    replica killed with `kill -9` hand their share of every sink to the survivors, which keep
+    both shards equal to their upstreams."""
+    tag = uuid.uuid4().hex[:6]
+    sinks_topic, frontiers = f"sinks-{tag}", f"frontiers-{tag}"
+    env = _host_env(kafka_bootstrap, s3_settings, tmp_path / "state", sinks_topic, frontiers)
+    names = ("mint", "write", "write", "append", "append")
+    services = [Service(n, env, tmp_path / f"{n}{i}.log").start() for i, n in enumerate(names)]
+    procs.extend(services)
+    sinks = [
+        Sink.create(
+            kafka_bootstrap, s3_settings, tmp_path / f"s{i}", frontiers=frontiers, sinks=sinks_topic
+        )
+        for i in range(2)
+    ]
+    upstreams = [Upstream(s) for s in sinks]
+
+    def ticks(n: int, what: str) -> None:
+        for _ in range(n):
+            for upstream in upstreams:
+                upstream.tick()
+        for s, upstream in zip(sinks, upstreams, strict=True):
+            wait_until(lambda s=s, u=upstream: converged(s, u), 180, f"{what}: {s.config.sink_id}")
+
+    ticks(2, "both sinks on four replicas")
+    poisoned = sinks[0].config
+    producer = Producer(client_config(kafka_bootstrap))
+    producer.produce(poisoned.topics.desired, value=b"no record", partition=0)
+    assert producer.flush(30) == 0
+    ticks(2, "both sinks past one sink's poison")
+    letters = read_letters(kafka_bootstrap, poisoned.topics.dead_letter)
+    assert [letter.value for letter in letters] == [b"no record"], letters
+
+    services[1].kill()  # a write replica
+    services[3].kill()  # an append replica
+    ticks(3, "both sinks after a write and an append replica's kill -9")
+    for s in sinks:  # each survivor's last assignment of each sink is all of it
+        unit = f" [{s.config.sink_id}] "
+        for survivor, said, whole in (
+            (services[2], "desired partitions assigned: ", "[0, 1]"),
+            (services[4], "append workers assigned: ", "[0, 1]"),
+        ):
+            lines = [li for li in survivor.text().splitlines() if unit in li and said in li]
+            assert lines and lines[-1].split(said)[1].startswith(whole), lines
