@@ -184,26 +184,38 @@ def cmd_sink_create(args: argparse.Namespace) -> int:
 def cmd_sink_list(args: argparse.Namespace) -> int:
     from mvsink.io.sinks import definitions
     from mvsink.shard import open_shard
+    from mvsink.tools.sinks import progress
 
     config = stack_config(args.config)
     found = definitions(config)
     shown = sorted(d.sink_id for d in found.values() if args.dropped or not d.dropped)
+    where = progress(config, (found[s] for s in shown))
     for sink_id in shown:
-        d = found[sink_id]
+        d, at = found[sink_id], where[sink_id]
         try:
             state = open_shard(d.shard_id, None, config.s3, config.shard_timing()).state()
-            shard = f"upper {state.upper}\tsince {state.since}"
+            lag = at.lag(state.upper)
+            shard = (
+                f"upper {state.upper}\tsince {state.since}\tdesired {at.desired}\t"
+                f"lag {'?' if lag is None else lag}"
+            )
         except MvsinkError as error:  # not created yet (no row schema provisioned), or gone
             shard = f"shard: {error}"
         print(
             f"{d.sink_id}\t{'dropped' if d.dropped else 'defined'}\tshard {d.shard_id}\tP {d.partitions}\tA {d.append_workers}\t"
             f"partitioning {d.partitioning}\tas_of {d.as_of}\t{shard}\t"
+            f"write {_owners(at.writers)}\tappend {_owners(at.appenders)}\t"
             f"defined by {d.defined_by} at {_utc(d.at_ms)}",
             flush=True,
         )
     dropped = sum(d.dropped for d in found.values())
     say(f"{len(found) - dropped} sinks on {config.topics.sinks} ({dropped} dropped)")
     return 0
+
+
+def _owners(owners: list[tuple[str, list[int]]]) -> str:
+    """`host [partitions], ...` of each member, or `none` while there is none."""
+    return ", ".join(f"{host} {parts}" for host, parts in owners) or "none"
 
 
 def _utc(ms: int) -> str:

@@ -9,16 +9,23 @@ another sink's definition names that shard too.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Producer
 
 from mvsink.core.errors import MvsinkError
-from mvsink.core.messages import desired_progress_key, shard_upper_key
+from mvsink.core.frontier import Frontier
+from mvsink.core.messages import (
+    DesiredProgress,
+    SinkDefinition,
+    desired_progress_key,
+    shard_upper_key,
+)
 from mvsink.io.config import Config
-from mvsink.io.kafka import client_config, delete_topics, sink_topics
+from mvsink.io.kafka import client_config, delete_topics, read_latest, sink_topics
 from mvsink.io.s3 import s3_client
 from mvsink.io.sinks import definitions, drop, sink_of
 from mvsink.shard.blob import MinioBlob
@@ -114,3 +121,78 @@ def _tombstone_frontiers(sink: Config, shard: bool) -> None:
         producer.produce(sink.topics.frontiers, key=key.encode(), value=None)
     if producer.flush(30):
         raise MvsinkError(f"tombstoning sink {sink.sink_id}'s keys on {sink.topics.frontiers}")
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Where a sink stands, for `mvsink sink list`: its desired frontier (the meet of its
+    partitions' latest `DesiredProgress` on its `frontiers` topic; None before any) and the
+    replicas owning its write partitions and append workers now (each member of its groups:
+    its host and partitions)."""
+
+    desired: Frontier | None
+    writers: list[tuple[str, list[int]]]
+    appenders: list[tuple[str, list[int]]]
+
+    def lag(self, upper: Frontier) -> int | None:
+        """Times the shard's `upper` trails desired (0 when caught up, None when unknown)."""
+        if self.desired is None:
+            return None
+        if upper.time is None:  # the shard is closed: nothing left to write
+            return 0
+        if self.desired.time is None:  # desired is closed, the shard is not: no count of times
+            return None
+        return max(0, self.desired.time - upper.time)
+
+
+def progress(
+    config: Config, sinks: Iterable[SinkDefinition], timeout: float = 30.0
+) -> dict[str, Progress]:
+    """Each of `sinks`' `Progress`: one read of each `frontiers` topic they use, one
+    description of their write and append groups."""
+    from confluent_kafka.admin import AdminClient
+
+    sinks = list(sinks)
+    latest: dict[str, Any] = {}
+    for topic in sorted({d.frontiers_topic for d in sinks}):
+        try:
+            latest.update(
+                read_latest(
+                    config.kafka_bootstrap, topic, timeout, framing=config.framing(),
+                    tombstones=True, on_bad=lambda key, error: None,
+                )
+            )  # fmt: skip
+        except MvsinkError:  # the topic does not exist yet
+            continue
+    groups = [f"{d.sink_id}.{role}" for d in sinks for role in ("write", "append")]
+    owners: dict[str, list[tuple[str, list[int]]]] = {}
+    if groups:
+        admin = AdminClient(client_config(config.kafka_bootstrap))
+        for group, future in admin.describe_consumer_groups(
+            groups, request_timeout=timeout
+        ).items():
+            try:
+                described = future.result(timeout)
+            except Exception:
+                continue
+            owners[group] = sorted(
+                (
+                    m.host.lstrip("/"),
+                    sorted(
+                        tp.partition
+                        for tp in (m.assignment.topic_partitions if m.assignment else [])
+                    ),
+                )
+                for m in described.members
+            )
+    found = {}
+    for d in sinks:
+        records = [latest.get(desired_progress_key(d.sink_id, p)) for p in range(d.partitions)]
+        frontiers = [r.frontier for r in records if isinstance(r, DesiredProgress)]
+        desired = None
+        if len(frontiers) == d.partitions:  # every partition has progressed
+            desired = functools.reduce(Frontier.meet, frontiers)
+        found[d.sink_id] = Progress(
+            desired, owners.get(f"{d.sink_id}.write", []), owners.get(f"{d.sink_id}.append", [])
+        )
+    return found

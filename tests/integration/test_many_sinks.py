@@ -19,7 +19,9 @@ from sinkkit import (
     Upstream,
     WriteRole,
     clean_env,
+    cli_env,
     converged,
+    mvsink_cli,
     probe,
     wait_until,
 )
@@ -262,6 +264,20 @@ def test_hosted_replicas_hand_every_sink_over_and_one_sinks_poison_stalls_no_oth
             wait_until(lambda s=s, u=upstream: converged(s, u), 180, f"{what}: {s.config.sink_id}")
 
     ticks(2, "both sinks on four replicas")
+    cli = {
+        **cli_env(kafka_bootstrap, s3_settings, tmp_path / "cli"),
+        "MVSINK_SINKS_TOPIC": sinks_topic,
+    }
+
+    def listed() -> dict[str, str]:
+        done = mvsink_cli(["sink", "list"], cli)
+        assert done.returncode == 0, done.stderr
+        return {li.split("\t")[0]: li for li in done.stdout.splitlines()}
+
+    for s, upstream in zip(sinks, upstreams, strict=True):  # caught up, two owners each
+        line = listed()[s.config.sink_id]
+        assert f"desired {{{upstream.frontier}}}\tlag 0\t" in line, line
+        assert line.split("\twrite ")[1].split("\t")[0].count("127.0.0.1 [") == 2, line
     poisoned = sinks[0].config
     producer = Producer(client_config(kafka_bootstrap))
     producer.produce(poisoned.topics.desired, value=b"no record", partition=0)
@@ -273,6 +289,14 @@ def test_hosted_replicas_hand_every_sink_over_and_one_sinks_poison_stalls_no_oth
     services[1].kill()  # a write replica
     services[3].kill()  # an append replica
     ticks(3, "both sinks after a write and an append replica's kill -9")
+    wait_until(
+        lambda: all(
+            "\twrite 127.0.0.1 [0, 1]\tappend 127.0.0.1 [0, 1]\t" in line
+            for line in listed().values()
+        ),
+        60,
+        "`sink list` naming one owner of everything",
+    )
     for s in sinks:  # each survivor's last assignment of each sink is all of it
         unit = f" [{s.config.sink_id}] "
         for survivor, said, whole in (
