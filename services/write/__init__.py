@@ -86,8 +86,8 @@ With `[service] sinks = all` one write process runs a driver per defined sink (`
 `services.write.shell.host`), all in one Spark application: each driver is exactly a one-sink
 process's, so every invariant above holds per sink, with its own checkpoints, corrections,
 reader lease and holds (its writer id ends in the sink id); what they share is the Spark
-application, whose fair scheduler gives each sink's jobs a pool of their own. Hosted drivers run
-their steps as Spark jobs, not in resident tasks.
+application, whose fair scheduler gives each sink's jobs a pool of their own, and one crew of
+resident tasks (`services.write.resident.SharedCrew`), whose rounds the drivers take in turn.
 
 Failure handling
 ----------------

@@ -519,3 +519,41 @@ class Crew:
                     "the residents' Spark job is still running after its cancel: "
                     "one-shot jobs may wait for its slots"
                 )
+
+
+class SharedCrew:
+    """One crew for every sink's driver of a write host (`services.write.shell.host`): their
+    rounds take turns (`Crew` runs one at a time: a round of one sink's steps runs on the
+    residents while the other drivers wait for them), a driver stopping leaves it to the others
+    (`dismiss` does nothing), and the host sends it home when it stops (`close`). The residents
+    keep each sink's partitions apart as one-shot tasks do (states by sink and partition)."""
+
+    def __init__(self, crew: Crew) -> None:
+        self.crew = crew
+        self.turn = threading.Lock()
+
+    def run(
+        self, work: Sequence[Work], executors: Sequence[str], slots: int
+    ) -> tuple[list[StepResult], list[Work]]:
+        with self.turn:
+            return self.crew.run(work, executors, slots)
+
+    def launch(self, executors: Sequence[str], slots: int) -> None:
+        with self.turn:
+            self.crew.launch(executors, slots)
+
+    def maybe_step_aside(self, force: bool = False) -> None:
+        """`Crew.maybe_step_aside`, unless another driver's round is under way (it steps aside
+        after that round, when another job waits)."""
+        if self.turn.acquire(blocking=False):
+            try:
+                self.crew.maybe_step_aside(force)
+            finally:
+                self.turn.release()
+
+    def dismiss(self, failed: bool = False) -> None:
+        """A driver leaving: the crew stays for the others."""
+
+    def close(self) -> None:
+        with self.turn:
+            self.crew.dismiss()

@@ -90,7 +90,7 @@ from services.write.chain import (
     ReportGone,
 )
 from services.write.compactor import Compactor
-from services.write.resident import Crew
+from services.write.resident import Crew, SharedCrew
 from services.write.state import (
     Gone,
     HoldTarget,
@@ -146,7 +146,12 @@ class WriteShell:
     """Kafka, S3 and Spark around a `WriteState`."""
 
     def __init__(
-        self, config: Config, stopping: Stopping, clock: Clock = SYSTEM, spark: Any = None
+        self,
+        config: Config,
+        stopping: Stopping,
+        clock: Clock = SYSTEM,
+        spark: Any = None,
+        crew: SharedCrew | None = None,
     ) -> None:
         self.config = config
         #: A host's Spark session, shared with its other sinks (None: this driver's own).
@@ -197,7 +202,9 @@ class WriteShell:
         self.spark: Any = None
         self.compactor: Compactor | None = None
         #: The resident tasks the steps run in (`services.write.resident`), if enabled.
-        self.crew: Crew | None = None
+        self.crew: Crew | SharedCrew | None = None
+        #: A host's crew, shared with its other sinks' drivers (None: this driver's own).
+        self.shared_crew = crew
         #: Why the desired topic's configuration is refused (`desired_refusal`), if it is, and
         #: when it is next checked (`_maybe_check_topic`).
         self.refused: str | None = None
@@ -461,7 +468,9 @@ class WriteShell:
             self.compactor.start()
             self._warm_up()
             if self.config.spark_residents:
-                self.crew = Crew(self.spark, driver_host(self.config.spark_driver_host))
+                self.crew = self.shared_crew or Crew(
+                    self.spark, driver_host(self.config.spark_driver_host)
+                )
                 executors = live_executors(self.spark)
                 if executors:  # before the first step, which then finds them connected
                     self.crew.launch(sorted(executors), self._slots(executors))
@@ -799,11 +808,13 @@ def slowest_steps(results: list[StepResult]) -> dict[str, float]:
     }
 
 
-def serve(config: Config, stopping: Stopping, spark: Any = None) -> int:
+def serve(
+    config: Config, stopping: Stopping, spark: Any = None, crew: SharedCrew | None = None
+) -> int:
     """Write for `config`'s sink until stopped, in its own Spark application or in `spark`
-    (a host's, shared with its other sinks)."""
+    with `crew` (a host's, shared with its other sinks)."""
     probe_store(config, "write")
-    return WriteShell(config, stopping, spark=spark).run()
+    return WriteShell(config, stopping, spark=spark, crew=crew).run()
 
 
 def run(config: Config, stopping: Stopping) -> int:
@@ -819,8 +830,9 @@ def host(config: Config, stopping: Stopping) -> int:
     serves every sink, whose `<sink>.write` group spreads its partitions), all steps in one
     Spark application under the fair scheduler, a pool per sink (`WriteShell.run`): one sink's
     long step (a hydration) shares the executors with the others' instead of queueing them.
-    Each sink's driver runs its steps as Spark jobs (resident tasks hold executor cores for
-    one sink) and writes as `<writer id>-<sink>` (its reader lease and part keys its own)."""
+    With `[spark] residents` the drivers share one crew of resident tasks, their rounds taking
+    turns (`SharedCrew`), else each runs its steps as Spark jobs. Each driver writes as
+    `<writer id>-<sink>` (its reader lease and part keys its own)."""
     from mvsink.io.spark import spark_session
 
     spark = spark_session("mvsink-write", config=config, conf={"spark.scheduler.mode": "FAIR"})
@@ -830,12 +842,16 @@ def host(config: Config, stopping: Stopping) -> int:
         jvm.org.apache.logging.log4j.Level.ERROR,
     )
     base = writer_identity(config, "write")
+    crew = None
+    if config.spark_residents:
+        crew = SharedCrew(Crew(spark, driver_host(config.spark_driver_host)))
 
     def unit(sink: Config, stopping: Stopping) -> int:
-        hosted = replace(sink, spark_residents=False, writer_id=f"{base}-{sink.sink_id}")
-        return serve(hosted, stopping, spark)
+        return serve(replace(sink, writer_id=f"{base}-{sink.sink_id}"), stopping, spark, crew)
 
     try:
         return serve_sinks(config, stopping, "write", unit, exclusive=False)
     finally:
+        if crew is not None:
+            crew.close()
         spark.stop()
