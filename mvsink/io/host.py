@@ -18,7 +18,11 @@ stays ready itself while Kafka and S3 answer) and its stop.
 `exclusive` (mint): the replicas of the service share one consumer group on the sinks topic's
 single partition, and only the replica that owns it runs units; when it dies, the group gives
 the partition to a survivor within the group session, whose units take over (a mint fences
-its predecessor's transactions, `services.mint`). Not exclusive (write, append): every replica
+its predecessor's transactions, `services.mint`). Nothing safe rests on the session's time: a
+serving replica paused past it loses the partition while its units still run, and the
+survivor's units fence their transactions, so once resumed they commit nothing (each ends,
+fenced) and the host stops the rest at its next poll (`test_many_sinks` pauses one). Not
+exclusive (write, append): every replica
 runs every sink's unit, and each sink's own consumer group spreads its partitions or append
 workers over them.
 

@@ -5,6 +5,7 @@ The write stage is played by `WriteRole` (one per sink: real parts staged in Min
 
 from __future__ import annotations
 
+import signal
 import time
 import uuid
 from collections import Counter
@@ -87,8 +88,9 @@ def test_one_mint_and_one_append_serve_twenty_sinks_created_dropped_and_handed_o
     created while they run, each fed on its own: every sink's shard reaches each upper with
     exactly its staged rows, once. A sink dropped mid-run stops there while the others go on;
     a sink whose definition disagrees with its topic (P 3 on a 2-partition topic) is named by
-    `/readyz`, which stays 200; the serving mint killed with `kill -9` hands every sink to the
-    one standing by."""
+    `/readyz`, which stays 200; the serving mint paused (SIGSTOP) past the group session loses
+    every sink to the one standing by, whose units fence it (resumed, it mints nothing and stands
+    by), and killed with `kill -9`, the serving one hands every sink back."""
     tag = uuid.uuid4().hex[:6]
     sinks_topic, frontiers = f"sinks-{tag}", f"frontiers-{tag}"
     env = _host_env(kafka_bootstrap, s3_settings, tmp_path / "state", sinks_topic, frontiers)
@@ -155,18 +157,29 @@ def test_one_mint_and_one_append_serve_twenty_sinks_created_dropped_and_handed_o
     reach(5, "the others at {5} while one sink is refused")
     live.append(sinks[5])
 
+    # Paused past the group session, the serving mint loses the sinks to the standby, whose
+    # units fence its transactions: resumed, it mints nothing more and stands by.
+    paused = _owner(mints)
+    assert paused.proc is not None
+    paused.proc.send_signal(signal.SIGSTOP)
+    try:
+        reach(6, "every sink at {6} with the serving mint paused")
+    finally:
+        paused.proc.send_signal(signal.SIGCONT)
     serving = _owner(mints)
+    assert serving is not paused
+    reach(7, "every sink at {7} after the paused mint resumed")
+
     serving.kill()
-    (standby,) = [m for m in mints if m is not serving]
     started = time.monotonic()
-    reach(7, "every sink at {7} after the serving mint's kill -9")
-    print(f"handed over and at {{7}} in {time.monotonic() - started:.1f}s")
-    assert _serving(standby)
+    reach(8, "every sink at {8} after the serving mint's kill -9")
+    print(f"handed over and at {{8}} in {time.monotonic() - started:.1f}s")
+    assert _serving(paused)
 
     for s in live:
         state = s.shard.state()
         assert set(Counter(p.key for p in state.parts()).values()) == {1}
-        rows = s.shard.snapshot(7).to_pylist()
+        rows = s.shard.snapshot(8).to_pylist()
         assert all(r["_diff"] == 1 for r in rows), "a row appended twice"
         assert len(rows) == s.config.partitions * len(state.batches)
     for s in live[:3]:  # minted lowers strictly increase, through the handover too
