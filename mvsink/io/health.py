@@ -197,7 +197,7 @@ class Backoff:
         self.attempt = 0
 
 
-class Progress:
+class FrontierProgress:
     """A frontier's progress towards its target: the process's, or one hosted sink's."""
 
     def __init__(self, now: float) -> None:
@@ -259,8 +259,8 @@ class Health:
         self._outage: str | None = None
         self._outage_since = 0.0
         #: The process's own progress; a host's per sink (`report(..., sink=)`).
-        self._progress = Progress(now)
-        self._sinks: dict[str, Progress] = {}
+        self._progress = FrontierProgress(now)
+        self._sinks: dict[str, FrontierProgress] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._probe_loop, name="health", daemon=True)
         OUTAGE.labels(service).set(0)
@@ -301,10 +301,10 @@ class Health:
         with contextlib.suppress(KeyError):  # never exported
             SINK_READY.remove(self.service, sink)
 
-    def _of(self, sink: str, now: float) -> Progress:
+    def _of(self, sink: str, now: float) -> FrontierProgress:
         progress = self._sinks.get(sink)
         if progress is None:
-            progress = self._sinks[sink] = Progress(now)
+            progress = self._sinks[sink] = FrontierProgress(now)
         return progress
 
     def failed(self, error: BaseException) -> None:

@@ -124,7 +124,7 @@ def _tombstone_frontiers(sink: Config, shard: bool) -> None:
 
 
 @dataclass(frozen=True)
-class Progress:
+class SinkStanding:
     """Where a sink stands, for `mvsink sink list`: its desired frontier (the meet of its
     partitions' latest `DesiredProgress` on its `frontiers` topic; None before any) and the
     replicas owning its write partitions and append workers now (each member of its groups:
@@ -147,8 +147,8 @@ class Progress:
 
 def progress(
     config: Config, sinks: Iterable[SinkDefinition], timeout: float = 30.0
-) -> dict[str, Progress]:
-    """Each of `sinks`' `Progress`: one read of each `frontiers` topic they use, one
+) -> dict[str, SinkStanding]:
+    """Each of `sinks`' `SinkStanding`: one read of each `frontiers` topic they use, one
     description of their write and append groups."""
     from confluent_kafka.admin import AdminClient
 
@@ -192,7 +192,7 @@ def progress(
         desired = None
         if len(frontiers) == d.partitions:  # every partition has progressed
             desired = functools.reduce(Frontier.meet, frontiers)
-        found[d.sink_id] = Progress(
+        found[d.sink_id] = SinkStanding(
             desired, owners.get(f"{d.sink_id}.write", []), owners.get(f"{d.sink_id}.append", [])
         )
     return found

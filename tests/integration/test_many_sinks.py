@@ -19,7 +19,6 @@ from sinkkit import (
     Sink,
     Upstream,
     WriteRole,
-    clean_env,
     cli_env,
     converged,
     mvsink_cli,
@@ -32,29 +31,24 @@ from mvsink.core.settings import S3Settings
 from mvsink.io.kafka import client_config
 from mvsink.io.sinks import define, drop
 from mvsink.tools.dead_letters import read_letters
+from mvsink.tools.demo import SERVICES
 
 pytestmark = pytest.mark.integration
 F = Frontier.at
-SERVICES = ("mint", "write", "append")
 
 
 def _host_env(
     bootstrap: str, s3: S3Settings, state: Path, sinks: str, frontiers: str
 ) -> dict[str, str]:
     """A hosting service's environment: no `[sink] id` of its own, the test's sinks topic."""
-    return clean_env(
-        state,
-        MVSINK_SERVICE_SINKS="all",
-        MVSINK_SINKS_TOPIC=sinks,
-        MVSINK_FRONTIERS_TOPIC=frontiers,
-        MVSINK_KAFKA_BOOTSTRAP=bootstrap,
-        MVSINK_S3_ENDPOINT=s3.endpoint,
-        MVSINK_S3_BUCKET=s3.bucket,
-        MVSINK_S3_ACCESS_KEY=s3.access_key.reveal(),
-        MVSINK_S3_SECRET_KEY=s3.secret_key.reveal(),
-        MVSINK_READY_BOUND="5",
-        MVSINK_METRICS_PORT="0",
-    )
+    return {
+        **cli_env(bootstrap, s3, state),
+        "MVSINK_SERVICE_SINKS": "all",
+        "MVSINK_SINKS_TOPIC": sinks,
+        "MVSINK_FRONTIERS_TOPIC": frontiers,
+        "MVSINK_READY_BOUND": "5",
+        "MVSINK_METRICS_PORT": "0",
+    }
 
 
 def _port(service: Service) -> int:
