@@ -139,9 +139,10 @@ def test_a_replica_refused_by_its_sinks_definition_and_a_dropped_sink_purged(
     assert f"released holds: ['checkpoint:{c.sink_id}:0']" in done.stderr
     assert "purged 5 topics" in done.stderr
     assert f"kept the shard: sink(s) {other.config.sink_id} use shard {c.shard_id}" in done.stderr
-    assert {h.holder_id for h in sink.shard.state().holds} == {
-        f"checkpoint:{other.config.sink_id}:0"
-    }
+    # The running write service of the other sink may have added holds of its own by now.
+    held = {h.holder_id for h in sink.shard.state().holds}
+    assert f"checkpoint:{other.config.sink_id}:0" in held, held
+    assert not [h for h in held if h.startswith(f"checkpoint:{c.sink_id}:")], held
     listed = mvsink_cli(["sink", "list", "--dropped"], env).stdout
     assert f"{c.sink_id}\tdropped\tshard {c.shard_id}\tP 2" in listed
     topics = AdminClient(client_config(c.kafka_bootstrap)).list_topics(timeout=30).topics
