@@ -524,13 +524,23 @@ class Crew:
 class SharedCrew:
     """One crew for every sink's driver of a write host (`services.write.shell.host`): their
     rounds take turns (`Crew` runs one at a time: a round of one sink's steps runs on the
-    residents while the other drivers wait for them), a driver stopping leaves it to the others
-    (`dismiss` does nothing), and the host sends it home when it stops (`close`). The residents
-    keep each sink's partitions apart as one-shot tasks do (states by sink and partition)."""
+    residents while the other drivers wait for them). A driver joins it when it starts and
+    leaves it when it stops; the crew stays for the others and goes home with the last one,
+    since only a running driver's loop steps it aside (rule 4) for a Spark job that waits for its
+    slots, such as a new sink's warm-up. The host sends it home when it stops (`close`). The
+    residents keep each sink's partitions apart as one-shot tasks do (states by sink and
+    partition)."""
 
     def __init__(self, crew: Crew) -> None:
         self.crew = crew
         self.turn = threading.Lock()
+        #: Drivers that joined and have not left.
+        self.drivers = 0
+
+    def join(self) -> None:
+        """A driver starting to use the crew."""
+        with self.turn:
+            self.drivers += 1
 
     def run(
         self, work: Sequence[Work], executors: Sequence[str], slots: int
@@ -552,7 +562,11 @@ class SharedCrew:
                 self.turn.release()
 
     def dismiss(self, failed: bool = False) -> None:
-        """A driver leaving: the crew stays for the others."""
+        """A driver leaving: the crew stays for the others, and goes home with the last."""
+        with self.turn:
+            self.drivers -= 1
+            if self.drivers == 0:
+                self.crew.dismiss(failed)
 
     def close(self) -> None:
         with self.turn:

@@ -468,6 +468,8 @@ class WriteShell:
             self.compactor.start()
             self._warm_up()
             if self.config.spark_residents:
+                if self.shared_crew is not None:
+                    self.shared_crew.join()  # left in `dismiss` on the way out
                 self.crew = self.shared_crew or Crew(
                     self.spark, driver_host(self.config.spark_driver_host)
                 )

@@ -190,7 +190,7 @@ def test_one_deployment_of_three_processes_keeps_sinks_created_while_it_runs_equ
     application for every sink's steps: two sinks, then a third created while they run, each
     fed by its own upstream, each shard equal to its desired at each upper checked; a sink
     dropped mid-run stops there (its write driver releases its checkpoint holds) and the others
-    go on."""
+    go on; a sink created after every other was dropped is served too."""
     tag = uuid.uuid4().hex[:6]
     sinks_topic, frontiers = f"sinks-{tag}", f"frontiers-{tag}"
     env = _host_env(kafka_bootstrap, s3_settings, tmp_path / "state", sinks_topic, frontiers)
@@ -239,6 +239,22 @@ def test_one_deployment_of_three_processes_keeps_sinks_created_while_it_runs_equ
     write = services["write"].text()
     for s in sinks:  # one process, one Spark application: a driver per sink, its own writer id
         assert f"-{s.config.sink_id}, read_only=False" in write
+
+    # Every sink dropped, then a new one: the residents went home with the last driver, so the
+    # new driver's first Spark job (its warm-up) gets the task slots, and the sink converges.
+    for s in sinks:
+        drop(s.config)
+    wait_until(
+        lambda: all(
+            f"stopping the unit of sink {s.config.sink_id}: dropped" in services["write"].text()
+            for s in sinks
+        ),
+        60,
+        "every sink's write unit stopped",
+    )
+    last = create(3)
+    upstreams[last.config.sink_id] = Upstream(last)
+    ticks(2, [last], "a sink created after every other was dropped")
 
 
 def test_hosted_replicas_hand_every_sink_over_and_one_sinks_poison_stalls_no_other(
