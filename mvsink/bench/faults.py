@@ -73,13 +73,22 @@ SINK: dict[str, Any] = {
     "ready_bound": READY_BOUND,
     "retain_history": 1000,
     "shard_max_attempt_age": 5.0,
-    "shard_max_part_age": 20.0,
-    "shard_min_grace": 30.0,
     "shard_version_grace": 10.0,
     "shard_part_grace": 2.0,
-    "shard_reader_lease": 20.0,
     "shard_request_timeout": 4.0,
 }
+#: The default `min_grace` (seconds); `max_part_age` and `reader_lease` are two thirds of it.
+MIN_GRACE = 30.0
+
+
+def grace_bounds(min_grace: float) -> dict[str, Any]:
+    """The longest shard bounds of the run, from its `min_grace`: a `*-pause` fault lasts past
+    the longest, so a shorter grace is a shorter matrix under the same faults."""
+    return {
+        "shard_min_grace": min_grace,
+        "shard_max_part_age": 2 * min_grace / 3,
+        "shard_reader_lease": 2 * min_grace / 3,
+    }
 
 
 def pause_seconds(config: Config) -> float:
@@ -225,9 +234,11 @@ def run_faults(
     interval: float,
     out: Path,
     say: Say,
+    min_grace: float = MIN_GRACE,
 ) -> dict[str, Any]:
     """The fault matrix (module docs) for the sink settings of `config_path` (and the
-    environment) on a stack of its own; the figures, also in `out/faults.json`."""
+    environment) on a stack of its own, the shard's longest bounds from `min_grace`
+    (`grace_bounds`); the figures, also in `out/faults.json`."""
     unknown = set(faults) - set(FAULTS)
     if unknown:
         raise BenchError(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
@@ -258,6 +269,7 @@ def run_faults(
             row_schema=ROW_SCHEMA,
             topics=Topics.for_sink(run, base.topics.frontiers),
             **SINK,
+            **grace_bounds(min_grace),
         )
         ensure_bucket(s3_client(config.s3), config.s3.bucket)
         provision(config)

@@ -200,6 +200,13 @@ def add_bench(commands: Commands) -> None:
     faults.add_argument("--keys", type=int, default=40)
     faults.add_argument("--change", type=int, default=8, help="keys changed per tick")
     faults.add_argument("--interval", type=float, default=1.0, help="seconds between ticks")
+    faults.add_argument(
+        "--min-grace",
+        type=float,
+        default=30.0,
+        help="the shard's min_grace in seconds (max_part_age and reader_lease: two thirds of "
+        "it; more than 15); a *-pause fault lasts 2 s past it",
+    )
     faults.add_argument("--out", default="bench-out", help="directory for faults.json")
     faults.set_defaults(func=cmd_bench_faults)
     restart = bench_commands.add_parser("restart", help="resume time over a shard equal to desired")
@@ -361,6 +368,7 @@ def cmd_bench_faults(args: argparse.Namespace) -> int:
         args.interval,
         Path(args.out),
         say,
+        args.min_grace,
     )
     return 0 if figures["passed"] else 1
 

@@ -424,7 +424,8 @@ def test_bench_faults_survives_every_fault(
     assert set(SUITE_FAULTS) <= set(FAULTS)
     out = tmp_path / "out"
     env = cli_env(kafka_bootstrap, s3_settings, tmp_path)  # its stack from the session's cache
-    faults = ["--faults", ",".join(SUITE_FAULTS), "--outage", "6", "--out", str(out)]
+    faults = ["--faults", ",".join(SUITE_FAULTS), "--outage", "6", "--min-grace", "18"]
+    faults += ["--out", str(out)]
     done = subprocess.run(
         [sys.executable, "-m", "mvsink.cli", "bench", "faults", *faults],
         env=env,
