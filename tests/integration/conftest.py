@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from sinkkit import Service, Sink
+from sinkkit import Hosted, Service, Sink
 
 from mvsink.io.config import S3Settings
 
@@ -45,6 +45,46 @@ def procs() -> Iterator[list[Service]]:
     for service in started:
         service.stop()
         print(f"--- {service.log.name} ---\n{service.text()[-4000:]}")
+
+
+@pytest.fixture(scope="session")
+def hosted(
+    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Hosted]:
+    """The session's shared deployment (`Hosted`), started on first use."""
+    import uuid
+
+    tag = uuid.uuid4().hex[:6]
+    deployment = Hosted(
+        kafka_bootstrap, s3_settings, f"hosted-{tag}.sinks", f"hosted-{tag}.frontiers"
+    )
+    deployment.start(tmp_path_factory.mktemp("hosted"))
+    try:
+        yield deployment
+    finally:
+        deployment.stop()
+
+
+@pytest.fixture
+def hosted_sinks(hosted: Hosted, tmp_path: Path) -> Iterator[Callable[..., Sink]]:
+    """Makes sinks served by the session's shared deployment (`Hosted.sink`'s settings); each is
+    dropped at the test's end (its units stop) and the deployment's lines of it printed (shown
+    when the test fails). No sink's test may make a shared service exit."""
+    from mvsink.io.sinks import drop
+
+    made: list[Sink] = []
+
+    def make(**settings: int) -> Sink:
+        made.append(hosted.sink(tmp_path / f"s{len(made)}", **settings))
+        return made[-1]
+
+    yield make
+    for sink in made:
+        drop(sink.config)
+        for name in hosted.services:
+            lines = hosted.text(name, sink)[-4000:]
+            print(f"--- hosted {name} [{sink.config.sink_id}] ---\n{lines}")
+    assert hosted.exited() == {}, hosted.exited()
 
 
 @pytest.fixture(scope="session")

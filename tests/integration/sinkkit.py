@@ -290,6 +290,59 @@ def start(procs: list[Service], sink: Sink, name: str, label: str = "", **env: s
     return service
 
 
+@dataclass
+class Hosted:
+    """One deployment of mint, write and append started with `[service] sinks = all`, serving
+    every sink defined on its own sinks topic (`mvsink.io.host`). The suite's tests whose sink
+    needs no service setting of its own share its three processes and its one Spark application
+    instead of starting three of their own; each test's sink is dropped at its end, which stops
+    the sink's units."""
+
+    bootstrap: str
+    s3: S3Settings
+    sinks: str
+    frontiers: str
+    services: dict[str, Service] = field(default_factory=dict)
+
+    def start(self, state: Path) -> Hosted:
+        env = {
+            **cli_env(self.bootstrap, self.s3, state / "state"),
+            "MVSINK_SERVICE_SINKS": "all",
+            "MVSINK_SINKS_TOPIC": self.sinks,
+            "MVSINK_FRONTIERS_TOPIC": self.frontiers,
+            "MVSINK_METRICS_PORT": "0",
+            "MVSINK_LOG_LEVEL": "DEBUG",
+        }
+        for name in ("mint", "write", "append"):
+            self.services[name] = Service(name, env, state / f"{name}.log").start()
+        return self
+
+    def sink(self, logs: Path, **settings: int) -> Sink:
+        """A new sink defined on this deployment's sinks topic (`settings`: `Sink.create`'s
+        partitions, workers, partitioning, as_of): the services pick it up."""
+        return Sink.create(
+            self.bootstrap, self.s3, logs, frontiers=self.frontiers, sinks=self.sinks, **settings
+        )
+
+    def text(self, name: str, sink: Sink) -> str:
+        """What service `name` logged of `sink`: its lines naming the sink (a unit's lines are
+        tagged `[<sink id>]`)."""
+        sink_id = sink.config.sink_id
+        return "\n".join(li for li in self.services[name].text().splitlines() if sink_id in li)
+
+    def exited(self) -> dict[str, int]:
+        """The services that exited, with their codes: none should, whatever a sink does."""
+        return {
+            name: code
+            for name, service in self.services.items()
+            if service.proc is not None and (code := service.proc.poll()) is not None
+        }
+
+    def stop(self) -> None:
+        for service in self.services.values():
+            service.stop()
+
+
 def checkpoint_offsets(sink: Sink) -> dict[int, int]:
     """Each desired partition's `folded_offset` in its newest checkpoint."""
     from services.write import checkpoint

@@ -6,15 +6,14 @@ before the first batch. Real mint, write (Spark) and append."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
+from collections.abc import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from sinkkit import Service, Sink, Upstream, contents, converged, start, wait_until
+from sinkkit import Hosted, Sink, Upstream, contents, converged, wait_until
 
 from mvsink.core.frontier import Frontier
-from mvsink.core.settings import S3Settings
 from mvsink.core.updates import TIME
 
 pytestmark = pytest.mark.integration
@@ -22,28 +21,27 @@ AS_OF = 100
 
 
 def test_a_sink_with_as_of_100_on_a_fresh_shard_converges_with_every_earlier_update_advanced(
-    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, procs: list[Service]
+    hosted: Hosted, hosted_sinks: Callable[..., Sink]
 ) -> None:
-    sink = Sink.create(kafka_bootstrap, s3_settings, tmp_path, as_of=AS_OF)
-    services = [start(procs, sink, name) for name in ("mint", "write")]
+    """On the session's shared deployment, which takes `as_of` from the sink's definition."""
+    sink = hosted_sinks(as_of=AS_OF)
     upstream = Upstream(sink)
     for _ in range(5):  # desired at times 0-4, its progress at 5: before as_of, nothing to mint
         upstream.tick()
-    wait_until(lambda: "desired partitions assigned" in services[1].text(), 120, "write ready")
+    wait_until(
+        lambda: "desired partitions assigned" in hosted.text("write", sink), 120, "write ready"
+    )
     time.sleep(3)
-    assert "minted desc" not in services[0].text()
-    assert sink.shard.upper() == Frontier.at(0)
+    assert "minted desc" not in hosted.text("mint", sink)
+    assert sink.shard.upper() == Frontier.at(0)  # append runs: no batch, so no upper to move
 
-    services.append(start(procs, sink, "append"))
     upstream.frontier = AS_OF  # the next tick is at time 100
     upstream.tick()
     wait_until(lambda: converged(sink, upstream), 120, "convergence at 101")
-    assert "minted desc 0.0 [{100}, {101})" in services[0].text()
+    assert "minted desc 0.0 [{100}, {101})" in hosted.text("mint", sink)
     assert contents(sink, AS_OF) == {}  # every update before 100 was advanced to 100
     parts = [sink.shard.read_part(part) for part in sink.shard.state().parts()]
     times = pc.min_max(pa.concat_tables(parts).column(TIME)).as_py()
     assert parts and times["min"] >= AS_OF, times
     upstream.tick()
     wait_until(lambda: converged(sink, upstream), 120, "convergence at 102")
-    for service in services:
-        assert service.stop() == 0

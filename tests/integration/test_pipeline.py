@@ -47,15 +47,12 @@ pytestmark = pytest.mark.integration
 F = Frontier.at
 
 
-def test_a_changelog_with_retractions_converges(
-    kafka_bootstrap: str, s3_settings: S3Settings, tmp_path: Path, procs: list[Service]
-) -> None:
+def test_a_changelog_with_retractions_converges(hosted_sinks: Callable[..., Sink]) -> None:
     """Both desired wire forms fold the same: on a sink of partitioning 1 (a desired topic from
     before partitioning 2), the upstream switches from v1 `Updates` (one Avro row per update)
-    to `UpdatesArrow` mid-stream, as in a rolling upgrade."""
-    sink = Sink.create(kafka_bootstrap, s3_settings, tmp_path, partitioning=1)
-    for name in ("mint", "write", "append"):
-        start(procs, sink, name)
+    to `UpdatesArrow` mid-stream, as in a rolling upgrade. Served by the session's shared
+    deployment, which picks the sink up from its definition."""
+    sink = hosted_sinks(partitioning=1)
     upstream = Upstream(sink, wire="avro")
     for _ in range(2):
         upstream.tick()
