@@ -10,6 +10,7 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -17,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from confluent_kafka import KafkaException, Producer
-from sinkkit import Service, Sink, contents, start, wait_until
+from sinkkit import Sink, contents, wait_until
 
 from mvsink.core.codec import decode_message
 from mvsink.core.errors import ContractError, InvalidUsage
@@ -383,13 +384,13 @@ def test_a_kept_producer_another_worker_superseded_is_dropped_before_it_produces
 
 @PUBLISH_PATHS
 def test_publish_dataframe_through_killed_tasks_delivers_every_update_once(
-    sink: Sink, spark: Any, procs: list[Service], tmp_path: Path, one_task_bytes: int
+    hosted_sinks: Callable[..., Sink], spark: Any, tmp_path: Path, one_task_bytes: int
 ) -> None:
     """Python workers die (os._exit, as under kill -9) once after queueing a partition's
     records and once after committing another's; Spark reruns the tasks. Every update is read
-    exactly once under read_committed, and the sink's shard converges to the changelog."""
-    for name in ("mint", "write", "append"):
-        start(procs, sink, name)
+    exactly once under read_committed, and the sink's shard (served by the session's shared
+    deployment) converges to the changelog."""
+    sink = hosted_sinks(partitions=3)
     faults = tmp_path / "faults"
     faults.mkdir()
     (faults / "produced-1").touch()
