@@ -68,13 +68,14 @@ def test_a_standby_and_a_sink_without_compaction_keep_the_state_log_flat(
     for service in services:
         assert service.stop() == 0
     # The standby alone and idle: its lease renewed every third of the lease (2 s), not every
-    # second, and what it writes pruned by its own collector.
+    # second, and what it writes pruned by its own collector, which on a shard that stopped
+    # changing runs every `IDLE_INTERVAL` (10 s): the last samples come after it ran.
     seqno, before, idle = writing.shard.state().seqno, retained(writing), []
     started = time.monotonic()
-    for _ in range(8):
+    for _ in range(10):
         time.sleep(2)
         idle.append(retained(writing))
     renewals, elapsed = writing.shard.state().seqno - seqno, time.monotonic() - started
     print(f"standby alone {elapsed:.0f}s: {renewals} versions written, retained {before} {idle}")
     assert 2 <= renewals <= elapsed / 2 + 2, renewals
-    assert max(idle[4:]) <= before + 2, (before, idle)
+    assert max(idle[-3:]) <= before + 2, (before, idle)
