@@ -27,6 +27,8 @@ FAULTS = (
     "write-pause",
     "append-pause",
 )
+#: The fault matrix's default shard `min_grace` (seconds; `mvsink.bench.faults.grace_bounds`).
+FAULTS_MIN_GRACE = 30.0
 
 
 def require_extra() -> None:

@@ -47,7 +47,7 @@ from typing import Any
 import pyarrow as pa
 
 from mvsink import Say
-from mvsink.bench import FAULTS
+from mvsink.bench import FAULTS, FAULTS_MIN_GRACE
 from mvsink.bench.compare import save_figures
 from mvsink.bench.workload import BenchError
 from mvsink.core.frontier import Frontier
@@ -77,13 +77,12 @@ SINK: dict[str, Any] = {
     "shard_part_grace": 2.0,
     "shard_request_timeout": 4.0,
 }
-#: The default `min_grace` (seconds); `max_part_age` and `reader_lease` are two thirds of it.
-MIN_GRACE = 30.0
 
 
 def grace_bounds(min_grace: float) -> dict[str, Any]:
-    """The longest shard bounds of the run, from its `min_grace`: a `*-pause` fault lasts past
-    the longest, so a shorter grace is a shorter matrix under the same faults."""
+    """The longest shard bounds of the run, from its `min_grace` (`max_part_age` and
+    `reader_lease` two thirds of it): a `*-pause` fault lasts past the longest, so a shorter
+    grace is a shorter matrix under the same faults."""
     return {
         "shard_min_grace": min_grace,
         "shard_max_part_age": 2 * min_grace / 3,
@@ -234,7 +233,7 @@ def run_faults(
     interval: float,
     out: Path,
     say: Say,
-    min_grace: float = MIN_GRACE,
+    min_grace: float = FAULTS_MIN_GRACE,
 ) -> dict[str, Any]:
     """The fault matrix (module docs) for the sink settings of `config_path` (and the
     environment) on a stack of its own, the shard's longest bounds from `min_grace`

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mvsink.bench import FAULTS, require_extra
+from mvsink.bench import FAULTS, FAULTS_MIN_GRACE, require_extra
 from mvsink.cli.common import embedded_stack
 from mvsink.core.errors import ConfigError, MvsinkError
 from mvsink.io.service import say
@@ -203,7 +203,7 @@ def add_bench(commands: Commands) -> None:
     faults.add_argument(
         "--min-grace",
         type=float,
-        default=30.0,
+        default=FAULTS_MIN_GRACE,
         help="the shard's min_grace in seconds (max_part_age and reader_lease: two thirds of "
         "it; more than 15); a *-pause fault lasts 2 s past it",
     )

@@ -40,6 +40,7 @@ from mvsink.io.kafka import (
 )
 from mvsink.io.registry import OWN
 from mvsink.shard import Shard, open_shard
+from mvsink.tools.demo import SERVICES
 from mvsink.tools.provision import provision
 from mvsink.upstream.producer import DesiredProducer
 
@@ -305,15 +306,8 @@ class Hosted:
     services: dict[str, Service] = field(default_factory=dict)
 
     def start(self, state: Path) -> Hosted:
-        env = {
-            **cli_env(self.bootstrap, self.s3, state / "state"),
-            "MVSINK_SERVICE_SINKS": "all",
-            "MVSINK_SINKS_TOPIC": self.sinks,
-            "MVSINK_FRONTIERS_TOPIC": self.frontiers,
-            "MVSINK_METRICS_PORT": "0",
-            "MVSINK_LOG_LEVEL": "DEBUG",
-        }
-        for name in ("mint", "write", "append"):
+        env = host_env(self.bootstrap, self.s3, state / "state", self.sinks, self.frontiers)
+        for name in SERVICES:
             self.services[name] = Service(name, env, state / f"{name}.log").start()
         return self
 
@@ -392,6 +386,21 @@ def cli_env(bootstrap: str, s3: S3Settings, state_dir: Path) -> dict[str, str]:
         MVSINK_S3_ACCESS_KEY=s3.access_key.reveal(),
         MVSINK_S3_SECRET_KEY=s3.secret_key.reveal(),
     )
+
+
+def host_env(
+    bootstrap: str, s3: S3Settings, state: Path, sinks: str, frontiers: str
+) -> dict[str, str]:
+    """A hosting service's environment (`[service] sinks = all`): no `[sink] id` of its own,
+    the sinks and frontiers topics its sinks are defined on."""
+    return {
+        **cli_env(bootstrap, s3, state),
+        "MVSINK_SERVICE_SINKS": "all",
+        "MVSINK_SINKS_TOPIC": sinks,
+        "MVSINK_FRONTIERS_TOPIC": frontiers,
+        "MVSINK_READY_BOUND": "5",
+        "MVSINK_METRICS_PORT": "0",
+    }
 
 
 @dataclass

@@ -22,6 +22,7 @@ from sinkkit import (
     WriteRole,
     cli_env,
     converged,
+    host_env,
     mvsink_cli,
     probe,
     wait_until,
@@ -36,20 +37,6 @@ from mvsink.tools.demo import SERVICES
 
 pytestmark = pytest.mark.integration
 F = Frontier.at
-
-
-def _host_env(
-    bootstrap: str, s3: S3Settings, state: Path, sinks: str, frontiers: str
-) -> dict[str, str]:
-    """A hosting service's environment: no `[sink] id` of its own, the test's sinks topic."""
-    return {
-        **cli_env(bootstrap, s3, state),
-        "MVSINK_SERVICE_SINKS": "all",
-        "MVSINK_SINKS_TOPIC": sinks,
-        "MVSINK_FRONTIERS_TOPIC": frontiers,
-        "MVSINK_READY_BOUND": "5",
-        "MVSINK_METRICS_PORT": "0",
-    }
 
 
 def _port(service: Service) -> int:
@@ -88,7 +75,7 @@ def test_one_mint_and_one_append_serve_twenty_sinks_created_dropped_and_handed_o
     by), and killed with `kill -9`, the serving one hands every sink back."""
     tag = uuid.uuid4().hex[:6]
     sinks_topic, frontiers = f"sinks-{tag}", f"frontiers-{tag}"
-    env = _host_env(kafka_bootstrap, s3_settings, tmp_path / "state", sinks_topic, frontiers)
+    env = host_env(kafka_bootstrap, s3_settings, tmp_path / "state", sinks_topic, frontiers)
     mints = [Service("mint", env, tmp_path / f"mint{i}.log").start() for i in range(2)]
     append = Service("append", env, tmp_path / "append.log").start()
     procs.extend([*mints, append])
@@ -194,7 +181,7 @@ def test_one_deployment_of_three_processes_keeps_sinks_created_while_it_runs_equ
     go on; a sink created after every other was dropped is served too."""
     tag = uuid.uuid4().hex[:6]
     sinks_topic, frontiers = f"sinks-{tag}", f"frontiers-{tag}"
-    env = _host_env(kafka_bootstrap, s3_settings, tmp_path / "state", sinks_topic, frontiers)
+    env = host_env(kafka_bootstrap, s3_settings, tmp_path / "state", sinks_topic, frontiers)
     services = {n: Service(n, env, tmp_path / f"{n}.log").start() for n in SERVICES}
     procs.extend(services.values())
 
@@ -268,7 +255,7 @@ def test_hosted_replicas_hand_every_sink_over_and_one_sinks_poison_stalls_no_oth
     both shards equal to their upstreams."""
     tag = uuid.uuid4().hex[:6]
     sinks_topic, frontiers = f"sinks-{tag}", f"frontiers-{tag}"
-    env = _host_env(kafka_bootstrap, s3_settings, tmp_path / "state", sinks_topic, frontiers)
+    env = host_env(kafka_bootstrap, s3_settings, tmp_path / "state", sinks_topic, frontiers)
     names = ("mint", "write", "write", "append", "append")
     services = [Service(n, env, tmp_path / f"{n}{i}.log").start() for i, n in enumerate(names)]
     procs.extend(services)
