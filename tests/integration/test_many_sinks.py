@@ -285,11 +285,22 @@ def test_hosted_replicas_hand_every_sink_over_and_one_sinks_poison_stalls_no_oth
         assert done.returncode == 0, done.stderr
         return {li.split("\t")[0]: li for li in done.stdout.splitlines()}
 
+    def write_owners(line: str) -> int:
+        """How many write replicas own a share of the sink `line` lists: an owner is the client
+        address Kafka saw (127.0.0.1, or a Docker bridge's) and its partitions, `[]` for none."""
+        return len(re.findall(r"\S+ \[\d", line.split("\twrite ")[1].split("\t")[0]))
+
+    # The sinks may converge on the first replica to join before the group spreads them, and
+    # `sink list` reads the groups as they are: a rebalance under way lists an owner of `[]`.
+    wait_until(
+        lambda: all(write_owners(listed()[s.config.sink_id]) == 2 for s in sinks),
+        60,
+        "each sink's partitions spread over both write replicas",
+    )
     for s, upstream in zip(sinks, upstreams, strict=True):  # caught up, two owners each
         line = listed()[s.config.sink_id]
         assert f"desired {{{upstream.frontier}}}\tlag 0\t" in line, line
-        # an owner is the client address Kafka saw (127.0.0.1, or a Docker bridge's), its share
-        assert len(re.findall(r"\S+ \[\d", line.split("\twrite ")[1].split("\t")[0])) == 2, line
+        assert write_owners(line) == 2, line
     poisoned = sinks[0].config
     producer = Producer(client_config(kafka_bootstrap))
     producer.produce(poisoned.topics.desired, value=b"no record", partition=0)
