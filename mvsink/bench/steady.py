@@ -171,8 +171,10 @@ def run_readonly(
     partitions: int,
     out: Path,
     say: Say,
+    sample_every: float = 10.0,
 ) -> dict[str, Any]:
-    """The read-only benchmark (module docs); figures also in `out/readonly.json`."""
+    """The read-only benchmark (module docs), sampled at the first tick of each `sample_every`
+    seconds; figures also in `out/readonly.json`."""
     run_id = f"ro-{uuid.uuid4().hex[:6]}"
     leader = sink_config(config, f"{run_id}-leader", partitions, shard_id=run_id)
     follower = sink_config(config, f"{run_id}-ro", partitions, shard_id=run_id, read_only=True)
@@ -214,7 +216,7 @@ def run_readonly(
             upper = systems[0].durable()
             for system in systems:
                 system.check_alive()
-            if tick.time % max(1, int(10 / interval)) == 0:
+            if tick.time % max(1, round(sample_every / interval)) == 0:
                 gauge = scrape(logs / "ro" / "write.log").get("mvsink_write_corrections", 0.0)
                 in_flight = sum(t.updates for t in ticks[upper : tick.time + 1])
                 now = time.monotonic()

@@ -216,6 +216,9 @@ def add_bench(commands: Commands) -> None:
     readonly.add_argument("--keys", type=int, default=100_000)
     readonly.add_argument("--change", type=float, default=0.1, help="share changed per tick")
     readonly.add_argument("--interval", type=float, default=1.0, help="seconds between ticks")
+    readonly.add_argument(
+        "--sample-every", type=float, default=10.0, help="seconds between samples (a tick's)"
+    )
     soak = bench_commands.add_parser("soak", help="many ticks: the shard stays small and fast")
     soak.add_argument("--ticks", type=int, default=600, help="ticks after the initial load")
     soak.add_argument("--keys", type=int, default=10_000)
@@ -398,6 +401,7 @@ def cmd_bench_readonly(args: argparse.Namespace) -> int:
         args.partitions,
         Path(args.out),
         say,
+        sample_every=args.sample_every,
     )
     return 0
 

@@ -268,13 +268,8 @@ def test_bench_readonly_samples_the_replicas_corrections(
         kafka_bootstrap,
         s3_settings,
         tmp_path,
-        "readonly",
-        "--minutes",
-        "0.5",  # a sample every 10 s: at 10, 20 and 30 s
-        "--keys",
-        "2000",
-        "--out",
-        str(out),
+        *("readonly", "--minutes", "0.2", "--sample-every", "4"),  # samples at 4, 8 and 12 s
+        *("--keys", "2000", "--out", str(out)),
     )
     figures = json.loads((out / "readonly.json").read_text())
     assert len(figures["samples"]) >= 3
@@ -424,7 +419,7 @@ def test_bench_faults_survives_every_fault(
     assert set(SUITE_FAULTS) <= set(FAULTS)
     out = tmp_path / "out"
     env = cli_env(kafka_bootstrap, s3_settings, tmp_path)  # its stack from the session's cache
-    faults = ["--faults", ",".join(SUITE_FAULTS), "--outage", "6", "--min-grace", "18"]
+    faults = ["--faults", ",".join(SUITE_FAULTS), "--outage", "6", "--min-grace", "16"]
     faults += ["--out", str(out)]
     done = subprocess.run(
         [sys.executable, "-m", "mvsink.cli", "bench", "faults", *faults],

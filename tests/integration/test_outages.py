@@ -46,12 +46,13 @@ from mvsink.tools.provision import provision
 
 pytestmark = pytest.mark.integration
 
-READY_BOUND = 10.0
-OUTAGE = 20.0
+READY_BOUND = 5.0
+#: Past READY_BOUND, so every service goes unready inside the outage.
+OUTAGE = 12.0
 SERVICES = ("mint", "write", "append")
 #: The view's wait on each Kafka call (`kafka_call_timeout`: its events' flush and read, the
 #: desired transactions' start and commit, in the driver and in the publishing tasks).
-VIEW_CALL_TIMEOUT = 10.0
+VIEW_CALL_TIMEOUT = 6.0
 #: Longer than every such wait, so the tick in flight fails and is retried by a job rebuilt from
 #: Kafka; a shorter outage may be ridden through by the client alone.
 VIEW_OUTAGE = 2.5 * VIEW_CALL_TIMEOUT

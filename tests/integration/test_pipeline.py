@@ -138,8 +138,8 @@ def test_two_complete_replicas_racing_on_one_shard(
 # wait for since until `max_batches - 4` batches do: 6 makes them run (and be killed) here.
 FAST_SHARD = {
     "MVSINK_SHARD_MAX_ATTEMPT_AGE": "5",
-    "MVSINK_SHARD_MAX_PART_AGE": "20",
-    "MVSINK_SHARD_MIN_GRACE": "30",
+    "MVSINK_SHARD_MAX_PART_AGE": "14",
+    "MVSINK_SHARD_MIN_GRACE": "20",
     "MVSINK_SHARD_MAX_BATCHES": "6",
 }
 
@@ -163,9 +163,9 @@ def test_kill_9_of_each_service_then_restart_converges_without_leaks(
         wait_until(lambda: converged(sink, upstream), 180, f"convergence after killing {victim}")
     assert all(d == 1 for d in contents(sink, upstream.frontier).values())  # no duplicates
 
-    time.sleep(31)  # past the grace period of FAST_SHARD
-    shard = open_shard(sink.config.shard_id, None, sink.config.s3, Timing(5, 20, 30))
-    swept = shard.sweep(grace=30)
+    time.sleep(21)  # past the grace period of FAST_SHARD
+    shard = open_shard(sink.config.shard_id, None, sink.config.s3, Timing(5, 14, 20))
+    swept = shard.sweep(grace=20)
     listed = {
         o.object_name
         for o in shard.client.list_objects(
