@@ -777,8 +777,42 @@ class Reader:
         return list(self.consumer.position(partitions))
 
     def close(self) -> None:
-        self.consumer.close()
+        close_within(self.consumer, f"a reader of {self.topic}")
         self.stall.close()
+
+
+#: The longest a consumer's close is waited for (`close_within`).
+CLOSE_WITHIN = 30.0
+
+
+def close_within(consumer: Consumer, what: str, timeout: float = CLOSE_WITHIN) -> bool:
+    """Close `consumer`, waiting at most `timeout` seconds; False when it has not closed by
+    then. librdkafka's destroy can deadlock when it races an offset reset, as after an
+    `OFFSET_OUT_OF_RANGE` reply (confluentinc/librdkafka#4514: `rd_kafka_destroy_app` joins a
+    thread waiting on a lock the other holds): such a close never returns, so it is left to a
+    daemon thread of its own, logged, and the caller goes on. A close that raises raises here."""
+    failed: list[BaseException] = []
+
+    def close() -> None:
+        try:
+            consumer.close()
+        except BaseException as error:  # handed to the caller's thread
+            failed.append(error)
+
+    closing = threading.Thread(target=close, name="close-consumer", daemon=True)
+    closing.start()
+    closing.join(timeout)
+    if failed:
+        raise failed[0]
+    if closing.is_alive():
+        log.warning(
+            "closing %s: librdkafka did not close it in %.0fs (a deadlock in its destroy, "
+            "confluentinc/librdkafka#4514); left to a thread of its own, going on",
+            what,
+            timeout,
+        )
+        return False
+    return True
 
 
 def read_compacted(

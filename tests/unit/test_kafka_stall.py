@@ -1,13 +1,17 @@
 """`Stall.observe`: when an assigned consumer counts as stalled (librdkafka#5153) -- committed
-records waiting past an unmoved position for `STUCK_AFTER` -- and when it never does."""
+records waiting past an unmoved position for `STUCK_AFTER` -- and when it never does; and
+`close_within`, which a close that deadlocks in librdkafka (#4514) does not hold up."""
 
 from __future__ import annotations
+
+import threading
+import time
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mvsink.io.kafka import STUCK_AFTER, Stall
+from mvsink.io.kafka import STUCK_AFTER, Stall, close_within
 
 #: (position, low, last stable offset, seconds since the first look) per look at partition 0.
 Look = tuple[int, int, int, float]
@@ -70,3 +74,33 @@ def test_a_reader_that_reads_or_is_caught_up_is_never_stalled(
         position = stable if read == 0 or position + read >= stable else position + read
         now += after
         assert not stall.observe(0, position, 0, stable, now)
+
+
+class _Closing:
+    """A consumer's close: returns, raises, or blocks until released (librdkafka#4514's
+    deadlock in its destroy)."""
+
+    def __init__(self, outcome: str) -> None:
+        self.outcome, self.release = outcome, threading.Event()
+
+    def close(self) -> None:
+        if self.outcome == "raises":
+            raise RuntimeError("Consumer closed")
+        if self.outcome == "blocks":
+            self.release.wait()
+
+
+@pytest.mark.parametrize(("outcome", "closed"), [("returns", True), ("blocks", False)])
+def test_a_close_that_never_returns_is_left_behind_and_the_caller_goes_on(
+    outcome: str, closed: bool
+) -> None:
+    consumer = _Closing(outcome)
+    started = time.monotonic()
+    assert close_within(consumer, "a test reader", timeout=0.3) is closed  # type: ignore[arg-type]
+    assert time.monotonic() - started < 5
+    consumer.release.set()
+
+
+def test_a_close_that_raises_raises_in_the_callers_thread() -> None:
+    with pytest.raises(RuntimeError, match="Consumer closed"):
+        close_within(_Closing("raises"), "a test reader", timeout=5)  # type: ignore[arg-type]
