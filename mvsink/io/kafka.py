@@ -790,7 +790,9 @@ def close_within(consumer: Consumer, what: str, timeout: float = CLOSE_WITHIN) -
     then. librdkafka's destroy can deadlock when it races an offset reset, as after an
     `OFFSET_OUT_OF_RANGE` reply (confluentinc/librdkafka#4514: `rd_kafka_destroy_app` joins a
     thread waiting on a lock the other holds): such a close never returns, so it is left to a
-    daemon thread of its own, logged, and the caller goes on. A close that raises raises here."""
+    daemon thread of its own, logged, and the caller goes on. A close merely slower than
+    `timeout` (the process paused past it) finishes in that thread later, harmlessly: nobody
+    else holds the consumer. A close that raises raises here."""
     failed: list[BaseException] = []
 
     def close() -> None:

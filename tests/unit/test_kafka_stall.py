@@ -98,7 +98,7 @@ def test_a_close_that_never_returns_is_left_behind_and_the_caller_goes_on(
     started = time.monotonic()
     assert close_within(consumer, "a test reader", timeout=0.3) is closed  # type: ignore[arg-type]
     assert time.monotonic() - started < 5
-    consumer.release.set()
+    consumer.release.set()  # a close slower than the bound finishes in its own thread later
 
 
 def test_a_close_that_raises_raises_in_the_callers_thread() -> None:
